@@ -1,0 +1,202 @@
+"""BreakerConfig: what a breaker trips on and how it recovers.
+
+The config is validated once, when it is built, so a typo in a deployment
+fails at start-up with the field's name instead of at the first outage.
+The Lua scripts receive the numeric part of it positionally (``to_argv``)
+and merge live overrides from ``breaker:{NAME}:config`` on top; the strings
+stored there are parsed by ``parse_overrides`` with the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+TRIPS = ("consecutive", "count", "rate")
+MODES = ("enforce", "observe")
+
+# The order in which config values are passed to the Lua scripts; the
+# scripts' prelude (lua/_lib.lua) lists the same names in the same order.
+LUA_FIELDS = (
+    "trip",
+    "failure_threshold",
+    "failure_rate",
+    "minimum_calls",
+    "slow_call_seconds",
+    "slow_call_rate",
+    "window_seconds",
+    "window_buckets",
+    "open_seconds",
+    "open_backoff",
+    "max_open_seconds",
+    "half_open_max_calls",
+    "half_open_successes",
+    "probe_timeout_seconds",
+    "max_concurrent_calls",
+    "mode",
+)
+
+ExceptionTypes = tuple[type[BaseException], ...]
+Predicate = Callable[[BaseException], bool | None]
+
+
+def _fail(field: str, why: str, value: object) -> ValueError:
+    return ValueError(f"BreakerConfig.{field} {why} (got {value!r})")
+
+
+def _int(field: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(field, "must be an integer", value)
+    if value < minimum:
+        raise _fail(field, f"must be >= {minimum}", value)
+
+
+def _number(field: str, value: object, low: float, *, low_open: bool, high: float = math.inf) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(field, "must be a finite number", value)
+    if value < low or (low_open and value == low) or value > high:
+        bound = f"> {low}" if low_open else f">= {low}"
+        if high != math.inf:
+            bound += f" and <= {high}"
+        raise _fail(field, f"must be {bound}", value)
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    """Trip rule, window, open period and half-open policy of one breaker.
+
+    Defaults follow pybreaker and Hystrix where they agree: trip after 5
+    consecutive failures, stay open 30 s, let one probe through.
+    """
+
+    trip: str = "consecutive"
+    failure_threshold: int = 5
+    failure_rate: float = 0.5
+    minimum_calls: int = 20
+    slow_call_seconds: float | None = None
+    slow_call_rate: float = 1.0
+    window_seconds: float = 10.0
+    window_buckets: int = 10
+    open_seconds: float = 30.0
+    open_backoff: float = 2.0
+    max_open_seconds: float = 300.0
+    half_open_max_calls: int = 1
+    half_open_successes: int = 1
+    probe_timeout_seconds: float = 30.0
+    max_concurrent_calls: int | None = None
+    mode: str = "enforce"
+    record_exceptions: ExceptionTypes = (Exception,)
+    ignore_exceptions: ExceptionTypes = ()
+    predicate: Predicate | None = None
+
+    def __post_init__(self) -> None:
+        if self.trip not in TRIPS:
+            raise _fail("trip", f"must be one of {', '.join(TRIPS)}", self.trip)
+        if self.mode not in MODES:
+            raise _fail("mode", f"must be one of {', '.join(MODES)}", self.mode)
+        _int("failure_threshold", self.failure_threshold, 1)
+        _number("failure_rate", self.failure_rate, 0.0, low_open=True, high=1.0)
+        _int("minimum_calls", self.minimum_calls, 1)
+        if self.slow_call_seconds is not None:
+            _number("slow_call_seconds", self.slow_call_seconds, 0.0, low_open=True)
+        _number("slow_call_rate", self.slow_call_rate, 0.0, low_open=True, high=1.0)
+        _number("window_seconds", self.window_seconds, 0.0, low_open=True)
+        _int("window_buckets", self.window_buckets, 1)
+        if self.window_buckets > 600:
+            raise _fail("window_buckets", "must be <= 600", self.window_buckets)
+        if self.window_seconds * 1000 < self.window_buckets:
+            raise _fail("window_seconds", "must give each bucket at least 1 ms", self.window_seconds)
+        _number("open_seconds", self.open_seconds, 0.0, low_open=True)
+        _number("open_backoff", self.open_backoff, 1.0, low_open=False)
+        _number("max_open_seconds", self.max_open_seconds, 0.0, low_open=True)
+        if self.max_open_seconds < self.open_seconds:
+            raise _fail("max_open_seconds", "must be >= open_seconds", self.max_open_seconds)
+        _int("half_open_max_calls", self.half_open_max_calls, 1)
+        _int("half_open_successes", self.half_open_successes, 1)
+        _number("probe_timeout_seconds", self.probe_timeout_seconds, 0.0, low_open=True)
+        if self.max_concurrent_calls is not None:
+            _int("max_concurrent_calls", self.max_concurrent_calls, 1)
+        for field in ("record_exceptions", "ignore_exceptions"):
+            value = getattr(self, field)
+            if not isinstance(value, tuple) or not all(
+                isinstance(t, type) and issubclass(t, BaseException) for t in value
+            ):
+                raise _fail(field, "must be a tuple of exception classes", value)
+        if self.predicate is not None and not callable(self.predicate):
+            raise _fail("predicate", "must be callable", self.predicate)
+
+    def to_argv(self) -> list[str]:
+        """The positional config the Lua scripts expect (None becomes '')."""
+        out: list[str] = []
+        for name in LUA_FIELDS:
+            value = getattr(self, name)
+            out.append("" if value is None else repr(value) if isinstance(value, float) else str(value))
+        return out
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> BreakerConfig:
+        """This config with live overrides (strings, as stored in Redis) applied."""
+        return replace(self, **parse_overrides(overrides))
+
+    def classify(self, exc: BaseException) -> str:
+        """'failure' or 'ignored' for an exception raised by a protected call.
+
+        The predicate decides first (True: failure, False: ignored, None: fall
+        through); then ignore_exceptions; then record_exceptions. An exception
+        matching neither list is ignored: it neither trips nor heals the breaker.
+        """
+        if self.predicate is not None:
+            verdict = self.predicate(exc)
+            if verdict is not None:
+                return "failure" if verdict else "ignored"
+        if self.ignore_exceptions and isinstance(exc, self.ignore_exceptions):
+            return "ignored"
+        if isinstance(exc, self.record_exceptions):
+            return "failure"
+        return "ignored"
+
+
+_FIELD_TYPES: dict[str, str] = {
+    "trip": "str",
+    "mode": "str",
+    "failure_threshold": "int",
+    "minimum_calls": "int",
+    "window_buckets": "int",
+    "half_open_max_calls": "int",
+    "half_open_successes": "int",
+    "max_concurrent_calls": "optint",
+    "slow_call_seconds": "optfloat",
+}
+
+
+def parse_overrides(overrides: Mapping[str, str]) -> dict[str, Any]:
+    """Parse live-config strings ('open_seconds' -> '30') into typed values.
+
+    Raises ValueError naming the field for an unknown field or a bad value;
+    the resulting config is validated as a whole by the caller's replace().
+    """
+    parsed: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        if key not in LUA_FIELDS:
+            raise ValueError(f"unknown config field {key!r}; live fields: {', '.join(LUA_FIELDS)}")
+        kind = _FIELD_TYPES.get(key, "float")
+        text = raw.strip()
+        value: str | int | float | None
+        try:
+            if kind == "str":
+                value = text
+            elif kind in ("optint", "optfloat") and text.lower() in ("", "none", "off"):
+                value = None
+            elif kind in ("int", "optint"):
+                value = int(text)
+            else:
+                value = float(text)
+        except ValueError:
+            raise _fail(key, f"must be {'an integer' if 'int' in kind else 'a number'}", raw) from None
+        parsed[key] = value
+    return parsed
+
+
+def config_field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(BreakerConfig))

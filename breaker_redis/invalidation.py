@@ -1,0 +1,89 @@
+"""Keeps every worker's knowledge fresh without asking Redis before each call.
+
+A daemon thread per process subscribes to ``<prefix>:events``; every script
+that changes a breaker (a transition, a force, a reset, a live-config write)
+publishes there, so a worker that is admitting or denying from memory hears of
+it within milliseconds. While the subscription is down the listener reports
+itself unhealthy and workers fall back to re-checking Redis every second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .scripts import text
+
+log = logging.getLogger("breaker_redis")
+
+
+class Invalidator:
+    def __init__(
+        self,
+        client: Any,
+        channel: str,
+        on_message: Callable[[dict[str, Any]], None],
+        on_subscribed: Callable[[], None],
+    ) -> None:
+        self._client = client
+        self._channel = channel
+        self._on_message = on_message
+        self._on_subscribed = on_subscribed
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.healthy = False
+
+    def ensure_running(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="breaker-redis-events", daemon=True)
+            self._thread.start()
+
+    def after_fork(self) -> None:
+        self._thread = None
+        self.healthy = False
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        delay = 0.1
+        while not self._stop.is_set():
+            pubsub = None
+            try:
+                pubsub = self._client.pubsub()
+                pubsub.subscribe(self._channel)
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    kind = text(message.get("type"))
+                    if kind == "subscribe":
+                        self.healthy = True
+                        delay = 0.1
+                        self._on_subscribed()
+                    elif kind == "message":
+                        self._deliver(message.get("data"))
+            except Exception as exc:  # any failure: unhealthy, retry with backoff
+                if self.healthy:
+                    log.info(
+                        "breaker_redis: event subscription lost (%s); re-checking Redis every second", exc
+                    )
+                self.healthy = False
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+            self._stop.wait(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _deliver(self, data: Any) -> None:
+        try:
+            payload = json.loads(text(data))
+        except ValueError:
+            return
+        if isinstance(payload, dict):
+            self._on_message(payload)

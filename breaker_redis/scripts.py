@@ -1,0 +1,99 @@
+"""Finds lua/*.lua, registers them on a client and calls them.
+
+Each script is sent as the shared prelude (``_lib.lua``) followed by the
+script's own file. Scripts are registered once per client with
+``register_script``, whose EVALSHA falls back to SCRIPT LOAD on NOSCRIPT, so a
+flushed script cache or a restarted server costs one extra round trip and
+nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot")
+KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events")
+
+# A name becomes part of a key and of a JSON message written by Lua, so it is
+# limited to characters that need no escaping anywhere; braces would break the
+# hash tag that keeps a breaker's keys in one Redis Cluster slot.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
+_PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"invalid breaker name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : - "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def validate_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        raise ValueError(f"invalid key prefix {prefix!r}: use 1-64 characters from A-Z a-z 0-9 _ . : -")
+    return prefix
+
+
+def breaker_keys(prefix: str, name: str) -> list[str]:
+    """The six keys of one breaker, in the order the scripts expect (KEYS[1..6])."""
+    return [f"{prefix}:{{{name}}}:{suffix}" for suffix in KEY_SUFFIXES]
+
+
+def _lua_dir() -> Path:
+    packaged = resources.files("breaker_redis") / "lua"
+    if packaged.is_dir():  # installed wheel: lua/ is shipped inside the package
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "lua"  # source tree / editable install
+
+
+@cache
+def script_source(operation: str) -> str:
+    if operation not in OPERATIONS:
+        raise ValueError(f"unknown script {operation!r}")
+    folder = _lua_dir()
+    return (folder / "_lib.lua").read_text("utf-8") + "\n" + (folder / f"{operation}.lua").read_text("utf-8")
+
+
+def text(value: Any) -> str:
+    """Decode a reply element, whatever decode_responses the client was built with."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def flat_pairs(values: Sequence[Any]) -> dict[str, Any]:
+    return {text(values[i]): values[i + 1] for i in range(0, len(values) - 1, 2)}
+
+
+class ScriptRunner:
+    """The scripts registered on one client, run against one key prefix."""
+
+    def __init__(self, client: Any, prefix: str, ttl_ms: int) -> None:
+        self.client = client
+        self.prefix = validate_prefix(prefix)
+        self.channel = f"{prefix}:events"
+        self.names_key = f"{prefix}:names"
+        self.ttl_ms = ttl_ms
+        self._scripts = {op: client.register_script(script_source(op)) for op in OPERATIONS}
+
+    def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        argv: list[Any] = [name, self.channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
+        argv.extend(args)
+        return self._scripts[operation](keys=breaker_keys(self.prefix, name), args=argv)
+
+    def drop_keys(self, name: str) -> None:
+        self.client.delete(*breaker_keys(self.prefix, name))
+
+    def register_name(self, name: str) -> None:
+        """Add a name to the listing set (outside the scripts: it lives in another slot)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(self.names_key, name)
+        pipe.pexpire(self.names_key, self.ttl_ms)
+        pipe.execute()

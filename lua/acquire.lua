@@ -1,0 +1,58 @@
+-- acquire.lua: may this call go ahead? Run when a worker cannot decide from
+-- what it already knows: first use, open period elapsed, half_open, bulkhead,
+-- or knowledge too old.
+--
+-- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
+-- ARGV  : 1-4 common; 5 rejections counted in the worker since its last flush;
+--         6 would_reject counted likewise; 7-22 config
+-- Reads : state, config, leases.  Writes: state (transitions, lease seq),
+--         leases (probe or bulkhead lease), stats (rejected, would_reject), events.
+-- Returns the common reply; allowed is 1 (go), 2 (observe mode: would have been
+--         denied, go anyway) or 0 (denied, reason open | half_open_full |
+--         forced_open | bulkhead); lease is the id to hand back to record.lua.
+local s, cfg = load_state(), load_config(7)
+flush_pending(ARGV[5], ARGV[6])
+
+local allowed, reason, lease = 0, '', ''
+if s.forced == 'open' then
+  reason = 'forced_open'
+elseif s.forced == 'closed' then
+  allowed = 1
+else
+  if s.state == 'open' and NOW >= s.open_until then
+    s.ho_ok = 0
+    transition(s, 'half_open', 'open_elapsed')
+  end
+  if s.state == 'half_open' then
+    if reap_leases() > 0 then
+      trip_open(s, cfg, 'probe_timeout', true)   -- a probe died or hung: it failed
+    elseif count_probes() < cfg.ho_max then
+      lease, allowed = take_lease(s, 'p', cfg.probe_ms), 1
+    else
+      reason = 'half_open_full'
+    end
+  end
+  if s.state == 'open' then reason = 'open' elseif s.state == 'closed' then allowed = 1 end
+
+  if allowed == 1 and cfg.max_conc > 0 then      -- distributed bulkhead
+    if s.state ~= 'half_open' then reap_leases() end   -- half_open reaped above
+    local probes = s.state == 'half_open' and count_probes() or 0
+    if redis.call('ZCARD', K_LEASES) - probes >= cfg.max_conc then
+      if lease ~= '' then redis.call('ZREM', K_LEASES, lease) end
+      allowed, reason, lease = 0, 'bulkhead', ''
+    else
+      local slot = take_lease(s, 'b', cfg.probe_ms)
+      lease = lease ~= '' and (lease .. ' ' .. slot) or slot
+    end
+  end
+end
+
+if allowed == 0 then
+  if cfg.mode == 'observe' and reason ~= 'forced_open' then
+    allowed = 2
+    stat('would_reject', 1)
+  else
+    stat('rejected', 1)
+  end
+end
+return reply(s, allowed, reason, lease, cfg)

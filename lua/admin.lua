@@ -1,0 +1,36 @@
+-- admin.lua: an operator's word on a breaker; it always wins over the rules.
+--
+-- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
+-- ARGV  : 1-4 common; 5 op:
+--   force_open   deny every call until cleared (state open, retry_after unknown)
+--   force_closed admit every call, keep counting, never trip until cleared
+--   clear_force  back to automatic, closed with a clean window (no-op if not forced)
+--   reset        closed, clean window, backoff and leases dropped, force cleared;
+--                cumulative stats are kept (they are counters, e.g. for Prometheus)
+-- Reads : state.  Writes: state, window, leases, events; publishes the change.
+-- Returns the common reply (allowed 1, reason '' or 'unchanged').
+local s, op = load_state(), ARGV[5]
+
+local function clean(forced, cause)
+  s.forced, s.consec, s.open_ms, s.ho_ok, s.open_until = forced, 0, 0, 0, 0
+  redis.call('DEL', K_WINDOW, K_LEASES)
+  transition(s, 'closed', cause)
+end
+
+if op == 'force_open' then
+  s.forced, s.open_until, s.ho_ok = 'open', 0, 0
+  redis.call('DEL', K_LEASES)
+  transition(s, 'open', 'forced_open')
+elseif op == 'force_closed' then
+  s.forced, s.open_until, s.ho_ok = 'closed', 0, 0
+  drop_probes()
+  transition(s, 'closed', 'forced_closed')
+elseif op == 'clear_force' then
+  if s.forced == '' then return reply(s, 1, 'unchanged', '', nil) end
+  clean('', 'force_cleared')
+elseif op == 'reset' then
+  clean('', 'reset')
+else
+  return redis.error_reply('unknown admin op ' .. tostring(op))
+end
+return reply(s, 1, '', '', nil)

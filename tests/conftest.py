@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+
+from breaker_redis import Breakers
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+class Clock:
+    """A test clock in milliseconds: scripts get it as now_ms, workers decide by it."""
+
+    def __init__(self, start: int = 1_700_000_000_000) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(params=["fake", "real"])
+def store(request: pytest.FixtureRequest):
+    """A Redis client: fakeredis[lua] or the session's real redis-server, emptied."""
+    if request.param == "fake":
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    else:
+        client = request.getfixturevalue("redis_server").client()
+        client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def make_breakers(store, clock):
+    """Breakers on the store with the test clock; closed at teardown."""
+    made: list[Breakers] = []
+
+    def make(**kwargs) -> Breakers:
+        kwargs.setdefault("clock", clock)
+        kwargs.setdefault("listen", False)
+        breakers = Breakers(store, **kwargs)
+        made.append(breakers)
+        return breakers
+
+    yield make
+    for breakers in made:
+        breakers.close()
