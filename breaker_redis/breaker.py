@@ -233,7 +233,9 @@ class Breaker:
             pending = self._take_pending()
         args = [permit.epoch, outcome, max(0, duration_ms), permit.lease, *pending, *self._argv]
         try:
-            reply, generation = breakers.gate.run("record", self.name, breakers.clock_ms(), args)
+            reply, generation = breakers.gate.run(
+                "record", self.name, breakers.clock_ms(), args, fallback=False
+            )
         except StoreUnavailable:
             return
         except Exception:
@@ -520,8 +522,9 @@ class Breakers:
         validate_name(name)
         as_text = {key: "" if value is None else str(value) for key, value in overrides.items()}
         base = self._breakers[name].config if name in self._breakers else self.defaults
-        parse_overrides(as_text)  # unknown fields are refused even when removing
-        base.with_overrides({key: value for key, value in as_text.items() if value != ""})
+        setting = {key: value for key, value in as_text.items() if value != ""}
+        parse_overrides({key: "1" for key in as_text if key not in setting})  # removals: names only
+        base.with_overrides(setting)
         args: list[str] = []
         for key, value in as_text.items():
             args += [key, value]

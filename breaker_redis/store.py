@@ -91,14 +91,23 @@ class StoreGate:
     def kind(self) -> str:
         return "redis" if self.healthy else self.policy
 
-    def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> tuple[Any, int]:
-        """(reply, generation) of the store that ran it; StoreUnavailable for allow/deny."""
+    def run(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
+    ) -> tuple[Any, int]:
+        """(reply, generation) of the store that ran it.
+
+        StoreUnavailable when Redis is down and the policy is allow or deny, or
+        when ``fallback`` is False: a result admitted by Redis is not replayed
+        on the local store, whose epochs mean something else.
+        """
         if self._down_since is None:
             generation = self.generation
             try:
                 return self._run_remote_repairing(operation, name, now_ms, args), generation
             except _UNAVAILABLE as exc:
                 self._mark_down(exc, generation)
+                if not fallback:
+                    raise StoreUnavailable(self.policy) from exc
         if self.policy != "local":
             raise StoreUnavailable(self.policy)
         with self._lock:

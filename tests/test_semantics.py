@@ -7,8 +7,15 @@ import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen, State
 
-SEED = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=10,
-                     half_open_successes=2, open_backoff=2.0, max_open_seconds=60)
+SEED = BreakerConfig(
+    trip="count",
+    failure_threshold=5,
+    window_seconds=10,
+    open_seconds=10,
+    half_open_successes=2,
+    open_backoff=2.0,
+    max_open_seconds=60,
+)
 
 
 def outcomes(breaker, *results: str) -> None:
@@ -112,8 +119,9 @@ def test_consecutive_resets_on_success(make_breakers):
 
 
 def test_slow_call_rate_trips(make_breakers, clock):
-    cfg = BreakerConfig(trip="consecutive", failure_threshold=100, slow_call_seconds=1.0,
-                        slow_call_rate=0.5, minimum_calls=4)
+    cfg = BreakerConfig(
+        trip="consecutive", failure_threshold=100, slow_call_seconds=1.0, slow_call_rate=0.5, minimum_calls=4
+    )
     b = make_breakers().get("slow", cfg)
     for duration in (1000, 10, 999, 1500):  # 1000 ms counts as slow (>=)
         permit = b.acquire()
@@ -173,8 +181,9 @@ def test_half_open_successes_close_with_a_clean_window(make_breakers, clock):
 
 
 def test_half_open_admits_exactly_max_calls_probes(make_breakers, clock):
-    cfg = BreakerConfig(trip="consecutive", failure_threshold=1, open_seconds=5,
-                        half_open_max_calls=3, half_open_successes=3)
+    cfg = BreakerConfig(
+        trip="consecutive", failure_threshold=1, open_seconds=5, half_open_max_calls=3, half_open_successes=3
+    )
     b = make_breakers().get("probe3", cfg)
     fail(b)
     clock.advance(5000)
@@ -188,8 +197,9 @@ def test_half_open_admits_exactly_max_calls_probes(make_breakers, clock):
 
 
 def test_backoff_doubles_and_caps(make_breakers, clock):
-    cfg = BreakerConfig(trip="consecutive", failure_threshold=1, open_seconds=10, open_backoff=2.0,
-                        max_open_seconds=35)
+    cfg = BreakerConfig(
+        trip="consecutive", failure_threshold=1, open_seconds=10, open_backoff=2.0, max_open_seconds=35
+    )
     b = make_breakers().get("backoff", cfg)
     fail(b)
     periods = [b.snapshot()["retry_after"]]
@@ -198,7 +208,7 @@ def test_backoff_doubles_and_caps(make_breakers, clock):
         b.acquire().failure()
         periods.append(b.snapshot()["retry_after"])
     assert periods[0] == 10.0  # the first trip: exactly open_seconds
-    for got, base in zip(periods[1:], (20, 35, 35, 35)):
+    for got, base in zip(periods[1:], (20, 35, 35, 35), strict=True):
         assert base <= got < base * 1.1, periods
 
 
@@ -216,8 +226,9 @@ def test_close_resets_the_backoff(make_breakers, clock):
 
 
 def test_expired_probe_lease_counts_as_a_failed_probe(make_breakers, clock):
-    cfg = BreakerConfig(trip="consecutive", failure_threshold=1, open_seconds=10,
-                        probe_timeout_seconds=3, open_backoff=2.0)
+    cfg = BreakerConfig(
+        trip="consecutive", failure_threshold=1, open_seconds=10, probe_timeout_seconds=3, open_backoff=2.0
+    )
     b = make_breakers().get("dead", cfg)
     fail(b)
     clock.advance(10_000)
@@ -285,7 +296,11 @@ def test_force_closed_admits_and_counts_but_never_trips(make_breakers):
     fail(b, 10)
     snap = b.snapshot()
     assert (snap["state"], snap["forced"], snap["failures"], snap["window_failures"]) == (
-        "closed", "closed", 10, 10)
+        "closed",
+        "closed",
+        10,
+        10,
+    )
     b.clear_force()
     snap = b.snapshot()
     assert (snap["state"], snap["forced"], snap["window_failures"]) == ("closed", None, 0)

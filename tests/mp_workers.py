@@ -1,0 +1,51 @@
+"""Functions run in separate worker processes by test_multiprocess.py.
+
+They live in an importable module so the 'spawn' start method can find them:
+every process builds its own Breakers, as a gunicorn worker would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+
+
+def record_failures(url: str, name: str, config: BreakerConfig, n: int, barrier: Any) -> int:
+    breakers = Breakers.from_url(url)
+    breaker = breakers.get(name, config)
+    barrier.wait()
+    for _ in range(n):
+        breaker.acquire().failure()
+    breakers.close()
+    return n
+
+
+def race_for_probe(url: str, name: str, config: BreakerConfig, now_ms: int, barrier: Any) -> bool:
+    """True if this process got a probe permit (it keeps it: the probe is in flight)."""
+    breakers = Breakers.from_url(url, clock=lambda: now_ms, listen=False)
+    breaker = breakers.get(name, config)
+    barrier.wait()
+    try:
+        permit = breaker.acquire()
+    except BreakerOpen:
+        return False
+    finally:
+        breakers.close()
+    return permit.probe
+
+
+def race_to_trip(url: str, name: str, config: BreakerConfig, n: int, barrier: Any) -> int:
+    """Record up to n failures; returns how many were admitted."""
+    breakers = Breakers.from_url(url)
+    breaker = breakers.get(name, config)
+    barrier.wait()
+    admitted = 0
+    for _ in range(n):
+        try:
+            breaker.acquire().failure()
+            admitted += 1
+        except BreakerOpen:
+            pass
+    breakers.close()
+    return admitted

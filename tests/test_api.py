@@ -1,0 +1,359 @@
+"""The Python API of DESIGN.md section 4: the ways to protect a call, exception
+classification, fallbacks, validation, live config, threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import threading
+
+import pytest
+
+from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers, State
+
+
+class Upstream(Exception):
+    pass
+
+
+class NotFound(Exception):
+    pass
+
+
+def tripped(breakers: Breakers, name: str = "pay", **config) -> Breaker:
+    cfg = BreakerConfig(trip="consecutive", failure_threshold=1, open_seconds=10, **config)
+    breaker = breakers.get(name, cfg)
+    breaker.acquire().failure()
+    return breaker
+
+
+def boom() -> None:
+    raise Upstream("down")
+
+
+# -- call, decorator, context manager ----------------------------------------------------
+
+
+def test_call_returns_the_result_and_counts_a_success(make_breakers):
+    b = make_breakers().get("pay")
+    assert b.call(lambda x, y=0: x + y, 2, y=3) == 5
+    assert b.snapshot()["successes"] == 1
+
+
+def test_call_counts_a_failure_and_reraises(make_breakers):
+    b = make_breakers().get("pay")
+    with pytest.raises(Upstream):
+        b.call(boom)
+    assert b.snapshot()["failures"] == 1
+
+
+def test_call_raises_breaker_open_without_calling(make_breakers):
+    b = tripped(make_breakers())
+    called = []
+    with pytest.raises(BreakerOpen) as info:
+        b.call(called.append, 1)
+    assert called == []
+    assert (info.value.breaker, info.value.reason, info.value.retry_after) == ("pay", "open", 10.0)
+    assert "pay" in str(info.value)
+
+
+def test_fallback_value_and_callable(make_breakers):
+    b = tripped(make_breakers())
+    assert b.call(boom, fallback="cached") == "cached"
+    seen: list[BaseException] = []
+    assert b.call(boom, fallback=lambda exc: seen.append(exc) or "degraded") == "degraded"
+    assert isinstance(seen[0], BreakerOpen)
+
+
+def test_fallback_receives_the_failure(make_breakers):
+    b = make_breakers().get("pay")
+    result = b.call(boom, fallback=lambda exc: f"fallback for {exc}")
+    assert result == "fallback for down"
+    assert b.snapshot()["failures"] == 1
+
+
+def test_ignored_exceptions_reraise_even_with_a_fallback_and_count_nothing(make_breakers):
+    cfg = BreakerConfig(trip="consecutive", failure_threshold=1, ignore_exceptions=(NotFound,))
+    b = make_breakers().get("pay", cfg)
+
+    def missing() -> None:
+        raise NotFound
+
+    with pytest.raises(NotFound):
+        b.call(missing, fallback="x")
+    snap = b.snapshot()
+    assert (snap["state"], snap["ignored"], snap["failures"]) == ("closed", 1, 0)
+
+
+def test_record_exceptions_limits_what_is_a_failure(make_breakers):
+    cfg = BreakerConfig(trip="consecutive", failure_threshold=1, record_exceptions=(Upstream,))
+    b = make_breakers().get("pay", cfg)
+    with pytest.raises(KeyError):
+        b.call(lambda: {}["x"])
+    assert b.state is State.CLOSED
+    with pytest.raises(Upstream):
+        b.call(boom)
+    assert b.state is State.OPEN
+
+
+def test_predicate_decides_first(make_breakers):
+    def only_5xx(exc: BaseException) -> bool | None:
+        status = getattr(exc, "status", None)
+        return None if status is None else status >= 500
+
+    class HTTPError(Exception):
+        def __init__(self, status: int) -> None:
+            self.status = status
+
+    cfg = BreakerConfig(trip="consecutive", failure_threshold=2, predicate=only_5xx)
+    b = make_breakers().get("pay", cfg)
+    for status in (404, 503):
+        with pytest.raises(HTTPError):
+            b.call(lambda s=status: (_ for _ in ()).throw(HTTPError(s)))
+    with pytest.raises(Upstream):
+        b.call(boom)  # no status: the predicate abstains, record_exceptions counts it
+    snap = b.snapshot()
+    assert (snap["ignored"], snap["failures"], snap["state"]) == (1, 2, "open")
+
+
+def test_keyboard_interrupt_is_not_a_failure(make_breakers):
+    b = make_breakers().get("pay", BreakerConfig(trip="consecutive", failure_threshold=1))
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        b.call(interrupted)
+    assert b.state is State.CLOSED
+
+
+def test_decorator_forms(make_breakers):
+    b = make_breakers().get("pay", BreakerConfig(trip="consecutive", failure_threshold=1))
+
+    @b
+    def charge(amount: int) -> str:
+        """Charge a card."""
+        if amount < 0:
+            raise Upstream("refused")
+        return f"charged {amount}"
+
+    @b.decorate(fallback="queued")
+    def charge_or_queue(amount: int) -> str:
+        return charge(amount)
+
+    assert charge(3) == "charged 3"
+    assert (charge.__name__, charge.__doc__) == ("charge", "Charge a card.")
+    with pytest.raises(Upstream):
+        charge(-1)
+    assert charge_or_queue(5) == "queued"
+
+
+def test_context_manager(make_breakers):
+    b = make_breakers().get("pay", BreakerConfig(trip="consecutive", failure_threshold=2))
+    with b as permit:
+        assert not permit.probe
+    with pytest.raises(Upstream), b:
+        raise Upstream("down")
+    with pytest.raises(Upstream), b, b:  # nested on one thread
+        raise Upstream("down")
+    snap = b.snapshot()
+    assert (snap["successes"], snap["failures"], snap["state"]) == (1, 3, "open")
+    with pytest.raises(BreakerOpen), b:
+        pass
+
+
+def test_permit_as_context_manager(make_breakers):
+    b = make_breakers().get("pay")
+    with b.acquire():
+        pass
+    with pytest.raises(Upstream), b.acquire():
+        raise Upstream("down")
+    with pytest.raises(ValueError, match="outcome"):
+        b.acquire().record("maybe")
+    snap = b.snapshot()
+    assert (snap["successes"], snap["failures"]) == (1, 1)
+
+
+# -- threads --------------------------------------------------------------------------
+
+
+def test_threads_share_one_breaker_and_lose_no_count(make_breakers):
+    b = make_breakers().get("pay", BreakerConfig(trip="count", failure_threshold=10_000, window_seconds=600))
+    start = threading.Barrier(8)
+
+    def work(i: int) -> None:
+        start.wait()
+        for n in range(100):
+            permit = b.acquire()
+            permit.failure() if (n + i) % 2 else permit.success()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    snap = b.snapshot()
+    assert (snap["calls"], snap["failures"], snap["successes"], snap["window_calls"]) == (800, 400, 400, 800)
+
+
+def test_a_permit_records_exactly_once_across_threads(make_breakers):
+    b = make_breakers().get("pay")
+    permit = b.acquire()
+    start = threading.Barrier(8)
+
+    def settle() -> None:
+        start.wait()
+        permit.failure()
+
+    threads = [threading.Thread(target=settle) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert permit.recorded
+    assert b.snapshot()["calls"] == 1
+
+
+# -- validation -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("trip", "percent"),
+        ("failure_threshold", 0),
+        ("failure_threshold", 2.5),
+        ("failure_threshold", True),
+        ("failure_rate", 0),
+        ("failure_rate", 1.5),
+        ("minimum_calls", 0),
+        ("slow_call_seconds", -1),
+        ("slow_call_rate", 0),
+        ("window_seconds", 0),
+        ("window_seconds", float("nan")),
+        ("window_buckets", 0),
+        ("window_buckets", 1000),
+        ("open_seconds", -5),
+        ("open_backoff", 0.5),
+        ("max_open_seconds", 1),
+        ("half_open_max_calls", 0),
+        ("half_open_successes", 0),
+        ("probe_timeout_seconds", 0),
+        ("max_concurrent_calls", 0),
+        ("mode", "dry-run"),
+        ("record_exceptions", (ValueError, "x")),
+        ("ignore_exceptions", ValueError),
+        ("predicate", 42),
+    ],
+)
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"BreakerConfig\.{field}\b"):
+        BreakerConfig(**{field: value})
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BreakerConfig().failure_threshold = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", ["", "pay{1}", "a b", 'a"b', "x" * 200, "-lead", "é", None, 5])
+def test_bad_names_are_refused(store, name):
+    breakers = Breakers(store, listen=False)
+    with pytest.raises(ValueError, match="invalid breaker name"):
+        breakers.get(name)
+
+
+def test_bad_prefix_and_policy_are_refused(store):
+    with pytest.raises(ValueError, match="key prefix"):
+        Breakers(store, prefix="my app")
+    with pytest.raises(ValueError, match="on_store_error"):
+        Breakers(store, on_store_error="retry")
+
+
+def test_one_name_one_config(make_breakers):
+    breakers = make_breakers()
+    first = breakers.get("pay", BreakerConfig(failure_threshold=3))
+    assert breakers.get("pay") is first
+    assert breakers.get("pay", BreakerConfig(failure_threshold=3)) is first
+    with pytest.raises(ValueError, match="another config"):
+        breakers.get("pay", BreakerConfig(failure_threshold=4))
+
+
+def test_from_url_builds_a_client_that_fails_fast():
+    breakers = Breakers.from_url("redis://127.0.0.1:1/0")
+    kwargs = breakers.client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] < 1 and kwargs["socket_connect_timeout"] < 1
+    assert kwargs["retry"].get_retries() == 0
+    with pytest.raises(ValueError, match="unsupported Redis URL"):
+        Breakers.from_url("http://127.0.0.1:6379")
+
+
+# -- live config, listing, key layout ------------------------------------------------------
+
+
+def test_live_config_applies_at_the_next_call(make_breakers):
+    breakers = make_breakers()
+    b = breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=5))
+    assert breakers.configure("pay", failure_threshold=2) == {"failure_threshold": "2"}
+    b.acquire().failure()
+    b.acquire().failure()
+    assert b.state is State.OPEN
+    assert b.snapshot()["overrides"] == {"failure_threshold": "2"}
+    assert breakers.configure("pay", failure_threshold=None) == {}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"failure_threshold": "two"}, "failure_threshold"),
+        ({"open_seconds": -1}, "open_seconds"),
+        ({"colour": 1}, "unknown config field"),
+        ({"trip": "sometimes"}, "trip"),
+    ],
+)
+def test_live_config_refuses_bad_values(make_breakers, overrides, message):
+    breakers = make_breakers()
+    with pytest.raises(ValueError, match=message):
+        breakers.configure("pay", **overrides)
+
+
+def test_names_lists_breakers_used_by_any_worker(make_breakers):
+    worker_a, worker_b = make_breakers(), make_breakers()
+    worker_a.get("pay").acquire().success()
+    worker_b.get("cart").acquire().success()
+    assert worker_a.names() == ["cart", "pay"]
+
+
+def test_key_prefix(make_breakers, store):
+    make_breakers(prefix="shop").get("pay").acquire().success()
+    assert store.hget("shop:{pay}:state", "state") == b"closed"
+    assert not store.exists("breaker:{pay}:state")
+
+
+def test_redis_cli_reads_the_state_and_every_key_has_a_ttl(redis_server):
+    client = redis_server.client()
+    client.flushall()
+    breakers = Breakers.from_url(redis_server.url, listen=False)
+    try:
+        pay = breakers.get(
+            "pay", BreakerConfig(trip="consecutive", failure_threshold=2, max_concurrent_calls=5)
+        )
+        breakers.configure("pay", open_seconds=20)
+        pay.acquire().failure()
+        leased = pay.acquire()  # keeps a bulkhead lease so the leases key exists
+        pay.acquire().failure()  # trips: the events stream gets an entry
+
+        def cli(*args: str) -> str:
+            out = subprocess.run(
+                ["redis-cli", "-p", str(redis_server.port), *args], check=True, capture_output=True, text=True
+            )
+            return out.stdout.strip()
+
+        assert cli("HGET", "breaker:{pay}:state", "state") == "open"
+        for suffix in ("state", "window", "leases", "config", "stats", "events"):
+            ttl = int(cli("TTL", f"breaker:{{pay}}:{suffix}"))
+            assert ttl > 0, (suffix, ttl)
+        assert int(cli("TTL", "breaker:names")) > 0
+        leased.ignore()
+    finally:
+        breakers.close()

@@ -1,0 +1,261 @@
+"""A flushed script cache, a Redis outage, a hung Redis, a restarted Redis and a
+corrupted key: none may fail a call that the breaker would admit, nor leave a
+breaker stuck."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import fakeredis
+import pytest
+import redis
+
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
+from tests.redis_server import RedisServer, wait_until
+
+TRIP_AT_3 = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=30)
+
+
+def fail(breaker, n: int = 1) -> None:
+    for _ in range(n):
+        breaker.acquire().failure()
+
+
+def test_script_flush_between_calls_changes_nothing(make_breakers, store):
+    b = make_breakers().get("pay", TRIP_AT_3)
+    fail(b, 2)
+    store.script_flush()
+    fail(b)
+    store.script_flush()
+    with pytest.raises(BreakerOpen):
+        b.acquire()
+    store.script_flush()
+    snap = b.snapshot()
+    assert (snap["state"], snap["failures"], snap["trips"]) == ("open", 3, 1)
+
+
+class CountingRunner:
+    """Wraps the remote script runner to count what reaches Redis."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.calls = runner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def run(self, *args):
+        self.calls += 1
+        return self.runner.run(*args)
+
+
+def test_fakeredis_outage_falls_back_to_a_local_breaker_and_returns(clock):
+    server = fakeredis.FakeServer()
+    client = fakeredis.FakeRedis(server=server)
+    breakers = Breakers(client, clock=clock, listen=False)
+    counting = CountingRunner(breakers.gate.remote)
+    breakers.gate.remote = counting
+    try:
+        b = breakers.get("pay", TRIP_AT_3)
+        fail(b, 2)  # shared state in Redis: 2 consecutive failures
+        server.connected = False
+        fail(b)  # this record finds Redis gone: the gate switches to the local store
+        assert not breakers.gate.healthy
+        reached = counting.calls
+        fail(b, 2)
+        assert b.snapshot()["state"] == "closed"  # the result admitted by Redis is not replayed locally
+        fail(b)  # the local breaker counts on its own and trips
+        with pytest.raises(BreakerOpen) as info:
+            b.acquire()
+        assert info.value.reason == "open"
+        assert b.snapshot()["store"] == "local"
+        assert counting.calls == reached  # nothing was sent to the dead store meanwhile
+        server.connected = True
+        wait_until(lambda: breakers.gate.healthy, timeout=10, what="the gate to re-probe Redis")
+        snap = b.snapshot()  # Redis's own state again: still closed with 2 failures
+        assert (snap["store"], snap["state"], snap["consecutive_failures"]) == ("redis", "closed", 2)
+        fail(b)
+        assert b.state is State.OPEN
+    finally:
+        breakers.close()
+
+
+@pytest.mark.parametrize("policy", ["allow", "deny"])
+def test_outage_policies_allow_and_deny(clock, policy):
+    server = fakeredis.FakeServer()
+    breakers = Breakers(fakeredis.FakeRedis(server=server), on_store_error=policy, clock=clock, listen=False)
+    try:
+        b = breakers.get("pay", TRIP_AT_3)
+        b.acquire().success()
+        server.connected = False
+        b.acquire().failure()  # the record finds Redis gone
+        for _ in range(5):
+            if policy == "allow":
+                b.call(lambda: None)
+                with pytest.raises(RuntimeError):
+                    b.call(lambda: (_ for _ in ()).throw(RuntimeError()))
+            else:
+                with pytest.raises(BreakerOpen):
+                    b.acquire()
+        server.connected = True
+        wait_until(lambda: breakers.gate.healthy, timeout=10, what="the gate to re-probe Redis")
+        assert b.snapshot()["failures"] == 0  # nothing recorded while away
+    finally:
+        breakers.close()
+
+
+@pytest.fixture
+def own_server():
+    """A redis-server this test may stop, hang and restart."""
+    server = RedisServer().start()
+    yield server
+    if server.process is not None:
+        os.kill(server.process.pid, signal.SIGCONT)
+    server.stop()
+
+
+def test_real_redis_stopped_and_restarted(own_server):
+    breakers = Breakers.from_url(own_server.url)
+    try:
+        b = breakers.get("pay", TRIP_AT_3)
+        fail(b, 2)
+        subscribed([breakers])
+        own_server.stop()
+        fail(b)  # discovers the outage
+        assert not breakers.gate.healthy
+        fail(b, 3)  # the local breaker counts from zero and trips: protected while Redis is away
+        with pytest.raises(BreakerOpen):
+            b.acquire()
+        own_server.start()  # same port, empty: Redis lost its state in the restart
+        wait_until(lambda: breakers.gate.healthy, timeout=15, what="the gate to re-probe Redis")
+        assert b.acquire() is not None  # back on Redis: a fresh closed breaker
+        fail(b, 3)
+        assert b.state is State.OPEN
+        assert own_server.client().hget("breaker:{pay}:state", "state") == b"open"
+    finally:
+        breakers.close()
+
+
+def test_hung_redis_costs_one_timeout_then_no_waiting(own_server):
+    breakers = Breakers.from_url(own_server.url, listen=False)
+    try:
+        b = breakers.get("pay", TRIP_AT_3)
+        b.acquire().success()
+        os.kill(own_server.process.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        b.acquire().failure()  # the record times out once (client timeout 0.25 s)
+        first = time.monotonic() - started
+        started = time.monotonic()
+        for _ in range(20):
+            b.acquire().failure() if b.snapshot()["state"] == "closed" else None
+        rest = time.monotonic() - started
+        # generous bounds: redis-py's defaults would wait 5 s per command, 10 retries
+        assert first < 2.0, first
+        assert rest < 2.0, rest
+        assert b.snapshot()["store"] == "local"
+        os.kill(own_server.process.pid, signal.SIGCONT)
+        wait_until(lambda: breakers.gate.healthy, timeout=15, what="the gate to re-probe Redis")
+    finally:
+        breakers.close()
+
+
+def test_wrong_type_key_is_repaired(make_breakers, store):
+    b = make_breakers().get("pay", TRIP_AT_3)
+    fail(b, 2)
+    store.delete("breaker:{pay}:state")
+    store.set("breaker:{pay}:state", "garbage")
+    b._forget()
+    fail(b, 3)
+    assert b.state is State.OPEN
+
+
+def test_corrupted_fields_read_as_a_fresh_breaker(make_breakers, store):
+    b = make_breakers().get("pay", TRIP_AT_3)
+    fail(b)
+    store.hset("breaker:{pay}:state", mapping={"state": "sideways", "epoch": "x", "open_until": "soon"})
+    store.hset("breaker:{pay}:window", mapping={"tc": "-4", "head": "nope"})
+    store.hset("breaker:{pay}:config", mapping={"failure_threshold": "many", "trip": "never"})
+    b._forget()
+    for _ in range(3):  # consec survived the corruption, so it may take fewer than three
+        try:
+            b.acquire().failure()
+        except BreakerOpen:
+            break
+    snap = b.snapshot()
+    assert (snap["state"], snap["window_calls"] >= 1) == ("open", True)
+
+
+# -- invalidation: what one worker does reaches the others ---------------------------------
+
+
+@pytest.fixture
+def two_workers(store):
+    """Two Breakers on one store, as two worker processes would have."""
+    workers = [Breakers(store), Breakers(store)]
+    yield workers
+    for w in workers:
+        w.close()
+
+
+def subscribed(workers) -> None:
+    """Start each worker's listener (it starts at first use) and wait until it listens."""
+    for w in workers:
+        w._ensure_process()
+        wait_until(lambda w=w: w.invalidator.healthy, what="the event subscription")
+
+
+def admits(breaker) -> bool:
+    try:
+        breaker.acquire().ignore()
+        return True
+    except BreakerOpen:
+        return False
+
+
+def test_a_trip_by_one_worker_reaches_the_other_at_once(two_workers):
+    a, b = (w.get("pay", TRIP_AT_3) for w in two_workers)
+    subscribed(two_workers)
+    assert admits(b)  # b now knows 'closed' and will not ask Redis again by itself
+    fail(a, 3)
+    wait_until(lambda: not admits(b), timeout=1.0, what="worker b to learn of the trip")
+
+
+def test_force_and_clear_reach_a_worker_denying_from_memory(two_workers):
+    a, b = (w.get("pay", TRIP_AT_3) for w in two_workers)
+    subscribed(two_workers)
+    fail(a, 3)
+    wait_until(lambda: not admits(b), timeout=1.0, what="worker b to deny")
+    a.force_closed()
+    wait_until(lambda: admits(b), timeout=1.0, what="force_closed to reach worker b")
+    a.force_open()
+    wait_until(lambda: not admits(b), timeout=1.0, what="force_open to reach worker b")
+    a.reset()
+    wait_until(lambda: admits(b), timeout=1.0, what="reset to reach worker b")
+
+
+def test_without_the_subscription_workers_recheck_every_second(store):
+    workers = [Breakers(store, listen=False), Breakers(store, listen=False)]
+    try:
+        a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+        assert admits(b)
+        a.force_open()
+        wait_until(lambda: not admits(b), timeout=1.5, what="worker b to re-check Redis")
+    finally:
+        for w in workers:
+            w.close()
+
+
+def test_live_config_reaches_other_workers(two_workers):
+    _, b = (w.get("pay", TRIP_AT_3) for w in two_workers)
+    subscribed(two_workers)
+    assert admits(b)
+    two_workers[0].configure("pay", mode="observe")
+    fail(b, 3)
+    wait_until(
+        lambda: b._known is not None and b._known.mode == "observe",
+        timeout=1.0,
+        what="worker b to learn the override",
+    )
+    assert admits(b)  # open, but observe mode never denies
+    assert redis is not None
