@@ -13,6 +13,7 @@ results carrying an old epoch.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
@@ -28,6 +29,7 @@ from typing import Any, TypeVar, cast
 from .config import BreakerConfig
 from .errors import BreakerOpen
 from .invalidation import Invalidator
+from .recorder import Recorder
 from .scripts import ScriptRunner, flat_pairs, text, validate_name
 from .store import StoreGate, StoreUnavailable
 
@@ -63,6 +65,7 @@ class _Knowledge:
     forced: str
     mode: str
     max_concurrent: int
+    slow_ms: int
     learned_at: float  # time.monotonic()
     generation: int
 
@@ -74,14 +77,28 @@ class Permit:
     config, a normal exit is a success.
     """
 
-    __slots__ = ("_breaker", "_done", "_lock", "epoch", "generation", "lease", "probe", "started")
+    __slots__ = (
+        "_breaker",
+        "_done",
+        "_lock",
+        "batchable",
+        "epoch",
+        "generation",
+        "lease",
+        "probe",
+        "started",
+    )
 
-    def __init__(self, breaker: Breaker, epoch: int, lease: str, generation: int) -> None:
+    def __init__(
+        self, breaker: Breaker, epoch: int, lease: str, generation: int, *, batchable: bool = False
+    ) -> None:
         self._breaker = breaker
         self.epoch = epoch
         self.lease = lease
         self.generation = generation
         self.probe = lease.startswith("p:")
+        # admitted while closed without a lease: a plain success may go in a batch
+        self.batchable = batchable
         self.started = breaker._breakers.now_ms()
         self._done = False
         self._lock = threading.Lock()
@@ -126,13 +143,16 @@ class Breaker:
         self._breakers = breakers
         self.name = name
         self.config = config
-        self._argv = config.to_argv()
+        self._lua_config = config.to_lua()
         self._lock = threading.Lock()
         self._known: _Knowledge | None = None
         self._pending_rejected = 0
         self._pending_would_reject = 0
         self._last_flush = time.monotonic()
         self._registered_pid = 0
+        self._batch_epoch = 0
+        self._batch_count = 0
+        self._batch_generation = 0
         self._local_permits = threading.local()
 
     # -- admission ---------------------------------------------------------
@@ -153,7 +173,7 @@ class Breaker:
             breakers._register_name(self.name)
         try:
             reply, generation = breakers.gate.run(
-                "acquire", self.name, breakers.clock_ms(), [*pending, *self._argv]
+                "acquire", self.name, breakers.clock_ms(), [self._lua_config, *pending]
             )
         except StoreUnavailable:
             self._restore_pending(pending)
@@ -163,7 +183,8 @@ class Breaker:
             raise
         allowed, reason, epoch, lease, retry_after = self._learn(reply, generation)
         if allowed:
-            return Permit(self, epoch, lease, generation)
+            batchable = allowed == 1 and not lease and text(reply[2]) == "closed"
+            return Permit(self, epoch, lease, generation, batchable=batchable)
         raise BreakerOpen(retry_after, self.name, reason)
 
     def _trusted(self, known: _Knowledge) -> bool:
@@ -189,11 +210,11 @@ class Breaker:
             self._pending_rejected += 1
             raise BreakerOpen(None, self.name, "forced_open")
         if known.forced == "closed":
-            return Permit(self, known.epoch, "", known.generation)
+            return Permit(self, known.epoch, "", known.generation, batchable=True)
         if known.max_concurrent:
             return None  # a bulkhead slot is a lease only Redis can hand out
         if known.state == "closed":
-            return Permit(self, known.epoch, "", known.generation)
+            return Permit(self, known.epoch, "", known.generation, batchable=True)
         if known.state == "open" and now < known.open_until and not self._flush_due():
             if known.mode == "observe":
                 self._pending_would_reject += 1
@@ -225,13 +246,46 @@ class Breaker:
     # -- outcomes ----------------------------------------------------------
 
     def _record(self, permit: Permit, outcome: str, duration_ms: int) -> None:
-        """Send one outcome to the record script. Never raises into the caller."""
+        """Count one outcome: batched if it is a plain success, else sent now.
+
+        Never raises into the caller: a lost record must not fail the call.
+        """
         breakers = self._breakers
         if permit.generation != breakers.gate.generation:
             return  # admitted by a store that is no longer in use
+        if outcome == "success" and permit.batchable and breakers.batch_successes:
+            known = self._known
+            slow_ms = known.slow_ms if known is not None else 0
+            if not (slow_ms and duration_ms >= slow_ms):
+                with self._lock:
+                    joins = self._batch_count == 0 or (
+                        self._batch_epoch == permit.epoch and self._batch_generation == permit.generation
+                    )
+                    if joins:
+                        self._batch_epoch, self._batch_generation = permit.epoch, permit.generation
+                        self._batch_count += 1
+                if joins:
+                    breakers.recorder.schedule(self)
+                    return
+        self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease)
+
+    def flush_batch(self) -> None:
+        """Send the batched successes, if any (the recorder thread, snapshot, exit)."""
+        if self._batch_count:
+            self._send(0, "", 0, "")
+
+    def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str) -> None:
+        """Run the record script with this outcome ('' for none) and the batch held."""
+        breakers = self._breakers
         with self._lock:
             pending = self._take_pending()
-        args = [permit.epoch, outcome, max(0, duration_ms), permit.lease, *pending, *self._argv]
+            batch = [self._batch_epoch, self._batch_count]
+            if self._batch_generation != breakers.gate.generation:
+                batch[1] = 0  # counted under a store no longer in use
+            self._batch_count = 0
+        if not outcome and not batch[1] and not any(pending):
+            return
+        args = [self._lua_config, epoch, outcome, duration_ms, lease, *pending, *batch]
         try:
             reply, generation = breakers.gate.run(
                 "record", self.name, breakers.clock_ms(), args, fallback=False
@@ -259,9 +313,10 @@ class Breaker:
         allowed, reason, state = int(reply[0]), text(reply[1]), text(reply[2])
         epoch, open_until, forced = int(reply[3]), int(reply[4]), text(reply[5])
         lease, now, mode, max_concurrent = text(reply[6]), int(reply[7]), text(reply[8]), int(reply[9])
+        slow_ms = int(reply[11])
         self._breakers._observe_clock(now)
         known = _Knowledge(
-            state, epoch, open_until, forced, mode, max_concurrent, time.monotonic(), generation
+            state, epoch, open_until, forced, mode, max_concurrent, slow_ms, time.monotonic(), generation
         )
         with self._lock:
             current = self._known
@@ -291,6 +346,7 @@ class Breaker:
                 str(payload.get("forced", "")),
                 current.mode,
                 current.max_concurrent,
+                current.slow_ms,
                 time.monotonic(),
                 current.generation,
             )
@@ -361,10 +417,13 @@ class Breaker:
 
     def snapshot(self) -> dict[str, Any]:
         breakers = self._breakers
+        self.flush_batch()  # this worker's own successes show at once
         with self._lock:
             pending = self._take_pending()
         try:
-            raw, _ = breakers.gate.run("snapshot", self.name, breakers.clock_ms(), [*pending, *self._argv])
+            raw, _ = breakers.gate.run(
+                "snapshot", self.name, breakers.clock_ms(), [self._lua_config, *pending]
+            )
         except StoreUnavailable:
             self._restore_pending(pending)
             raise
@@ -384,7 +443,7 @@ class Breaker:
 
     def _admin(self, op: str) -> None:
         breakers = self._breakers
-        reply = breakers.gate.run_remote("admin", self.name, breakers.clock_ms(), [op])
+        reply = breakers.gate.run_remote("admin", self.name, breakers.clock_ms(), ["", op])
         self._learn(reply, breakers.gate.generation)
 
     def __repr__(self) -> str:
@@ -447,6 +506,7 @@ def _snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
     }
     for key in _STAT_FIELDS:
         snapshot[key] = stats.get(key, 0)
+    snapshot["calls"] = snapshot["successes"] + snapshot["failures"] + snapshot["ignored"]
     return snapshot
 
 
@@ -467,6 +527,7 @@ class Breakers:
         defaults: BreakerConfig | None = None,
         clock: Callable[[], int] | None = None,
         listen: bool = True,
+        batch_successes: bool | None = None,
     ) -> None:
         if not (isinstance(key_ttl_seconds, (int, float)) and key_ttl_seconds >= 1):
             raise ValueError(f"key_ttl_seconds must be >= 1 (got {key_ttl_seconds!r})")
@@ -474,6 +535,10 @@ class Breakers:
         self.prefix = prefix
         self.defaults = defaults or BreakerConfig()
         self._clock = clock
+        # batches are stamped with the time they reach Redis: exact with the
+        # real clock (a millisecond late at most), not with a test clock
+        self.batch_successes = clock is None if batch_successes is None else batch_successes
+        self.recorder = Recorder()
         self._clock_offset_ms = 0.0
         self._runner = ScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
         self.gate = StoreGate(self._runner, on_store_error, on_switch=self._forget_all)
@@ -486,6 +551,7 @@ class Breakers:
         self.pid = os.getpid()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+        atexit.register(_flush_at_exit, ref)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "breaker", **kwargs: Any) -> Breakers:
@@ -525,7 +591,7 @@ class Breakers:
         setting = {key: value for key, value in as_text.items() if value != ""}
         parse_overrides({key: "1" for key in as_text if key not in setting})  # removals: names only
         base.with_overrides(setting)
-        args: list[str] = []
+        args: list[str] = [""]
         for key, value in as_text.items():
             args += [key, value]
         raw = self.gate.run_remote("configure", name, self.clock_ms(), args)
@@ -572,19 +638,30 @@ class Breakers:
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self.gate.after_fork()
+        self.recorder.after_fork()
         if self.invalidator is not None:
             self.invalidator.after_fork()
         for breaker in self._breakers.values():
             breaker._lock = threading.Lock()
             breaker._known = None
             breaker._pending_rejected = breaker._pending_would_reject = 0
+            breaker._batch_count = 0  # the parent's successes are the parent's to send
             breaker._local_permits = threading.local()
 
     def close(self) -> None:
-        """Stop the background threads (tests; a worker simply exits)."""
+        """Send pending batches and stop the background threads (a worker may simply exit)."""
+        if self.gate.healthy:
+            self.recorder.flush()
+        self.recorder.close()
         self.gate.close()
         if self.invalidator is not None:
             self.invalidator.close()
+
+
+def _flush_at_exit(ref: weakref.ReferenceType[Breakers]) -> None:
+    breakers = ref()
+    if breakers is not None and breakers.gate.healthy:
+        breakers.recorder.flush()
 
 
 def _after_fork(ref: weakref.ReferenceType[Breakers]) -> None:

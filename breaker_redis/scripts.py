@@ -82,11 +82,15 @@ class ScriptRunner:
         self.names_key = f"{prefix}:names"
         self.ttl_ms = ttl_ms
         self._scripts = {op: client.register_script(script_source(op)) for op in OPERATIONS}
+        self._keys: dict[str, list[str]] = {}
 
     def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         argv: list[Any] = [name, self.channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
         argv.extend(args)
-        return self._scripts[operation](keys=breaker_keys(self.prefix, name), args=argv)
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = breaker_keys(self.prefix, name)
+        return self._scripts[operation](keys=keys, args=argv)
 
     def drop_keys(self, name: str) -> None:
         self.client.delete(*breaker_keys(self.prefix, name))

@@ -1,21 +1,27 @@
 -- _lib.lua: the prelude that breaker_redis/scripts.py puts in front of every
--- script, so the state machine's shared steps are written once.
+-- script, so the state machine's shared steps are written once. It runs on
+-- every call, so it only defines; the record script's common path (closed,
+-- no override) costs five commands: TIME, HMGET state, HMGET window, HSET
+-- window, HINCRBY stats.
 --
 -- KEYS (every script, one hash tag {NAME} so one slot):
---   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq
+--   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq,
+--                   ttl_at (last TTL refresh), ovr ('1' while live overrides exist)
 --   2 window HASH   head, bms, tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket
 --   3 leases ZSET   'p:<epoch>:<seq>' probe leases, 'b:<seq>' bulkhead slots; score = expiry ms
---   4 config HASH   live overrides of BreakerConfig fields (strings)
---   5 stats  HASH   cumulative counters
+--   4 config HASH   live overrides of BreakerConfig fields (strings, seconds)
+--   5 stats  HASH   cumulative counters (calls is derived: successes + failures + ignored)
 --   6 events STREAM capped transition history
 -- ARGV (every script):
 --   1 name  2 pub/sub channel  3 now_ms ('' = Redis TIME; tests only)  4 key TTL ms
--- Scripts that need the config pass its 16 values positionally (CFG_FIELDS
--- order, the same as breaker_redis/config.py LUA_FIELDS) at an index they name.
+--   5 config: JSON from breaker_redis/config.py (to_lua_json), times in ms:
+--     trip, mode, threshold, rate, min_calls, slow_ms, slow_rate, bucket_ms, buckets,
+--     open_ms, backoff, max_open_ms, ho_max, ho_successes, probe_ms, max_conc
 
 local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local NAME, CHANNEL, TTL = ARGV[1], ARGV[2], tonumber(ARGV[4])
+local TTL_REFRESH_MS = 60000  -- keys get their TTL renewed at most this often, and when created
 
 local NOW
 if ARGV[3] ~= '' then
@@ -25,75 +31,81 @@ else
   NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local TOUCHED = {}
-local function touch(key) TOUCHED[key] = true end
-local function refresh_ttls()
-  for key in pairs(TOUCHED) do redis.call('PEXPIRE', key, TTL) end
-end
-
--- Config: the caller's values, then live overrides that parse; a bad
--- override is skipped, never fatal (a corrupted key must not stop a breaker).
-local CFG_FIELDS = {'trip', 'failure_threshold', 'failure_rate', 'minimum_calls',
-  'slow_call_seconds', 'slow_call_rate', 'window_seconds', 'window_buckets',
-  'open_seconds', 'open_backoff', 'max_open_seconds', 'half_open_max_calls',
-  'half_open_successes', 'probe_timeout_seconds', 'max_concurrent_calls', 'mode'}
-local ENUMS = {trip = {consecutive = true, count = true, rate = true},
-  mode = {enforce = true, observe = true}}
-local OPTIONAL = {slow_call_seconds = true, max_concurrent_calls = true}
-
-local function load_config(first)
-  local raw = {}
-  for i, f in ipairs(CFG_FIELDS) do raw[f] = ARGV[first + i - 1] end
+-- Live overrides (written by configure.lua in BreakerConfig names and units)
+-- replace the caller's values; one that does not parse is skipped, never fatal.
+-- Read only while the state's ovr flag says there are some: this prelude runs
+-- on every call and Redis garbage-collects whatever a call allocates.
+local function apply_overrides(c)
+  local rules = {
+    failure_threshold = {'threshold', 1}, failure_rate = {'rate', 1}, minimum_calls = {'min_calls', 1},
+    slow_call_seconds = {'slow_ms', 1000}, slow_call_rate = {'slow_rate', 1},
+    window_seconds = {'window_ms', 1000}, window_buckets = {'buckets', 1},
+    open_seconds = {'open_ms', 1000}, open_backoff = {'backoff', 1}, max_open_seconds = {'max_open_ms', 1000},
+    half_open_max_calls = {'ho_max', 1}, half_open_successes = {'ho_successes', 1},
+    probe_timeout_seconds = {'probe_ms', 1000}, max_concurrent_calls = {'max_conc', 1},
+  }
+  local enums = {trip = {consecutive = true, count = true, rate = true}, mode = {enforce = true, observe = true}}
   local o = redis.call('HGETALL', K_CONFIG)
+  local window_ms = c.bucket_ms * c.buckets
   for i = 1, #o, 2 do
     local f, v = o[i], o[i + 1]
-    if ENUMS[f] then
-      if ENUMS[f][v] then raw[f] = v end
-    elseif raw[f] ~= nil then
-      if OPTIONAL[f] and (v == '' or v == 'none' or v == 'off') then raw[f] = ''
-      elseif tonumber(v) and tonumber(v) > 0 then raw[f] = v end
+    local rule, n = rules[f], tonumber(v)
+    if enums[f] then
+      if enums[f][v] then c[f] = v end
+    elseif rule and (v == '' or v == 'none' or v == 'off') and (rule[1] == 'slow_ms' or rule[1] == 'max_conc') then
+      c[rule[1]] = 0
+    elseif rule and n and n > 0 then
+      n = n * rule[2]
+      if rule[1] == 'window_ms' then window_ms = n else c[rule[1]] = n end
     end
   end
-  local n = function(f) return tonumber(raw[f]) or 0 end
-  local c = {trip = raw.trip, mode = raw.mode,
-    threshold = n('failure_threshold'), rate = n('failure_rate'),
-    min_calls = n('minimum_calls'), slow_ms = math.floor(n('slow_call_seconds') * 1000),
-    slow_rate = n('slow_call_rate'), buckets = math.max(1, math.floor(n('window_buckets'))),
-    open_ms = math.floor(n('open_seconds') * 1000), backoff = math.max(1, n('open_backoff')),
-    max_open_ms = math.floor(n('max_open_seconds') * 1000),
-    ho_max = math.max(1, n('half_open_max_calls')), ho_successes = math.max(1, n('half_open_successes')),
-    probe_ms = math.max(1, math.floor(n('probe_timeout_seconds') * 1000)),
-    max_conc = math.floor(n('max_concurrent_calls'))}
-  c.bucket_ms = math.max(1, math.floor(n('window_seconds') * 1000 / c.buckets))
-  if c.max_open_ms < c.open_ms then c.max_open_ms = c.open_ms end
+  c.buckets = math.max(1, math.floor(c.buckets))
+  c.bucket_ms = math.max(1, math.floor(window_ms / c.buckets))
+  c.backoff = math.max(1, c.backoff)
+  c.max_open_ms = math.max(c.max_open_ms, c.open_ms)
+  return c
+end
+
+local function load_config(s)
+  local c = cjson.decode(ARGV[5])
+  if s.ovr == '1' then return apply_overrides(c) end
   return c
 end
 
 -- State: a missing or corrupted hash reads as a fresh closed breaker.
 local function load_state()
   local v = redis.call('HMGET', K_STATE, 'state', 'epoch', 'open_until', 'forced',
-    'consec', 'open_ms', 'ho_ok', 'seq')
+    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'ovr')
   local s = {state = v[1], epoch = tonumber(v[2]) or 0, open_until = tonumber(v[3]) or 0,
     forced = v[4] or '', consec = tonumber(v[5]) or 0, open_ms = tonumber(v[6]) or 0,
-    ho_ok = tonumber(v[7]) or 0, seq = tonumber(v[8]) or 0, dirty = false}
+    ho_ok = tonumber(v[7]) or 0, seq = tonumber(v[8]) or 0, ttl_at = tonumber(v[9]) or 0,
+    ovr = v[10], dirty = false}
   if s.state ~= 'closed' and s.state ~= 'open' and s.state ~= 'half_open' then
     s.state, s.epoch, s.dirty = 'closed', s.epoch + 1, true
+    if redis.call('EXISTS', K_CONFIG) == 1 then s.ovr = '1' end
   end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
   return s
 end
 
+-- Writes the state if it changed, and renews every key's TTL once a minute
+-- (keys created in between got theirs when they were created).
 local function save_state(s)
+  if NOW - s.ttl_at >= TTL_REFRESH_MS or NOW < s.ttl_at then
+    s.ttl_at, s.dirty = NOW, true
+    for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], TTL) end
+  end
   if not s.dirty then return end
   redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
-    'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq)
-  touch(K_STATE)
+    'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq,
+    'ttl_at', s.ttl_at)
+  redis.call('PEXPIRE', K_STATE, TTL)
 end
 
+-- A counter that reaches `by` was just created: give a new stats key its TTL.
 local function stat(field, by)
-  if by ~= 0 then
-    redis.call('HINCRBY', K_STATS, field, by)
-    touch(K_STATS)
+  if by ~= 0 and redis.call('HINCRBY', K_STATS, field, by) == by then
+    redis.call('PEXPIRE', K_STATS, TTL)
   end
 end
 
@@ -104,33 +116,31 @@ local function flush_pending(rejected, would_reject)
 end
 
 -- Every transition: epoch+1, one stream entry, one pub/sub message.
-local EVENTS = {}
+local EVENTS = ''
 local function transition(s, to, cause)
   local from = s.state
   s.state, s.epoch, s.dirty = to, s.epoch + 1, true
-  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', 1000, '*', 'from', from, 'to', to,
+  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', 100, '*', 'from', from, 'to', to,
     'epoch', s.epoch, 'cause', cause, 'forced', s.forced, 'open_until', s.open_until, 'at', NOW)
-  touch(K_EVENTS)
+  redis.call('PEXPIRE', K_EVENTS, TTL)
   redis.call('PUBLISH', CHANNEL, string.format(
     '{"name":"%s","kind":"transition","from":"%s","to":"%s","epoch":%d,"open_until":%d,"forced":"%s","cause":"%s","at":%d}',
     NAME, from, to, s.epoch, s.open_until, s.forced, cause, NOW))
-  EVENTS[#EVENTS + 1] = from .. '>' .. to .. ':' .. cause
+  EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. from .. '>' .. to .. ':' .. cause
 end
 
 -- Leases. Probe leases exist only in half_open; leaving it drops them.
-local function drop_probes()
-  local all = redis.call('ZRANGE', K_LEASES, 0, -1)
-  for _, m in ipairs(all) do
-    if string.sub(m, 1, 2) == 'p:' then redis.call('ZREM', K_LEASES, m) end
+local function probe_ids()
+  local ids = {}
+  for _, m in ipairs(redis.call('ZRANGE', K_LEASES, 0, -1)) do
+    if string.sub(m, 1, 2) == 'p:' then ids[#ids + 1] = m end
   end
+  return ids
 end
 
-local function count_probes()
-  local n = 0
-  for _, m in ipairs(redis.call('ZRANGE', K_LEASES, 0, -1)) do
-    if string.sub(m, 1, 2) == 'p:' then n = n + 1 end
-  end
-  return n
+local function drop_probes()
+  local ids = probe_ids()
+  if #ids > 0 then redis.call('ZREM', K_LEASES, unpack(ids)) end
 end
 
 -- Removes expired leases; returns how many of them were probes.
@@ -149,62 +159,64 @@ local function take_lease(s, kind, ttl_ms)
   s.seq, s.dirty = s.seq + 1, true
   local id = kind == 'p' and ('p:' .. s.epoch .. ':' .. s.seq) or ('b:' .. s.seq)
   redis.call('ZADD', K_LEASES, NOW + ttl_ms, id)
-  touch(K_LEASES)
+  redis.call('PEXPIRE', K_LEASES, TTL)
   return id
 end
 
--- Window: buckets of cfg.bucket_ms; bucket ids in (head - buckets, head] are live.
--- Returns the totals as of NOW and the ids that slid out (for the writer to drop).
-local function window_read(cfg)
-  local cur = math.floor(NOW / cfg.bucket_ms)
-  local w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts')
+-- Window: buckets of c.bucket_ms; bucket ids in (head - buckets, head] are live.
+-- Returns the totals as of NOW, the current bucket's counters, the ids that
+-- slid out (for the writer to drop) and whether the hash starts afresh.
+local function window_read(c)
+  local cur = math.floor(NOW / c.bucket_ms)
+  local w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. cur, 'f' .. cur, 's' .. cur)
   local head, tc, tf, ts = tonumber(w[1]), tonumber(w[3]) or 0, tonumber(w[4]) or 0, tonumber(w[5]) or 0
-  if head == nil or tonumber(w[2]) ~= cfg.bucket_ms or tc < 0 or tf < 0 or ts < 0 then
-    return {cur = cur, tc = 0, tf = 0, ts = 0, reset = true, gone = {}}
+  if head == nil or tonumber(w[2]) ~= c.bucket_ms or tc < 0 or tf < 0 or ts < 0 or cur - c.buckets >= head then
+    return {cur = cur, tc = 0, tf = 0, ts = 0, bc = 0, bf = 0, bs = 0, reset = true}
   end
-  if cur < head then cur = head end -- a clock step backwards counts into the newest bucket
-  if cur - cfg.buckets >= head then
-    return {cur = cur, tc = 0, tf = 0, ts = 0, reset = true, gone = {}}
+  if cur < head then -- a clock step back counts into the head bucket
+    cur = head
+    local b = redis.call('HMGET', K_WINDOW, 'c' .. cur, 'f' .. cur, 's' .. cur)
+    w[6], w[7], w[8] = b[1], b[2], b[3]
   end
-  local gone = {}
-  for id = head - cfg.buckets + 1, cur - cfg.buckets do
+  local gone = nil
+  for id = head - c.buckets + 1, cur - c.buckets do
     local b = redis.call('HMGET', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id)
     tc, tf, ts = tc - (tonumber(b[1]) or 0), tf - (tonumber(b[2]) or 0), ts - (tonumber(b[3]) or 0)
+    gone = gone or {}
     gone[#gone + 1] = id
   end
-  return {cur = cur, tc = math.max(tc, 0), tf = math.max(tf, 0), ts = math.max(ts, 0), reset = false, gone = gone}
+  return {cur = cur, tc = math.max(tc, 0), tf = math.max(tf, 0), ts = math.max(ts, 0),
+    bc = tonumber(w[6]) or 0, bf = tonumber(w[7]) or 0, bs = tonumber(w[8]) or 0, gone = gone, reset = false}
 end
 
-local function window_add(cfg, failed, slow)
-  local w = window_read(cfg)
+local function window_add(c, calls, failures, slows)
+  local w = window_read(c)
   if w.reset then redis.call('DEL', K_WINDOW) end
-  for _, id in ipairs(w.gone) do redis.call('HDEL', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id) end
-  local f, s = failed and 1 or 0, slow and 1 or 0
+  for _, id in ipairs(w.gone or {}) do redis.call('HDEL', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id) end
   local id = w.cur
-  local b = redis.call('HMGET', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id)
-  w.tc, w.tf, w.ts = w.tc + 1, w.tf + f, w.ts + s
-  redis.call('HSET', K_WINDOW, 'head', id, 'bms', cfg.bucket_ms, 'tc', w.tc, 'tf', w.tf, 'ts', w.ts,
-    'c' .. id, (tonumber(b[1]) or 0) + 1, 'f' .. id, (tonumber(b[2]) or 0) + f, 's' .. id, (tonumber(b[3]) or 0) + s)
-  touch(K_WINDOW)
+  w.tc, w.tf, w.ts = w.tc + calls, w.tf + failures, w.ts + slows
+  redis.call('HSET', K_WINDOW, 'head', id, 'bms', c.bucket_ms, 'tc', w.tc, 'tf', w.tf, 'ts', w.ts,
+    'c' .. id, w.bc + calls, 'f' .. id, w.bf + failures, 's' .. id, w.bs + slows)
+  if w.reset then redis.call('PEXPIRE', K_WINDOW, TTL) end
   return w
 end
 
 -- Which trip rule holds for these window totals and consecutive count (nil: none).
-local function trip_cause(cfg, w, consec)
-  if cfg.trip == 'consecutive' and consec >= cfg.threshold then return 'consecutive' end
-  if cfg.trip == 'count' and w.tf >= cfg.threshold then return 'count' end
-  if cfg.trip == 'rate' and w.tc >= cfg.min_calls and w.tf / w.tc >= cfg.rate then return 'rate' end
-  if cfg.slow_ms > 0 and w.tc >= cfg.min_calls and w.ts / w.tc >= cfg.slow_rate then return 'slow' end
+local function trip_cause(c, w, consec)
+  if c.trip == 'consecutive' and consec >= c.threshold then return 'consecutive' end
+  if c.trip == 'count' and w.tf >= c.threshold then return 'count' end
+  if c.trip == 'rate' and w.tc >= c.min_calls and w.tf / w.tc >= c.rate then return 'rate' end
+  if c.slow_ms > 0 and w.tc >= c.min_calls and w.ts / w.tc >= c.slow_rate then return 'slow' end
   return nil
 end
 
 -- Open: the first trip for exactly open_seconds; a trip after a failed
 -- half-open multiplies the last period by the backoff (capped) and adds up
 -- to 10% jitter derived from the time and epoch, so breakers spread out.
-local function trip_open(s, cfg, cause, after_half_open)
-  local base, dur = cfg.open_ms, cfg.open_ms
+local function trip_open(s, c, cause, after_half_open)
+  local base, dur = c.open_ms, c.open_ms
   if after_half_open then
-    base = math.min(math.floor(math.max(s.open_ms, cfg.open_ms) * cfg.backoff), cfg.max_open_ms)
+    base = math.min(math.floor(math.max(s.open_ms, c.open_ms) * c.backoff), c.max_open_ms)
     dur = base + math.floor(base * (((NOW % 997) * 31 + s.epoch * 17) % 100) / 1000)
     drop_probes()
   end
@@ -221,10 +233,9 @@ local function close(s, cause)
 end
 
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
--- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events}
-local function reply(s, allowed, reason, lease, cfg)
+-- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms}
+local function reply(s, allowed, reason, lease, c)
   save_state(s)
-  refresh_ttls()
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
-    cfg and cfg.mode or '', cfg and cfg.max_conc or 0, table.concat(EVENTS, ',')}
+    c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0}
 end

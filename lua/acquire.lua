@@ -3,15 +3,16 @@
 -- or knowledge too old.
 --
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
--- ARGV  : 1-4 common; 5 rejections counted in the worker since its last flush;
---         6 would_reject counted likewise; 7-22 config
+-- ARGV  : 1-5 common (5: config); 6 rejections counted in the worker since its
+--         last flush; 7 would_reject counted likewise
 -- Reads : state, config, leases.  Writes: state (transitions, lease seq),
 --         leases (probe or bulkhead lease), stats (rejected, would_reject), events.
 -- Returns the common reply; allowed is 1 (go), 2 (observe mode: would have been
 --         denied, go anyway) or 0 (denied, reason open | half_open_full |
 --         forced_open | bulkhead); lease is the id to hand back to record.lua.
-local s, cfg = load_state(), load_config(7)
-flush_pending(ARGV[5], ARGV[6])
+local s = load_state()
+local cfg = load_config(s)
+flush_pending(ARGV[6], ARGV[7])
 
 local allowed, reason, lease = 0, '', ''
 if s.forced == 'open' then
@@ -26,7 +27,7 @@ else
   if s.state == 'half_open' then
     if reap_leases() > 0 then
       trip_open(s, cfg, 'probe_timeout', true)   -- a probe died or hung: it failed
-    elseif count_probes() < cfg.ho_max then
+    elseif #probe_ids() < cfg.ho_max then
       lease, allowed = take_lease(s, 'p', cfg.probe_ms), 1
     else
       reason = 'half_open_full'
@@ -36,7 +37,7 @@ else
 
   if allowed == 1 and cfg.max_conc > 0 then      -- distributed bulkhead
     if s.state ~= 'half_open' then reap_leases() end   -- half_open reaped above
-    local probes = s.state == 'half_open' and count_probes() or 0
+    local probes = s.state == 'half_open' and #probe_ids() or 0
     if redis.call('ZCARD', K_LEASES) - probes >= cfg.max_conc then
       if lease ~= '' then redis.call('ZREM', K_LEASES, lease) end
       allowed, reason, lease = 0, 'bulkhead', ''

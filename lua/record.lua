@@ -1,23 +1,50 @@
--- record.lua: the outcome of one admitted call; the only script a worker runs
--- per call while the breaker is closed.
+-- record.lua: the outcomes of admitted calls; the only script a worker runs
+-- for its calls while the breaker is closed.
+--
+-- A worker sends plain successes of calls it admitted while closed in
+-- batches (a count per epoch), and every other outcome one by one, each
+-- time together with the batch it holds, so Redis sees one worker's results
+-- in the order they happened.
 --
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
--- ARGV  : 1-4 common; 5 epoch the permit was issued under; 6 outcome
---         (success | failure | ignored); 7 duration ms; 8 lease ids ('' or
---         space-separated, from acquire.lua); 9 pending rejections;
---         10 pending would_reject; 11-26 config
+-- ARGV  : 1-5 common (5: config); 6 epoch the permit was issued under;
+--         7 outcome (success | failure | ignored, or '' for a batch alone);
+--         8 duration ms; 9 lease ids ('' or space-separated, from acquire.lua);
+--         10 pending rejections; 11 pending would_reject;
+--         12 epoch of the batched successes; 13 how many
 -- Reads : state, config, window, leases.  Writes: stats (always), window
 --         (closed), state (consecutive count, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
-local s, cfg = load_state(), load_config(11)
-flush_pending(ARGV[9], ARGV[10])
-local epoch, outcome, duration = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]) or 0
+local s = load_state()
+local cfg = load_config(s)
+flush_pending(ARGV[10], ARGV[11])
+local epoch, outcome, duration = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]) or 0
+local batch_epoch, batch = tonumber(ARGV[12]), tonumber(ARGV[13]) or 0
+
+-- Counts outcomes of calls admitted while closed, and trips when a rule holds.
+local function closed_outcomes(calls, failures, slows, failed_last)
+  local w = window_add(cfg, calls, failures, slows)
+  local consec = failed_last and s.consec + 1 or 0
+  if consec ~= s.consec then s.consec, s.dirty = consec, true end
+  local cause = s.forced == '' and trip_cause(cfg, w, s.consec) or nil
+  if cause then trip_open(s, cfg, cause, false) end
+end
+
+if batch > 0 then
+  stat('successes', batch)
+  if batch_epoch ~= s.epoch then
+    stat('stale', batch)
+  elseif s.state == 'closed' then
+    closed_outcomes(batch, 0, 0, false)
+  end
+end
+if outcome == '' then return reply(s, 1, '', '', cfg) end
 if outcome ~= 'success' and outcome ~= 'failure' then outcome = 'ignored' end
 
 -- Release what the permit held. A probe lease found already expired means
 -- the probe overran probe_timeout_seconds: it counts as a failed probe.
 local probe, probe_expired = false, false
-for id in string.gmatch(ARGV[8], '%S+') do
+for id in string.gmatch(ARGV[9], '%S+') do
   local score = redis.call('ZSCORE', K_LEASES, id)
   if score then
     redis.call('ZREM', K_LEASES, id)
@@ -29,7 +56,6 @@ end
 
 local failed = outcome == 'failure'
 local slow = outcome ~= 'ignored' and cfg.slow_ms > 0 and duration >= cfg.slow_ms
-stat('calls', 1)
 stat(outcome == 'success' and 'successes' or failed and 'failures' or 'ignored', 1)
 if slow then stat('slow', 1) end
 
@@ -40,11 +66,7 @@ end
 if outcome == 'ignored' then return reply(s, 1, '', '', cfg) end
 
 if s.state == 'closed' then
-  local w = window_add(cfg, failed, slow)
-  local consec = failed and s.consec + 1 or 0
-  if consec ~= s.consec then s.consec, s.dirty = consec, true end
-  local cause = s.forced == '' and trip_cause(cfg, w, s.consec) or nil
-  if cause then trip_open(s, cfg, cause, false) end
+  closed_outcomes(1, failed and 1 or 0, slow and 1 or 0, failed)
 elseif s.state == 'half_open' and s.forced == '' then
   if reap_leases() > 0 or probe_expired then
     trip_open(s, cfg, 'probe_timeout', true)

@@ -11,12 +11,14 @@ from typing import Any
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 
 
-def record_failures(url: str, name: str, config: BreakerConfig, n: int, barrier: Any) -> int:
+def record_outcomes(url: str, name: str, config: BreakerConfig, n: int, barrier: Any) -> int:
+    """n failures and n successes, interleaved; successes go through the batching path."""
     breakers = Breakers.from_url(url)
     breaker = breakers.get(name, config)
     barrier.wait()
     for _ in range(n):
         breaker.acquire().failure()
+        breaker.acquire().success()
     breakers.close()
     return n
 

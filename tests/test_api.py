@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers, State
+from tests.redis_server import wait_until
 
 
 class Upstream(Exception):
@@ -355,5 +356,85 @@ def test_redis_cli_reads_the_state_and_every_key_has_a_ttl(redis_server):
             assert ttl > 0, (suffix, ttl)
         assert int(cli("TTL", "breaker:names")) > 0
         leased.ignore()
+    finally:
+        breakers.close()
+
+
+# -- batched successes (the real clock: batching is on) ----------------------------------------
+
+
+@pytest.fixture
+def realtime(store):
+    breakers = Breakers(store)
+    assert breakers.batch_successes
+    yield breakers
+    breakers.close()
+
+
+def test_batched_successes_are_exact_across_threads(realtime):
+    b = realtime.get("pay", BreakerConfig(trip="count", failure_threshold=100_000, window_seconds=600))
+    start = threading.Barrier(8)
+
+    def work(i: int) -> None:
+        start.wait()
+        for n in range(200):
+            if (n + i) % 4:
+                b.call(lambda: None)
+            else:
+                with pytest.raises(Upstream):
+                    b.call(boom)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    snap = b.snapshot()
+    assert (snap["successes"], snap["failures"], snap["window_calls"], snap["window_failures"]) == (
+        1200,
+        400,
+        1600,
+        400,
+    )
+
+
+def test_batched_successes_reach_redis_by_themselves(realtime, store):
+    b = realtime.get("pay")
+    for _ in range(50):
+        b.call(lambda: None)
+    wait_until(
+        lambda: int(store.hget("breaker:{pay}:stats", "successes") or 0) == 50,
+        timeout=5,
+        what="the recorder thread to send the batch",
+    )
+    assert int(store.hget("breaker:{pay}:window", "tc")) == 50
+
+
+def test_a_failure_carries_the_batch_so_redis_sees_the_order(realtime):
+    b = realtime.get("pay", BreakerConfig(trip="consecutive", failure_threshold=3))
+    realtime.recorder.close()  # keep the batch in memory: only the failure can carry it
+    for outcome in ("failure", "failure", "success", "failure", "failure"):
+        b.acquire().record(outcome)
+    snap = b.snapshot()
+    assert (snap["state"], snap["consecutive_failures"], snap["successes"]) == ("closed", 2, 1)
+
+
+def test_slow_successes_are_not_batched(store, clock):
+    breakers = Breakers(store, clock=clock, batch_successes=True, listen=False)
+    try:
+        cfg = BreakerConfig(
+            trip="consecutive",
+            failure_threshold=99,
+            slow_call_seconds=1.0,
+            slow_call_rate=0.5,
+            minimum_calls=2,
+        )
+        b = breakers.get("pay", cfg)
+        b.acquire().success()  # learns slow_call_seconds from the reply; this one is batched
+        permit = b.acquire()
+        clock.advance(1000)
+        permit.success()  # slow: sent at once, with the batch ahead of it, and trips
+        assert b.state is State.OPEN
+        assert b.snapshot()["slow"] == 1
     finally:
         breakers.close()

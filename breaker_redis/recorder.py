@@ -1,0 +1,60 @@
+"""Sends batched successes to Redis from a background thread.
+
+While a breaker is closed, the outcome of a healthy call needs to reach Redis
+exactly, but not before the call returns: a success cannot reopen anything
+the caller is waiting for. So a plain success (no lease, not slow) only bumps
+a per-breaker counter, and this thread sends the count as one record call,
+usually within a millisecond. Under load many successes share one call.
+Failures, slow calls and probe results are recorded synchronously, and each
+synchronous record carries the batch with it, so Redis sees one worker's
+outcomes in the order they happened.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+
+class Batched(Protocol):
+    def flush_batch(self) -> None: ...
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._due: dict[int, Batched] = {}
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, breaker: Batched) -> None:
+        with self._lock:
+            self._due[id(breaker)] = breaker
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="breaker-redis-recorder", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def flush(self) -> None:
+        """Send every pending batch now (at exit, and from tests)."""
+        with self._lock:
+            due, self._due = list(self._due.values()), {}
+        for breaker in due:
+            breaker.flush_batch()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            self.flush()
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._due = {}
+        self._thread = None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
