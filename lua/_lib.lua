@@ -120,7 +120,7 @@ local EVENTS = ''
 local function transition(s, to, cause)
   local from = s.state
   s.state, s.epoch, s.dirty = to, s.epoch + 1, true
-  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', 100, '*', 'from', from, 'to', to,
+  redis.call('XADD', K_EVENTS, 'MAXLEN', 20, '*', 'from', from, 'to', to,
     'epoch', s.epoch, 'cause', cause, 'forced', s.forced, 'open_until', s.open_until, 'at', NOW)
   redis.call('PEXPIRE', K_EVENTS, TTL)
   redis.call('PUBLISH', CHANNEL, string.format(

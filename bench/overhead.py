@@ -1,0 +1,602 @@
+"""Cost of breaker_redis against pybreaker's Redis storage, in one run on one server.
+
+Run ``python bench/overhead.py``. It starts a fresh redis-server on a free
+loopback port, measures, prints one markdown table and stops the server:
+
+1. Redis commands per protected call (closed) and per rejected call (open),
+   counted with MONITOR between two ECHO markers; commands run inside Lua
+   scripts (``[0 lua]``) and the markers themselves are not counted.
+2. Microseconds per successful call while closed (median of repeats, no MONITOR).
+3. Microseconds per rejected call while open (likewise).
+4. Server time of the record script: ``cmdstat_evalsha usec_per_call`` over the
+   closed timing runs (CONFIG RESETSTAT first; while closed the record script
+   is the only script a worker runs).
+5. Redis memory of one breaker (MEMORY USAGE ... SAMPLES 0 over its six keys)
+   after traffic that includes a trip.
+
+Targets are those of DESIGN.md section 9. A missed target is reported, not an
+error: the script exits 0 unless the benchmark itself cannot run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # measure this checkout, installed or not
+
+import pybreaker  # noqa: E402
+import redis  # noqa: E402
+
+from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers  # noqa: E402
+from breaker_redis.config import LUA_FIELDS  # noqa: E402
+from breaker_redis.scripts import KEY_SUFFIXES, breaker_keys  # noqa: E402
+
+ITERATIONS = 5000  # calls per timing repeat
+REPEATS = 5  # timing repeats per library; the median is reported
+WARMUP = 500  # calls before anything is counted or timed
+COUNT_CALLS = 2000  # calls per closed counting phase
+OPEN_COUNT_SECONDS = 2.5  # an open counting phase spans at least two batched flushes
+TRIP_FAILURES = 5
+RECORD_ARGC = 10 + len(LUA_FIELDS)  # ARGV of lua/record.lua: 10 fixed, then the config
+
+TARGET_CLOSED_COMMANDS = 1.0
+TARGET_OPEN_COMMANDS = 0.01
+TARGET_TIME_RATIO = 0.6
+TARGET_RECORD_USEC = 15.0
+TARGET_MEMORY_BYTES = 2048
+
+REJECTED = (BreakerOpen, pybreaker.CircuitBreakerError)
+
+
+class Boom(Exception):
+    """The failure the protected function raises to trip a breaker."""
+
+
+def noop() -> None:
+    return None
+
+
+def fail() -> None:
+    raise Boom
+
+
+# -- the server ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A fresh redis-server without persistence; yields its URL, stops it after."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    folder = tempfile.mkdtemp(prefix="breaker-redis-bench-")
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen([*args, "--dir", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_for_server(url, process)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_for_server(url: str, process: subprocess.Popen[bytes]) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=0.5)
+    deadline = time.monotonic() + 15
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.exceptions.ConnectionError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"redis-server did not start on {url}") from None
+                time.sleep(0.02)
+    finally:
+        client.close()
+
+
+# -- counting commands with MONITOR --------------------------------------------
+
+
+@dataclass
+class CommandCount:
+    commands: int = 0
+    by_name: Counter[str] = field(default_factory=Counter)
+
+
+_MONITOR_LINE = re.compile(r"^\S+ \[\d+ (?P<client>[^\]]*)\] \"(?P<name>[^\"]*)\"")
+
+
+class Monitor:
+    """Counts the client-sent commands between a start and an end marker.
+
+    A thread holds a MONITOR connection; the control client sends
+    ``ECHO <start>`` once MONITOR is on and ``ECHO <end>`` after the workload.
+    Only what lies between the two markers is counted, so neither MONITOR's
+    own setup nor the markers are in the figure; lines from inside Lua
+    scripts (``[0 lua]``) are skipped.
+    """
+
+    def __init__(self, url: str, control: redis.Redis) -> None:
+        self._client = redis.Redis.from_url(url)
+        self._control = control
+        token = uuid.uuid4().hex
+        self._start, self._end = f"bench-start-{token}", f"bench-end-{token}"
+        self._on = threading.Event()
+        self._error: BaseException | None = None
+        self.count = CommandCount()
+        self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
+
+    def __enter__(self) -> Monitor:
+        self._thread.start()
+        if not self._on.wait(10) or self._error is not None:
+            raise RuntimeError(f"MONITOR did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._control.echo(self._end)
+        self._thread.join(10)
+        self._client.close()
+        if self._thread.is_alive():
+            raise RuntimeError("MONITOR thread did not see the end marker")
+        if self._error is not None:
+            raise RuntimeError(f"MONITOR failed: {self._error!r}")
+
+    def _run(self) -> None:
+        try:
+            connection = self._client.connection_pool.get_connection()
+            connection.send_command("MONITOR")
+            connection.read_response()  # +OK
+            self._control.echo(self._start)
+            started = False
+            while True:
+                line = connection.read_response()
+                if isinstance(line, bytes):
+                    line = line.decode("utf-8", "replace")
+                if self._start in line:
+                    started = True
+                    self._on.set()
+                elif self._end in line:
+                    connection.disconnect()
+                    return
+                elif started:
+                    self._note(line)
+        except BaseException as exc:  # reported by __enter__/__exit__
+            self._error = exc
+            self._on.set()
+
+    def _note(self, line: str) -> None:
+        match = _MONITOR_LINE.match(line)
+        if match is None or match["client"] == "lua":
+            return
+        self.count.commands += 1
+        self.count.by_name[match["name"].upper()] += 1
+
+
+def count_commands(url: str, control: redis.Redis, workload: Callable[[], int]) -> tuple[CommandCount, int]:
+    """(commands seen, calls made) while workload runs; workload returns its call count."""
+    with Monitor(url, control) as monitor:
+        calls = workload()
+    return monitor.count, calls
+
+
+def closed_workload(call: Callable[[], Any], calls: int) -> Callable[[], int]:
+    def run() -> int:
+        for _ in range(calls):
+            call()
+        return calls
+
+    return run
+
+
+def open_workload(rejected_call: Callable[[], None], seconds: float) -> Callable[[], int]:
+    """Rejected calls in a tight loop for at least `seconds` (the flushes are timed)."""
+
+    def run() -> int:
+        calls = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for _ in range(200):
+                rejected_call()
+            calls += 200
+        return calls
+
+    return run
+
+
+# -- the two libraries --------------------------------------------------------
+
+
+@dataclass
+class Subject:
+    """One library: a breaker that stays closed and one that is tripped open."""
+
+    name: str
+    closed_call: Callable[[], None]
+    open_call: Callable[[], None]
+    healthy: Callable[[], bool] = lambda: True
+    admitted_while_open: int = 0
+
+    def rejected_call(self) -> None:
+        try:
+            self.open_call()
+        except REJECTED:
+            return
+        self.admitted_while_open += 1
+
+
+def breaker_redis_subject(breakers: Breakers) -> tuple[Subject, Breaker]:
+    closed = breakers.get(
+        "bench-closed", BreakerConfig(trip="count", failure_threshold=1_000_000, window_seconds=10)
+    )
+    tripped = breakers.get(
+        "bench-open",
+        BreakerConfig(trip="count", failure_threshold=TRIP_FAILURES, open_seconds=300, max_open_seconds=300),
+    )
+    wait_until_subscribed(breakers, closed)
+    for _ in range(100):
+        tripped.call(noop)
+    trip(lambda: tripped.call(fail))
+    subject = Subject(
+        "breaker_redis",
+        closed_call=lambda: closed.call(noop),
+        open_call=lambda: tripped.call(noop),
+        healthy=lambda: breakers.gate.healthy,
+    )
+    return subject, tripped
+
+
+def wait_until_subscribed(breakers: Breakers, breaker: Breaker) -> None:
+    """The first call starts the invalidation listener; until it is subscribed a
+    worker trusts what it knows for 1 s only, which is not the steady state."""
+    breaker.call(noop)
+    deadline = time.monotonic() + 10
+    while breakers.invalidator is not None and not breakers.invalidator.healthy:
+        if time.monotonic() > deadline:
+            raise RuntimeError("breaker_redis: the invalidation listener did not subscribe")
+        time.sleep(0.01)
+
+
+def pybreaker_subject(client: redis.Redis) -> Subject:
+    def make(namespace: str, fail_max: int) -> pybreaker.CircuitBreaker:
+        storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, client, namespace=namespace)
+        return pybreaker.CircuitBreaker(fail_max=fail_max, reset_timeout=300, state_storage=storage)
+
+    closed = make("bench-closed", 1_000_000)
+    tripped = make("bench-open", TRIP_FAILURES)
+    trip(lambda: tripped.call(fail))
+    return Subject("pybreaker", closed_call=lambda: closed.call(noop), open_call=lambda: tripped.call(noop))
+
+
+def trip(failing_call: Callable[[], None]) -> None:
+    for _ in range(TRIP_FAILURES):
+        try:
+            failing_call()
+        except (Boom, *REJECTED):
+            pass
+
+
+def warm_up(subjects: list[Subject]) -> None:
+    for subject in subjects:
+        for _ in range(WARMUP):
+            subject.closed_call()
+            subject.rejected_call()
+
+
+# -- timing -------------------------------------------------------------------
+
+
+def usec_per_call(call: Callable[[], None], iterations: int = ITERATIONS) -> float:
+    start = time.perf_counter()
+    for _ in range(iterations):
+        call()
+    return (time.perf_counter() - start) / iterations * 1e6
+
+
+def median_usec(calls: dict[str, Callable[[], None]]) -> dict[str, float]:
+    """Median µs per call of each, the repeats interleaved so drift hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(REPEATS):
+        for name, call in calls.items():
+            samples[name].append(usec_per_call(call))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def evalsha_stats(control: redis.Redis) -> tuple[int, float]:
+    """(calls, usec_per_call) of EVALSHA since the last CONFIG RESETSTAT."""
+    stats = control.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)), float(stats.get("usec_per_call", 0.0))
+
+
+def trivial_script_usec(control: redis.Redis, keys: list[str], argc: int) -> float:
+    """Server time of ``return 1`` given as many keys and arguments as the record
+    script: the floor any script pays on this server, for reading the figure above."""
+    script = control.register_script("return 1")
+    args = ["0"] * argc
+    script(keys=keys, args=args)  # loads it
+    control.config_resetstat()
+    for _ in range(ITERATIONS):
+        script(keys=keys, args=args)
+    return evalsha_stats(control)[1]
+
+
+# -- memory -------------------------------------------------------------------
+
+
+def key_memory(control: redis.Redis, keys: list[str]) -> dict[str, int]:
+    return {key: int(control.memory_usage(key, samples=0) or 0) for key in keys}
+
+
+def pybreaker_keys(control: redis.Redis, namespace: str) -> list[str]:
+    return sorted(k.decode() for k in control.scan_iter(match=f"{namespace}:pybreaker:*"))
+
+
+# -- the report ---------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    figure: str
+    ours: str
+    theirs: str
+    target: str
+    met: bool | None  # None: no target
+
+    def cells(self) -> list[str]:
+        verdict = "—" if self.met is None else "PASS" if self.met else "MISS"
+        return [self.figure, self.ours, self.theirs, self.target, verdict]
+
+
+def markdown(rows: list[Row]) -> str:
+    header = ["figure", "breaker_redis", "pybreaker + CircuitRedisStorage", "target", "result"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def per_call(count: CommandCount, calls: int) -> float:
+    return count.commands / calls if calls else float("nan")
+
+
+def describe_count(count: CommandCount, calls: int) -> str:
+    value = per_call(count, calls)
+    shown = f"{value:.2f}" if value >= 0.01 or value == 0 else f"{value:.6f}"
+    return f"{shown} ({count.commands:,} in {calls:,} calls)"
+
+
+def breakdown(count: CommandCount) -> str:
+    return ", ".join(f"{name} {n:,}" for name, n in count.by_name.most_common()) or "none"
+
+
+def kb(n: int) -> str:
+    return f"{n:,} B"
+
+
+# -- the run ------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    counts: dict[tuple[str, str], tuple[CommandCount, int]] = field(default_factory=dict)
+    closed_usec: dict[str, float] = field(default_factory=dict)
+    open_usec: dict[str, float] = field(default_factory=dict)
+    evalsha_calls: int = 0
+    evalsha_usec: float = 0.0
+    trivial_script_usec: float = 0.0
+    closed_timed_calls: int = 0
+    memory: dict[str, int] = field(default_factory=dict)
+    pybreaker_memory: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    sync_calls: int = 0
+    sync_server_usec: float = 0.0
+    sync_client_usec: float = 0.0
+
+
+def unbatched_record(url: str, control: redis.Redis) -> tuple[int, float, float]:
+    """Every success sent synchronously (batching off): (EVALSHA calls, server
+    usec per record script run, client usec per protected call)."""
+    sync = Breakers.from_url(url, prefix="bench-sync", batch_successes=False)
+    try:
+        breaker = sync.get("sync", BreakerConfig(trip="count", failure_threshold=10**9, window_seconds=60))
+        for _ in range(500):
+            breaker.call(noop)
+        control.config_resetstat()
+        client_usec = median_usec({"sync": lambda: breaker.call(noop)})["sync"]
+        calls, server_usec = evalsha_stats(control)
+        return calls, server_usec, client_usec
+    finally:
+        sync.close()
+        sync.client.close()
+
+
+def measure(url: str, control: redis.Redis, breakers: Breakers, pb_client: redis.Redis) -> Results:
+    results = Results()
+    ours, tripped = breaker_redis_subject(breakers)
+    theirs = pybreaker_subject(pb_client)
+    subjects = [ours, theirs]
+    warm_up(subjects)
+
+    for subject in subjects:
+        closed = closed_workload(subject.closed_call, COUNT_CALLS)
+        results.counts[subject.name, "closed"] = count_commands(url, control, closed)
+        rejected = open_workload(subject.rejected_call, OPEN_COUNT_SECONDS)
+        results.counts[subject.name, "open"] = count_commands(url, control, rejected)
+
+    control.config_resetstat()  # from here: only the closed timing runs use EVALSHA
+    results.closed_usec = median_usec({s.name: s.closed_call for s in subjects})
+    results.evalsha_calls, results.evalsha_usec = evalsha_stats(control)
+    results.closed_timed_calls = REPEATS * ITERATIONS
+    results.open_usec = median_usec({s.name: s.rejected_call for s in subjects})
+    results.sync_calls, results.sync_server_usec, results.sync_client_usec = unbatched_record(url, control)
+    keys = breaker_keys(breakers.prefix, tripped.name)
+    results.trivial_script_usec = trivial_script_usec(control, keys, RECORD_ARGC)
+
+    results.memory = key_memory(control, keys)
+    results.pybreaker_memory = key_memory(control, pybreaker_keys(control, "bench-open"))
+    results.notes += sanity_notes(subjects, tripped)
+    return results
+
+
+def sanity_notes(subjects: list[Subject], tripped: Breaker) -> list[str]:
+    notes = []
+    for subject in subjects:
+        if subject.admitted_while_open:
+            notes.append(f"WARNING: {subject.name} admitted {subject.admitted_while_open} calls while open")
+        if not subject.healthy():
+            notes.append(f"WARNING: {subject.name} switched to its fallback store during the run")
+    snapshot = tripped.snapshot()
+    if snapshot["state"] != "open":
+        notes.append(f"WARNING: breaker_redis 'bench-open' is {snapshot['state']}, expected open")
+    notes.append(
+        f"breaker_redis 'bench-open' after the run: trips={snapshot['trips']}, "
+        f"rejected={snapshot['rejected']:,}, calls={snapshot['calls']:,}"
+    )
+    return notes
+
+
+def rows_for(results: Results) -> list[Row]:
+    counts = results.counts
+    ours_closed, theirs_closed = counts["breaker_redis", "closed"], counts["pybreaker", "closed"]
+    ours_open, theirs_open = counts["breaker_redis", "open"], counts["pybreaker", "open"]
+    closed_ratio = results.closed_usec["breaker_redis"] / results.closed_usec["pybreaker"]
+    open_ratio = results.open_usec["breaker_redis"] / results.open_usec["pybreaker"]
+    sync_ratio = results.sync_client_usec / results.closed_usec["pybreaker"]
+    total = sum(results.memory.values())
+    events_key = next(k for k in results.memory if k.endswith(":events"))
+    without_events = total - results.memory[events_key]
+    return [
+        Row(
+            "Redis commands per call, closed",
+            describe_count(*ours_closed),
+            describe_count(*theirs_closed),
+            f"breaker_redis <= {TARGET_CLOSED_COMMANDS}",
+            per_call(*ours_closed) <= TARGET_CLOSED_COMMANDS,
+        ),
+        Row(
+            "Redis commands per rejected call, open",
+            describe_count(*ours_open),
+            describe_count(*theirs_open),
+            f"breaker_redis <= {TARGET_OPEN_COMMANDS}",
+            per_call(*ours_open) <= TARGET_OPEN_COMMANDS,
+        ),
+        Row(
+            "µs per successful call, closed",
+            f"{results.closed_usec['breaker_redis']:.1f}",
+            f"{results.closed_usec['pybreaker']:.1f}",
+            f"ratio <= {TARGET_TIME_RATIO} (got {closed_ratio:.2f})",
+            closed_ratio <= TARGET_TIME_RATIO,
+        ),
+        Row(
+            "µs per rejected call, open",
+            f"{results.open_usec['breaker_redis']:.2f}",
+            f"{results.open_usec['pybreaker']:.1f}",
+            f"ratio <= {TARGET_TIME_RATIO} (got {open_ratio:.3f})",
+            open_ratio <= TARGET_TIME_RATIO,
+        ),
+        Row(
+            "record script server time, µs (cmdstat_evalsha usec_per_call, one outcome per run)",
+            f"{results.sync_server_usec:.2f} ({results.sync_calls:,} runs)",
+            "n/a (no scripts)",
+            f"<= {TARGET_RECORD_USEC:g}",
+            results.sync_server_usec <= TARGET_RECORD_USEC,
+        ),
+        Row(
+            "µs per successful call, closed, batching off (every success sent at once)",
+            f"{results.sync_client_usec:.1f}",
+            f"{results.closed_usec['pybreaker']:.1f}",
+            f"ratio <= {TARGET_TIME_RATIO} (got {sync_ratio:.2f})",
+            sync_ratio <= TARGET_TIME_RATIO,
+        ),
+        Row(
+            f"Redis memory per breaker, {len(KEY_SUFFIXES)} keys, after a trip",
+            kb(total),
+            f"{kb(sum(results.pybreaker_memory.values()))} ({len(results.pybreaker_memory)} keys)",
+            f"<= {kb(TARGET_MEMORY_BYTES)}",
+            total <= TARGET_MEMORY_BYTES,
+        ),
+        Row(
+            "Redis memory per breaker, without the events stream",
+            kb(without_events),
+            "",
+            f"<= {kb(TARGET_MEMORY_BYTES)}",
+            without_events <= TARGET_MEMORY_BYTES,
+        ),
+    ]
+
+
+def details(results: Results) -> list[str]:
+    lines = []
+    for (library, phase), (count, _calls) in results.counts.items():
+        lines.append(f"- commands sent by {library} while {phase}: {breakdown(count)}")
+    per_key = ", ".join(f"{key.rsplit(':', 1)[1]} {n:,} B" for key, n in results.memory.items())
+    lines.append(f"- breaker_redis memory per key: {per_key}")
+    lines.append(
+        f"- batched successes during the closed timing runs: {results.evalsha_calls:,} record script runs "
+        f"for {results.closed_timed_calls:,} calls, {results.evalsha_usec:.1f} µs of server time per run"
+    )
+    lines.append(
+        f"- reference: server time of a `return 1` script with the record script's keys and "
+        f"argument count: {results.trivial_script_usec:.2f} µs per call"
+    )
+    return lines + [f"- {note}" for note in results.notes]
+
+
+def main() -> int:
+    started = time.monotonic()
+    with redis_server() as url:
+        control = redis.Redis.from_url(url)
+        pb_client = redis.Redis.from_url(url)  # bytes replies: CircuitRedisStorage decodes them
+        breakers = Breakers.from_url(url)
+        try:
+            results = measure(url, control, breakers, pb_client)
+            server = control.info("server")
+        finally:
+            breakers.close()
+            breakers.client.close()
+            pb_client.close()
+            control.close()
+    print(
+        f"# breaker_redis overhead (redis-server {server['redis_version']} on 127.0.0.1, "
+        f"Python {sys.version.split()[0]}, pybreaker {version('pybreaker')})\n"
+    )
+    print(markdown(rows_for(results)))
+    print()
+    print("\n".join(details(results)))
+    print(f"\nfinished in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
