@@ -144,6 +144,7 @@ class Breaker:
         self.name = name
         self.config = config
         self._lua_config = config.to_lua()
+        self._config_slow_ms = round((config.slow_call_seconds or 0) * 1000)
         self._lock = threading.Lock()
         self._known: _Knowledge | None = None
         self._pending_rejected = 0
@@ -255,7 +256,7 @@ class Breaker:
             return  # admitted by a store that is no longer in use
         if outcome == "success" and permit.batchable and breakers.batch_successes:
             known = self._known
-            slow_ms = known.slow_ms if known is not None else 0
+            slow_ms = known.slow_ms if known is not None else self._config_slow_ms
             if not (slow_ms and duration_ms >= slow_ms):
                 with self._lock:
                     joins = self._batch_count == 0 or (
