@@ -162,6 +162,9 @@ class Breaker:
         """A Permit for one call, or BreakerOpen. Decides from memory when it can."""
         breakers = self._breakers
         breakers._ensure_process()
+        invalidator = breakers.invalidator
+        if invalidator is not None:
+            invalidator.settle()
         with self._lock:
             known = self._known
             if known is not None and self._trusted(known):
@@ -316,11 +319,17 @@ class Breaker:
         lease, now, mode, max_concurrent = text(reply[6]), int(reply[7]), text(reply[8]), int(reply[9])
         slow_ms = int(reply[11])
         self._breakers._observe_clock(now)
-        known = _Knowledge(
-            state, epoch, open_until, forced, mode, max_concurrent, slow_ms, time.monotonic(), generation
-        )
         with self._lock:
             current = self._known
+            if not mode:  # admin replies carry no config: keep what the last config-bearing reply said
+                if current is None or current.generation != generation:
+                    mode, max_concurrent, slow_ms = self.config.mode, 0, self._config_slow_ms
+                    max_concurrent = self.config.max_concurrent_calls or 0
+                else:
+                    mode, max_concurrent, slow_ms = current.mode, current.max_concurrent, current.slow_ms
+            known = _Knowledge(
+                state, epoch, open_until, forced, mode, max_concurrent, slow_ms, time.monotonic(), generation
+            )
             if current is None or current.generation != generation or current.epoch <= epoch:
                 self._known = known
         retry_after = None
@@ -577,6 +586,11 @@ class Breakers:
             elif config is not None and config != breaker.config:
                 raise ValueError(f"breaker {name!r} already exists with another config: {breaker.config}")
         return breaker
+
+    @property
+    def store_healthy(self) -> bool:
+        """Whether scripts run on Redis now (False while on_store_error is in force)."""
+        return self.gate.healthy
 
     def names(self) -> list[str]:
         """Every breaker name known to Redis under this prefix (from any worker)."""

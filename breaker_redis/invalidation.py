@@ -5,6 +5,13 @@ that changes a breaker (a transition, a force, a reset, a live-config write)
 publishes there, so a worker that is admitting or denying from memory hears of
 it within milliseconds. While the subscription is down the listener reports
 itself unhealthy and workers fall back to re-checking Redis every second.
+
+Redis queues a transition's message to every subscriber before it replies to
+the worker that made it, so by the time a client's next request reaches
+another worker, the message is usually already in that worker's socket; only
+its listener thread may not have run yet. ``settle()`` closes that gap: one
+non-blocking poll per decision, and a short wait only when a message is
+actually waiting.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +44,8 @@ class Invalidator:
         self._on_subscribed = on_subscribed
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._sock: Any = None
+        self._handled = 0
         self.healthy = False
 
     def ensure_running(self) -> None:
@@ -42,8 +53,20 @@ class Invalidator:
             self._thread = threading.Thread(target=self._loop, name="breaker-redis-events", daemon=True)
             self._thread.start()
 
+    def settle(self, timeout: float = 0.05) -> None:
+        """If a message waits on the subscription socket, let the listener handle it first."""
+        sock = self._sock
+        if sock is None or not _readable(sock):
+            return
+        seen, deadline = self._handled, time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.0002)  # gives the listener thread the interpreter
+            if self._handled != seen and not _readable(sock):
+                return
+
     def after_fork(self) -> None:
         self._thread = None
+        self._sock = None
         self.healthy = False
 
     def close(self) -> None:
@@ -62,17 +85,21 @@ class Invalidator:
                         continue
                     kind = text(message.get("type"))
                     if kind == "subscribe":
+                        sock = getattr(pubsub.connection, "_sock", None)
+                        self._sock = sock if hasattr(sock, "fileno") else None
                         self.healthy = True
                         delay = 0.1
                         self._on_subscribed()
                     elif kind == "message":
                         self._deliver(message.get("data"))
+                        self._handled += 1
             except Exception as exc:  # any failure: unhealthy, retry with backoff
                 if self.healthy:
                     log.info(
                         "breaker_redis: event subscription lost (%s); re-checking Redis every second", exc
                     )
                 self.healthy = False
+                self._sock = None
             finally:
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
@@ -87,3 +114,10 @@ class Invalidator:
             return
         if isinstance(payload, dict):
             self._on_message(payload)
+
+
+def _readable(sock: Any) -> bool:
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):  # closed under us: the listener will notice
+        return False

@@ -63,14 +63,17 @@ if epoch ~= s.epoch then
   stat('stale', 1)          -- admitted before a transition: must not decide the new state
   return reply(s, 1, 'stale', '', cfg)
 end
+-- a probe that overran its lease (this one or another) failed, whatever came back late
+if s.state == 'half_open' and s.forced == '' and (reap_leases() > 0 or probe_expired) then
+  trip_open(s, cfg, 'probe_timeout', true)
+  return reply(s, 1, '', '', cfg)
+end
 if outcome == 'ignored' then return reply(s, 1, '', '', cfg) end
 
 if s.state == 'closed' then
   closed_outcomes(1, failed and 1 or 0, slow and 1 or 0, failed)
 elseif s.state == 'half_open' and s.forced == '' then
-  if reap_leases() > 0 or probe_expired then
-    trip_open(s, cfg, 'probe_timeout', true)
-  elseif probe and failed then
+  if probe and failed then
     trip_open(s, cfg, 'probe_failed', true)
   elseif probe then
     s.ho_ok, s.dirty = s.ho_ok + 1, true

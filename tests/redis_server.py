@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -11,23 +10,9 @@ from pathlib import Path
 
 import redis
 
+from demo_app.stack import free_port, wait_until
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(condition, timeout: float = 10.0, interval: float = 0.01, what: str = "condition"):
-    """Poll condition() until it is truthy; fail with `what` after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+__all__ = ["RedisServer", "free_port", "wait_until"]
 
 
 class RedisServer:
@@ -44,6 +29,7 @@ class RedisServer:
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="breaker-redis-test-"))
         self.process: subprocess.Popen[bytes] | None = None
+        self.restartable = False  # once started, restarts reuse the port (clients know it)
 
     @property
     def url(self) -> str:
@@ -53,7 +39,17 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
 
     def start(self) -> RedisServer:
-        self.process = subprocess.Popen(
+        """Start on self.port; on a fresh server whose port was taken meanwhile, try another."""
+        for _attempt in range(5):
+            if self._launch():
+                return self
+            if self.restartable:  # a restart must keep its port
+                break
+            self.port = free_port()
+        raise RuntimeError(f"could not start redis-server (last port {self.port})")
+
+    def _launch(self) -> bool:
+        process = self.process = subprocess.Popen(
             [
                 self.binary,
                 "--port",
@@ -73,14 +69,32 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
         )
 
-        def answers() -> bool:
-            try:
-                return bool(self.client(socket_timeout=0.5).ping())
+        def ours_answers() -> bool | None:
+            if process.poll() is not None:
+                return None  # exited: the port was taken
+            try:  # the pid check: another session's server may sit on a port we were given
+                return self.client(socket_timeout=0.5).info("server")["process_id"] == process.pid
             except redis.exceptions.ConnectionError:
                 return False
 
-        wait_until(answers, timeout=15, what=f"redis-server on port {self.port}")
-        return self
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            answer = ours_answers()
+            if answer:
+                self.restartable = True
+                return True
+            if answer is None or (answer is False and self._someone_else()):
+                self.stop()
+                return False
+            time.sleep(0.01)
+        self.stop()
+        raise RuntimeError(f"redis-server on port {self.port} did not answer within 15 s")
+
+    def _someone_else(self) -> bool:
+        try:
+            return bool(self.client(socket_timeout=0.5).ping())
+        except redis.exceptions.ConnectionError:
+            return False
 
     def stop(self) -> None:
         if self.process is not None:

@@ -1,0 +1,121 @@
+"""The demo shop: ``demo_app.app:app``.
+
+- ``/pay``: protected by the ``pay`` breaker with the OpenResty seed's
+  numbers (decorator style); no fallback, so a refused payment gets the
+  friendly 503 with Retry-After.
+- ``/cart``: protected by the ``cart`` breaker through ``BREAKER_ROUTES``
+  (no decorator, like an OpenResty ``location``); while the upstream fails
+  or the breaker is open it answers the last good cart every worker saw,
+  else an empty cart.
+- ``/recommend``: not a protected route, but its outbound call is (the Go
+  seed's ServiceWrapper), degrading to a simplified function: bestsellers.
+- ``/products``: unprotected and local; it keeps answering whatever the
+  upstream does, which is the point of a breaker.
+
+Every response carries ``X-Worker-Pid`` so that one can see which gunicorn
+worker answered. Reads ``BREAKER_REDIS_URL`` and ``UPSTREAM_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import requests
+from flask import Flask, Response, jsonify
+
+from breaker_redis.fallbacks import cached, chain, static
+from breaker_redis.flask import FlaskBreakers
+
+from . import settings
+
+UPSTREAM_URL = os.environ.get("UPSTREAM_URL", "http://127.0.0.1:8081").rstrip("/")
+
+app = Flask("demo_app")
+app.config.update(
+    BREAKER_REDIS_URL=os.environ.get("BREAKER_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    BREAKER_KEY_PREFIX=os.environ.get("BREAKER_KEY_PREFIX", "breaker"),
+    BREAKER_ADMIN_TOKEN=os.environ.get("BREAKER_ADMIN_TOKEN") or None,
+    BREAKER_ROUTES={
+        "/cart": {
+            "breaker": "cart",
+            "fallback": chain(cached(ttl=600), static({"items": [], "degraded": True})),
+            **settings.cart_config(),
+        },
+    },
+)
+breakers = FlaskBreakers(app)
+breakers.breaker("recommend", **settings.recommend_config())  # declares the outbound breaker's config
+
+# One HTTP session per worker thread, made on first use (after the fork):
+# keep-alive to the upstream without sharing a socket between processes.
+_local = threading.local()
+
+
+def http() -> requests.Session:
+    session: requests.Session | None = getattr(_local, "session", None)
+    if session is None:
+        session = _local.session = requests.Session()
+    return session
+
+
+def upstream(method: str, path: str) -> requests.Response:
+    return http().request(method, UPSTREAM_URL + path, timeout=settings.UPSTREAM_TIMEOUT)
+
+
+@app.after_request
+def worker_pid(response: Response) -> Response:
+    response.headers["X-Worker-Pid"] = str(os.getpid())
+    return response
+
+
+@app.get("/")
+def index() -> Any:
+    return jsonify(endpoints=["/pay", "/cart", "/recommend", "/products"], worker=os.getpid())
+
+
+@app.route("/pay", methods=["GET", "POST"])
+@breakers.protect("pay", message=settings.PAY_UNAVAILABLE, **settings.pay_config())
+def pay() -> Any:
+    """A 5xx answer is what the breaker counts: a timeout is 504, an upstream error 502."""
+    try:
+        answer = upstream("POST", "/pay")
+    except requests.Timeout:
+        return jsonify(ok=False, message="The payment service did not answer in time."), 504
+    except requests.RequestException:
+        return jsonify(ok=False, message="The payment service could not be reached."), 502
+    if answer.status_code >= 500:
+        return jsonify(ok=False, message="The payment service failed, please try again."), 502
+    return jsonify(ok=True, message="Payment accepted.")
+
+
+@app.get("/cart")
+def cart() -> Any:
+    try:
+        answer = upstream("GET", "/cart")
+    except requests.RequestException:
+        return jsonify(items=[], error="cart service unreachable"), 502
+    if answer.status_code >= 500:
+        return jsonify(items=[], error="cart service failed"), 502
+    return jsonify(items=answer.json()["items"], source="live")
+
+
+def bestsellers(cause: BaseException) -> dict[str, Any]:
+    """The simplified implementation: no personalisation, no upstream."""
+    return {"items": ["green tea sampler", "teapot"], "source": "bestsellers", "why": type(cause).__name__}
+
+
+@app.get("/recommend")
+def recommend() -> Any:
+    answer = breakers.call("recommend", upstream, "GET", "/recommend", fallback=bestsellers)
+    if isinstance(answer, dict):
+        return jsonify(answer)
+    return jsonify(items=answer.json()["items"], source="live")
+
+
+@app.get("/products")
+def products() -> Any:
+    return jsonify(items=[{"sku": "tea-01", "name": "Oolong"}, {"sku": "cup-07", "name": "Tea cup"}])
+
+

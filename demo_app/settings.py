@@ -1,0 +1,53 @@
+"""The demo's breaker numbers, shared by the app and the runner.
+
+``/pay`` uses the OpenResty seed's numbers: trip after 5 failures in 10 s,
+stay open 10 s, let one probe through at a time, close after 2 successes.
+The open period can be shortened with ``DEMO_PAY_OPEN_SECONDS`` so that the
+tests run in seconds; everything else is the seed's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def _seconds(variable: str, default: float) -> float:
+    raw = os.environ.get(variable, "")
+    return float(raw) if raw.strip() else default
+
+
+def pay_config() -> dict[str, Any]:
+    return {
+        "trip": "count",
+        "failure_threshold": 5,
+        "window_seconds": 10.0,
+        "open_seconds": _seconds("DEMO_PAY_OPEN_SECONDS", 10.0),
+        "half_open_max_calls": 1,
+        "half_open_successes": 2,
+        "probe_timeout_seconds": 5.0,
+    }
+
+
+def cart_config() -> dict[str, Any]:
+    return {
+        "trip": "consecutive",
+        "failure_threshold": 3,
+        "open_seconds": _seconds("DEMO_CART_OPEN_SECONDS", 5.0),
+        "half_open_successes": 1,
+        "probe_timeout_seconds": 5.0,
+    }
+
+
+def recommend_config() -> dict[str, Any]:
+    return {
+        "trip": "consecutive",
+        "failure_threshold": 3,
+        "open_seconds": _seconds("DEMO_RECOMMEND_OPEN_SECONDS", 5.0),
+        "probe_timeout_seconds": 5.0,
+    }
+
+
+# Seconds the app waits for the upstream (the design's 1 s).
+UPSTREAM_TIMEOUT = 1.0
+PAY_UNAVAILABLE = "The payment service is temporarily unavailable, please retry later."
