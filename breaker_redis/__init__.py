@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from .breaker import Breaker, Breakers, Permit, State
+from .breaker import Breaker, State
+from .breakers import Breakers
 from .config import BreakerConfig
 from .errors import BreakerOpen
+from .permit import Permit
 
 __all__ = ["Breaker", "BreakerConfig", "BreakerOpen", "Breakers", "Permit", "State"]
 __version__ = "0.1.0"

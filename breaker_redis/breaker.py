@@ -1,4 +1,4 @@
-"""Breakers, Breaker, Permit: what a worker knows and when it asks Redis.
+"""Breaker: what a worker knows about one breaker and when it asks Redis.
 
 A worker keeps, per breaker, the last state it learned (``_Knowledge``): from
 every script reply and from the pub/sub invalidations. With it, a closed
@@ -13,25 +13,24 @@ results carrying an old epoch.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .config import BreakerConfig
 from .errors import BreakerOpen
-from .invalidation import Invalidator
-from .recorder import Recorder
-from .scripts import ScriptRunner, flat_pairs, text, validate_name
-from .store import StoreGate, StoreUnavailable
+from .permit import Permit
+from .scripts import text
+from .snapshot import snapshot_dict
+from .store import StoreUnavailable
+
+if TYPE_CHECKING:
+    from .breakers import Breakers
 
 log = logging.getLogger("breaker_redis")
 
@@ -39,7 +38,6 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _MISSING: Any = object()
-DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 # How long knowledge is trusted without hearing from Redis: while the event
 # subscription is up, changes are pushed and this is only a backstop.
 TRUST_SUBSCRIBED_SECONDS = 30.0
@@ -68,71 +66,6 @@ class _Knowledge:
     slow_ms: int
     learned_at: float  # time.monotonic()
     generation: int
-
-
-class Permit:
-    """One admitted call. Record its outcome exactly once (later calls are no-ops).
-
-    Usable as a context manager: an exception is classified by the breaker's
-    config, a normal exit is a success.
-    """
-
-    __slots__ = (
-        "_breaker",
-        "_done",
-        "_lock",
-        "batchable",
-        "epoch",
-        "generation",
-        "lease",
-        "probe",
-        "started",
-    )
-
-    def __init__(
-        self, breaker: Breaker, epoch: int, lease: str, generation: int, *, batchable: bool = False
-    ) -> None:
-        self._breaker = breaker
-        self.epoch = epoch
-        self.lease = lease
-        self.generation = generation
-        self.probe = lease.startswith("p:")
-        # admitted while closed without a lease: a plain success may go in a batch
-        self.batchable = batchable
-        self.started = breaker._breakers.now_ms()
-        self._done = False
-        self._lock = threading.Lock()
-
-    def success(self) -> None:
-        self.record("success")
-
-    def failure(self) -> None:
-        self.record("failure")
-
-    def ignore(self) -> None:
-        self.record("ignored")
-
-    def record(self, outcome: str) -> None:
-        if outcome not in ("success", "failure", "ignored"):
-            raise ValueError(f"outcome must be success, failure or ignored (got {outcome!r})")
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._breaker._record(self, outcome, self._breaker._breakers.now_ms() - self.started)
-
-    @property
-    def recorded(self) -> bool:
-        return self._done
-
-    def __enter__(self) -> Permit:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None:
-            self.success()
-        else:
-            self.record(self._breaker.classify(exc))
 
 
 class Breaker:
@@ -437,7 +370,7 @@ class Breaker:
         except StoreUnavailable:
             self._restore_pending(pending)
             raise
-        return _snapshot_dict(self.name, raw, breakers.gate.kind)
+        return snapshot_dict(self.name, raw, breakers.gate.kind)
 
     def force_open(self) -> None:
         self._admin("force_open")
@@ -458,228 +391,3 @@ class Breaker:
 
     def __repr__(self) -> str:
         return f"<Breaker {self.name!r}>"
-
-
-_INT_FIELDS = (
-    "epoch",
-    "open_until",
-    "consec",
-    "open_ms",
-    "ho_ok",
-    "window_calls",
-    "window_failures",
-    "window_slow",
-    "probes",
-    "slots",
-    "now",
-)
-_STAT_FIELDS = (
-    "calls",
-    "successes",
-    "failures",
-    "ignored",
-    "slow",
-    "rejected",
-    "would_reject",
-    "trips",
-    "stale",
-)
-
-
-def _snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
-    fields = flat_pairs(raw)
-    values = {key: int(fields.get(key) or 0) for key in _INT_FIELDS}
-    stats = {key: int(value) for key, value in flat_pairs(fields.get("stats") or []).items()}
-    overrides = {key: text(value) for key, value in flat_pairs(fields.get("overrides") or []).items()}
-    state = text(fields.get("state"))
-    forced = text(fields.get("forced")) or None
-    retry_after: float | None = None
-    if state == "open" and forced is None:
-        retry_after = max(0, values["open_until"] - values["now"]) / 1000.0
-    snapshot: dict[str, Any] = {
-        "name": name,
-        "state": state,
-        "forced": forced,
-        "epoch": values["epoch"],
-        "retry_after": retry_after,
-        "open_until_ms": values["open_until"] or None,
-        "window_calls": values["window_calls"],
-        "window_failures": values["window_failures"],
-        "window_slow": values["window_slow"],
-        "consecutive_failures": values["consec"],
-        "half_open_successes": values["ho_ok"],
-        "probes_in_flight": values["probes"],
-        "bulkhead_in_use": values["slots"],
-        "mode": text(fields.get("mode")),
-        "overrides": overrides,
-        "store": store,
-    }
-    for key in _STAT_FIELDS:
-        snapshot[key] = stats.get(key, 0)
-    snapshot["calls"] = snapshot["successes"] + snapshot["failures"] + snapshot["ignored"]
-    return snapshot
-
-
-class Breakers:
-    """The breakers of one app on one Redis, under one key prefix.
-
-    Build one per process (or before the fork: nothing connects until first
-    use, and a forked child drops its parent's threads and memory). Thread safe.
-    """
-
-    def __init__(
-        self,
-        client: Any,
-        prefix: str = "breaker",
-        *,
-        on_store_error: str = "local",
-        key_ttl_seconds: float = DEFAULT_TTL_SECONDS,
-        defaults: BreakerConfig | None = None,
-        clock: Callable[[], int] | None = None,
-        listen: bool = True,
-        batch_successes: bool | None = None,
-    ) -> None:
-        if not (isinstance(key_ttl_seconds, (int, float)) and key_ttl_seconds >= 1):
-            raise ValueError(f"key_ttl_seconds must be >= 1 (got {key_ttl_seconds!r})")
-        self.client = client
-        self.prefix = prefix
-        self.defaults = defaults or BreakerConfig()
-        self._clock = clock
-        # batches are stamped with the time they reach Redis: exact with the
-        # real clock (a millisecond late at most), not with a test clock
-        self.batch_successes = clock is None if batch_successes is None else batch_successes
-        self.recorder = Recorder()
-        self._clock_offset_ms = 0.0
-        self._runner = ScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
-        self.gate = StoreGate(self._runner, on_store_error, on_switch=self._forget_all)
-        self._breakers: dict[str, Breaker] = {}
-        self._lock = threading.Lock()
-        self._listen = listen
-        self.invalidator: Invalidator | None = None
-        if listen:
-            self.invalidator = Invalidator(client, self._runner.channel, self._on_event, self._forget_all)
-        self.pid = os.getpid()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _after_fork(ref))
-        atexit.register(_flush_at_exit, ref)
-
-    @classmethod
-    def from_url(cls, url: str, prefix: str = "breaker", **kwargs: Any) -> Breakers:
-        """Breakers on a client with sub-second timeouts and no retry loop (see urls.py)."""
-        from .urls import client_from_url
-
-        return cls(client_from_url(url), prefix, **kwargs)
-
-    def get(self, name: str, config: BreakerConfig | None = None) -> Breaker:
-        """The breaker called name, created with config (or the defaults) on first use.
-
-        Asking again with a different config is an error: two configs for one
-        name in one process would make its state machine depend on who asked.
-        """
-        validate_name(name)
-        if config is not None and not isinstance(config, BreakerConfig):
-            raise TypeError(f"config must be a BreakerConfig (got {type(config).__name__})")
-        with self._lock:
-            breaker = self._breakers.get(name)
-            if breaker is None:
-                breaker = self._breakers[name] = Breaker(self, name, config or self.defaults)
-            elif config is not None and config != breaker.config:
-                raise ValueError(f"breaker {name!r} already exists with another config: {breaker.config}")
-        return breaker
-
-    @property
-    def store_healthy(self) -> bool:
-        """Whether scripts run on Redis now (False while on_store_error is in force)."""
-        return self.gate.healthy
-
-    def names(self) -> list[str]:
-        """Every breaker name known to Redis under this prefix (from any worker)."""
-        return sorted(text(n) for n in self.client.smembers(self._runner.names_key))
-
-    def configure(self, name: str, **overrides: Any) -> dict[str, str]:
-        """Write live overrides for a breaker; None removes one. Validated first."""
-        from .config import parse_overrides
-
-        validate_name(name)
-        as_text = {key: "" if value is None else str(value) for key, value in overrides.items()}
-        base = self._breakers[name].config if name in self._breakers else self.defaults
-        setting = {key: value for key, value in as_text.items() if value != ""}
-        parse_overrides({key: "1" for key in as_text if key not in setting})  # removals: names only
-        base.with_overrides(setting)
-        args: list[str] = [""]
-        for key, value in as_text.items():
-            args += [key, value]
-        raw = self.gate.run_remote("configure", name, self.clock_ms(), args)
-        return {key: text(value) for key, value in flat_pairs(raw).items()}
-
-    # -- time ---------------------------------------------------------------
-
-    def clock_ms(self) -> int | None:
-        """The now_ms given to scripts: None (Redis TIME) unless a test clock is set."""
-        return None if self._clock is None else int(self._clock())
-
-    def now_ms(self) -> int:
-        """This process's estimate of the Redis clock, for decisions made from memory."""
-        if self._clock is not None:
-            return int(self._clock())
-        return int(time.monotonic() * 1000 + self._clock_offset_ms)
-
-    def _observe_clock(self, redis_now_ms: int) -> None:
-        if self._clock is None:
-            self._clock_offset_ms = redis_now_ms - time.monotonic() * 1000
-
-    # -- process life ---------------------------------------------------------
-
-    def _ensure_process(self) -> None:
-        if self.invalidator is not None:
-            self.invalidator.ensure_running()
-
-    def _register_name(self, name: str) -> None:
-        with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
-            self._runner.register_name(name)
-
-    def _on_event(self, payload: dict[str, Any]) -> None:
-        if not self.gate.healthy:
-            return
-        breaker = self._breakers.get(str(payload.get("name", "")))
-        if breaker is not None:
-            breaker._on_event(payload)
-
-    def _forget_all(self) -> None:
-        for breaker in list(self._breakers.values()):
-            breaker._forget()
-
-    def _after_fork(self) -> None:
-        self.pid = os.getpid()
-        self._lock = threading.Lock()
-        self.gate.after_fork()
-        self.recorder.after_fork()
-        if self.invalidator is not None:
-            self.invalidator.after_fork()
-        for breaker in self._breakers.values():
-            breaker._lock = threading.Lock()
-            breaker._known = None
-            breaker._pending_rejected = breaker._pending_would_reject = 0
-            breaker._batch_count = 0  # the parent's successes are the parent's to send
-            breaker._local_permits = threading.local()
-
-    def close(self) -> None:
-        """Send pending batches and stop the background threads (a worker may simply exit)."""
-        if self.gate.healthy:
-            self.recorder.flush()
-        self.recorder.close()
-        self.gate.close()
-        if self.invalidator is not None:
-            self.invalidator.close()
-
-
-def _flush_at_exit(ref: weakref.ReferenceType[Breakers]) -> None:
-    breakers = ref()
-    if breakers is not None and breakers.gate.healthy:
-        breakers.recorder.flush()
-
-
-def _after_fork(ref: weakref.ReferenceType[Breakers]) -> None:
-    breakers = ref()
-    if breakers is not None:
-        breakers._after_fork()

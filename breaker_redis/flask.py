@@ -52,7 +52,7 @@ from werkzeug.exceptions import HTTPException, ServiceUnavailable
 from werkzeug.http import parse_accept_header
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from .breaker import Breaker, Breakers, Permit
+from . import Breaker, Breakers, Permit
 from .config import BreakerConfig, config_field_names
 from .errors import BreakerOpen
 from .fallbacks import Fallback, FallbackContext, FallbackResponse, Served, as_fallback

@@ -1,0 +1,188 @@
+"""Breakers: the breakers of one app on one Redis, and the per-process machinery
+they share: the store-health gate, the pub/sub listener, the success recorder,
+and what happens at fork and at exit."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .breaker import Breaker
+from .config import BreakerConfig
+from .invalidation import Invalidator
+from .recorder import Recorder
+from .scripts import ScriptRunner, flat_pairs, text, validate_name
+from .store import StoreGate
+
+DEFAULT_TTL_SECONDS = 7 * 24 * 3600
+
+
+class Breakers:
+    """The breakers of one app on one Redis, under one key prefix.
+
+    Build one per process (or before the fork: nothing connects until first
+    use, and a forked child drops its parent's threads and memory). Thread safe.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        prefix: str = "breaker",
+        *,
+        on_store_error: str = "local",
+        key_ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        defaults: BreakerConfig | None = None,
+        clock: Callable[[], int] | None = None,
+        listen: bool = True,
+        batch_successes: bool | None = None,
+    ) -> None:
+        if not (isinstance(key_ttl_seconds, (int, float)) and key_ttl_seconds >= 1):
+            raise ValueError(f"key_ttl_seconds must be >= 1 (got {key_ttl_seconds!r})")
+        self.client = client
+        self.prefix = prefix
+        self.defaults = defaults or BreakerConfig()
+        self._clock = clock
+        # batches are stamped with the time they reach Redis: exact with the
+        # real clock (a millisecond late at most), not with a test clock
+        self.batch_successes = clock is None if batch_successes is None else batch_successes
+        self.recorder = Recorder()
+        self._clock_offset_ms = 0.0
+        self._runner = ScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
+        self.gate = StoreGate(self._runner, on_store_error, on_switch=self._forget_all)
+        self._breakers: dict[str, Breaker] = {}
+        self._lock = threading.Lock()
+        self._listen = listen
+        self.invalidator: Invalidator | None = None
+        if listen:
+            self.invalidator = Invalidator(client, self._runner.channel, self._on_event, self._forget_all)
+        self.pid = os.getpid()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+        atexit.register(_flush_at_exit, ref)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "breaker", **kwargs: Any) -> Breakers:
+        """Breakers on a client with sub-second timeouts and no retry loop (see urls.py)."""
+        from .urls import client_from_url
+
+        return cls(client_from_url(url), prefix, **kwargs)
+
+    def get(self, name: str, config: BreakerConfig | None = None) -> Breaker:
+        """The breaker called name, created with config (or the defaults) on first use.
+
+        Asking again with a different config is an error: two configs for one
+        name in one process would make its state machine depend on who asked.
+        """
+        validate_name(name)
+        if config is not None and not isinstance(config, BreakerConfig):
+            raise TypeError(f"config must be a BreakerConfig (got {type(config).__name__})")
+        with self._lock:
+            breaker = self._breakers.get(name)
+            if breaker is None:
+                breaker = self._breakers[name] = Breaker(self, name, config or self.defaults)
+            elif config is not None and config != breaker.config:
+                raise ValueError(f"breaker {name!r} already exists with another config: {breaker.config}")
+        return breaker
+
+    @property
+    def store_healthy(self) -> bool:
+        """Whether scripts run on Redis now (False while on_store_error is in force)."""
+        return self.gate.healthy
+
+    def names(self) -> list[str]:
+        """Every breaker name known to Redis under this prefix (from any worker)."""
+        return sorted(text(n) for n in self.client.smembers(self._runner.names_key))
+
+    def configure(self, name: str, **overrides: Any) -> dict[str, str]:
+        """Write live overrides for a breaker; None removes one. Validated first."""
+        from .config import parse_overrides
+
+        validate_name(name)
+        as_text = {key: "" if value is None else str(value) for key, value in overrides.items()}
+        base = self._breakers[name].config if name in self._breakers else self.defaults
+        setting = {key: value for key, value in as_text.items() if value != ""}
+        parse_overrides({key: "1" for key in as_text if key not in setting})  # removals: names only
+        base.with_overrides(setting)
+        args: list[str] = [""]
+        for key, value in as_text.items():
+            args += [key, value]
+        raw = self.gate.run_remote("configure", name, self.clock_ms(), args)
+        return {key: text(value) for key, value in flat_pairs(raw).items()}
+
+    # -- time ---------------------------------------------------------------
+
+    def clock_ms(self) -> int | None:
+        """The now_ms given to scripts: None (Redis TIME) unless a test clock is set."""
+        return None if self._clock is None else int(self._clock())
+
+    def now_ms(self) -> int:
+        """This process's estimate of the Redis clock, for decisions made from memory."""
+        if self._clock is not None:
+            return int(self._clock())
+        return int(time.monotonic() * 1000 + self._clock_offset_ms)
+
+    def _observe_clock(self, redis_now_ms: int) -> None:
+        if self._clock is None:
+            self._clock_offset_ms = redis_now_ms - time.monotonic() * 1000
+
+    # -- process life ---------------------------------------------------------
+
+    def _ensure_process(self) -> None:
+        if self.invalidator is not None:
+            self.invalidator.ensure_running()
+
+    def _register_name(self, name: str) -> None:
+        with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
+            self._runner.register_name(name)
+
+    def _on_event(self, payload: dict[str, Any]) -> None:
+        if not self.gate.healthy:
+            return
+        breaker = self._breakers.get(str(payload.get("name", "")))
+        if breaker is not None:
+            breaker._on_event(payload)
+
+    def _forget_all(self) -> None:
+        for breaker in list(self._breakers.values()):
+            breaker._forget()
+
+    def _after_fork(self) -> None:
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self.gate.after_fork()
+        self.recorder.after_fork()
+        if self.invalidator is not None:
+            self.invalidator.after_fork()
+        for breaker in self._breakers.values():
+            breaker._lock = threading.Lock()
+            breaker._known = None
+            breaker._pending_rejected = breaker._pending_would_reject = 0
+            breaker._batch_count = 0  # the parent's successes are the parent's to send
+            breaker._local_permits = threading.local()
+
+    def close(self) -> None:
+        """Send pending batches and stop the background threads (a worker may simply exit)."""
+        if self.gate.healthy:
+            self.recorder.flush()
+        self.recorder.close()
+        self.gate.close()
+        if self.invalidator is not None:
+            self.invalidator.close()
+
+
+def _flush_at_exit(ref: weakref.ReferenceType[Breakers]) -> None:
+    breakers = ref()
+    if breakers is not None and breakers.gate.healthy:
+        breakers.recorder.flush()
+
+
+def _after_fork(ref: weakref.ReferenceType[Breakers]) -> None:
+    breakers = ref()
+    if breakers is not None:
+        breakers._after_fork()

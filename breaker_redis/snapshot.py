@@ -1,0 +1,66 @@
+"""Turns the snapshot script's flat reply into the dict snapshot() documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .scripts import flat_pairs, text
+
+_INT_FIELDS = (
+    "epoch",
+    "open_until",
+    "consec",
+    "open_ms",
+    "ho_ok",
+    "window_calls",
+    "window_failures",
+    "window_slow",
+    "probes",
+    "slots",
+    "now",
+)
+_STAT_FIELDS = (
+    "calls",
+    "successes",
+    "failures",
+    "ignored",
+    "slow",
+    "rejected",
+    "would_reject",
+    "trips",
+    "stale",
+)
+
+
+def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
+    fields = flat_pairs(raw)
+    values = {key: int(fields.get(key) or 0) for key in _INT_FIELDS}
+    stats = {key: int(value) for key, value in flat_pairs(fields.get("stats") or []).items()}
+    overrides = {key: text(value) for key, value in flat_pairs(fields.get("overrides") or []).items()}
+    state = text(fields.get("state"))
+    forced = text(fields.get("forced")) or None
+    retry_after: float | None = None
+    if state == "open" and forced is None:
+        retry_after = max(0, values["open_until"] - values["now"]) / 1000.0
+    snapshot: dict[str, Any] = {
+        "name": name,
+        "state": state,
+        "forced": forced,
+        "epoch": values["epoch"],
+        "retry_after": retry_after,
+        "open_until_ms": values["open_until"] or None,
+        "window_calls": values["window_calls"],
+        "window_failures": values["window_failures"],
+        "window_slow": values["window_slow"],
+        "consecutive_failures": values["consec"],
+        "half_open_successes": values["ho_ok"],
+        "probes_in_flight": values["probes"],
+        "bulkhead_in_use": values["slots"],
+        "mode": text(fields.get("mode")),
+        "overrides": overrides,
+        "store": store,
+    }
+    for key in _STAT_FIELDS:
+        snapshot[key] = stats.get(key, 0)
+    snapshot["calls"] = snapshot["successes"] + snapshot["failures"] + snapshot["ignored"]
+    return snapshot
