@@ -1,0 +1,69 @@
+"""Serving a route's fallback inside a request, and keeping good responses for it.
+
+The fallbacks themselves (breaker_redis.fallbacks) know nothing of Flask;
+this is where a request becomes their FallbackContext and what they serve
+becomes a Flask response marked with ``X-Breaker-Fallback``.
+"""
+
+from __future__ import annotations
+
+from flask import Response, current_app, request
+
+from ..errors import BreakerOpen
+from ..fallbacks import FallbackContext, FallbackResponse, Served
+from .refusal import BREAKER_HEADER, REASON_HEADER
+from .routes import RouteSpec
+from .state import AppState
+
+FALLBACK_HEADER = "X-Breaker-Fallback"
+
+
+def fallback_context(state: AppState, name: str, cause: BaseException | None) -> FallbackContext:
+    """The current request as a fallback sees it; HEAD shares GET's cache key."""
+    query = request.query_string.decode("latin-1")
+    method = request.method.upper()
+    key_method = "GET" if method == "HEAD" else method
+    return FallbackContext(
+        breaker=name,
+        cause=cause,
+        key=f"{key_method} {request.path}{'?' + query if query else ''}",
+        method=method,
+        store=state.breakers.client,
+        prefix=state.breakers.prefix,
+        store_healthy=state.breakers.store_healthy,
+        request=request._get_current_object(),  # type: ignore[attr-defined]
+    )
+
+
+def serve(state: AppState, spec: RouteSpec, cause: BaseException | None) -> Response | None:
+    """The route's fallback as a response, or None (no fallback, nothing to
+    serve, or the fallback failed: a broken fallback must not become a 500)."""
+    if spec.fallback is None:
+        return None
+    try:
+        served = spec.fallback.serve(fallback_context(state, spec.name, cause))
+        return None if served is None else to_response(spec.name, served, cause)
+    except Exception:
+        state.warn(spec.name, "the fallback of breaker %r failed")
+        return None
+
+
+def to_response(name: str, served: Served, cause: BaseException | None) -> Response:
+    value = served.value
+    if isinstance(value, FallbackResponse):
+        response = current_app.response_class(value.body, value.status, list(value.headers))
+    else:
+        response = current_app.make_response(value)
+    response.headers[FALLBACK_HEADER] = served.kind
+    response.headers[BREAKER_HEADER] = name
+    if isinstance(cause, BreakerOpen):
+        response.headers[REASON_HEADER] = cause.reason
+    return response
+
+
+def freeze(response: Response) -> FallbackResponse | None:
+    """The bytes, status and headers of a response, for the cache. A streamed
+    body is never read here: that would consume it before the client gets it."""
+    if response.is_streamed or response.direct_passthrough:
+        return None
+    return FallbackResponse(response.get_data(), response.status_code, tuple(response.headers.items()))

@@ -1,0 +1,75 @@
+"""What one app's protection needs at request time, kept in ``app.extensions``.
+
+The hooks, the admin endpoints and outbound calls all start from an AppState,
+so none of them needs the extension object, and one extension can serve
+several apps (each with its own Breakers and routes) at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..breaker import Breaker
+from ..breakers import Breakers
+from ..config import BreakerConfig
+from .routes import RouteSpec
+
+log = logging.getLogger("breaker_redis")
+
+EXTENSION_KEY = "breaker_redis"
+
+
+class Warnings:
+    """Log with traceback at most once a minute per breaker and message: a
+    broken fallback or classifier would otherwise log on every request."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def warn(self, name: str, message: str) -> None:
+        key = f"{name}:{message}"
+        now = time.monotonic()
+        if now - self._last.get(key, -1e18) >= 60:
+            self._last[key] = now
+            log.exception("breaker_redis: " + message, name)
+
+
+@dataclass
+class AppState:
+    """One app's Breakers, routes and configs.
+
+    ``declared`` and ``warnings`` are the extension's own objects, shared by
+    every app it was initialised on: a config declared by ``protect()`` or
+    ``breaker()`` holds for all of them.
+    """
+
+    breakers: Breakers
+    defaults: BreakerConfig
+    routes: list[tuple[str, RouteSpec]]
+    route_configs: dict[str, dict[str, Any]]
+    admin_token: str | None
+    declared: dict[str, dict[str, Any]]
+    warnings: Warnings
+    resolved: dict[str, Breaker] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def breaker(self, name: str) -> Breaker:
+        """The Breaker called name, built on first use from its declared config
+        (or the one BREAKER_ROUTES gives it) over the app's defaults."""
+        breaker = self.resolved.get(name)
+        if breaker is not None:
+            return breaker
+        with self.lock:
+            config = self.declared.get(name) or self.route_configs.get(name) or {}
+            built = dataclasses.replace(self.defaults, **config) if config else self.defaults
+            breaker = self.breakers.get(name, built)
+            self.resolved[name] = breaker
+        return breaker
+
+    def warn(self, name: str, message: str) -> None:
+        self.warnings.warn(name, message)
