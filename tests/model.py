@@ -187,11 +187,11 @@ class BreakerModel:
         if permit.epoch != self.epoch:
             self.stats["stale"] += 1  # admitted before a transition: decides nothing
             return
-        if outcome == "ignored":
-            return
         if self.state == "half_open" and not self.forced and self._reap(now):
             # a probe that overran its lease (this one or another) failed, whatever came back
             self._trip(now, after_half_open=True)
+            return
+        if outcome == "ignored":
             return
         if self.state == "closed":
             self.window.add(now, failed, slow)
