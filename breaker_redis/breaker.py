@@ -87,6 +87,7 @@ class Breaker:
         self._batch_epoch = 0
         self._batch_count = 0
         self._batch_generation = 0
+        self._flush_lock = threading.Lock()
         self._local_permits = threading.local()
 
     # -- admission ---------------------------------------------------------
@@ -207,9 +208,13 @@ class Breaker:
         self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease)
 
     def flush_batch(self) -> None:
-        """Send the batched successes, if any (the recorder thread, snapshot, exit)."""
-        if self._batch_count:
-            self._send(0, "", 0, "")
+        """Send the batched successes, if any (the recorder thread, snapshot, exit).
+
+        Serialised, so a snapshot waits for a batch the recorder is sending.
+        """
+        with self._flush_lock:
+            if self._batch_count:
+                self._send(0, "", 0, "")
 
     def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str) -> None:
         """Run the record script with this outcome ('' for none) and the batch held."""

@@ -161,6 +161,7 @@ class Breakers:
             self.invalidator.after_fork()
         for breaker in self._breakers.values():
             breaker._lock = threading.Lock()
+            breaker._flush_lock = threading.Lock()
             breaker._known = None
             breaker._pending_rejected = breaker._pending_would_reject = 0
             breaker._batch_count = 0  # the parent's successes are the parent's to send

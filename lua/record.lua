@@ -35,7 +35,17 @@ if batch > 0 then
   if batch_epoch ~= s.epoch then
     stat('stale', batch)
   elseif s.state == 'closed' then
-    closed_outcomes(batch, 0, 0, false)
+    -- Successes (batched ones are never slow) can trip only by bringing the
+    -- window to minimum_calls; those after that point arrived after the trip.
+    local w = window_read(cfg)
+    local first = batch
+    if w.tc < cfg.min_calls and w.tc + batch > cfg.min_calls then first = cfg.min_calls - w.tc end
+    closed_outcomes(first, 0, 0, false)
+    if s.state ~= 'closed' then
+      stat('stale', batch - first)
+    elseif first < batch then
+      closed_outcomes(batch - first, 0, 0, false)
+    end
   end
 end
 if outcome == '' then return reply(s, 1, '', '', cfg) end

@@ -438,3 +438,19 @@ def test_slow_successes_are_not_batched(store, clock):
         assert b.snapshot()["slow"] == 1
     finally:
         breakers.close()
+
+
+def test_a_batch_that_trips_counts_its_later_successes_as_stale(store, clock):
+    breakers = Breakers(store, clock=clock, batch_successes=True, listen=False)
+    try:
+        b = breakers.get("pay", BreakerConfig(trip="rate", minimum_calls=3, failure_rate=0.5))
+        breakers.recorder.close()  # keep the batch in memory until snapshot() sends it
+        b.acquire().failure()
+        b.acquire().failure()
+        first, second = b.acquire(), b.acquire()
+        first.success()
+        second.success()
+        snap = b.snapshot()  # one batch of two: the first reaches minimum_calls and trips
+        assert (snap["state"], snap["window_calls"], snap["successes"], snap["stale"]) == ("open", 3, 2, 1)
+    finally:
+        breakers.close()
