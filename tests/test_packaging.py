@@ -51,3 +51,11 @@ print(pay.state)
         text=True,
     )
     assert out.stdout.strip() == "open"
+
+
+def test_the_core_never_imports_flask():
+    program = (
+        "import sys, breaker_redis, breaker_redis.fallbacks\n"
+        "assert 'flask' not in sys.modules and 'werkzeug' not in sys.modules, sorted(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)
