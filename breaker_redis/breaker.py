@@ -208,12 +208,13 @@ class Breaker:
         self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease)
 
     def flush_batch(self) -> None:
-        """Send the batched successes, if any (the recorder thread, snapshot, exit).
+        """Send the batched successes and rejection counts, if any (the recorder
+        thread, snapshot, close and exit).
 
         Serialised, so a snapshot waits for a batch the recorder is sending.
         """
         with self._flush_lock:
-            if self._batch_count:
+            if self._batch_count or self._pending_rejected or self._pending_would_reject:
                 self._send(0, "", 0, "")
 
     def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str) -> None:

@@ -167,10 +167,16 @@ class Breakers:
             breaker._batch_count = 0  # the parent's successes are the parent's to send
             breaker._local_permits = threading.local()
 
+    def flush(self) -> None:
+        """Send every breaker's batched successes and rejection counts now (close, exit)."""
+        if not self.gate.healthy:
+            return  # what was counted under Redis cannot be replayed elsewhere
+        for breaker in list(self._breakers.values()):
+            breaker.flush_batch()
+
     def close(self) -> None:
         """Send pending batches and stop the background threads (a worker may simply exit)."""
-        if self.gate.healthy:
-            self.recorder.flush()
+        self.flush()
         self.recorder.close()
         self.gate.close()
         if self.invalidator is not None:
@@ -179,8 +185,8 @@ class Breakers:
 
 def _flush_at_exit(ref: weakref.ReferenceType[Breakers]) -> None:
     breakers = ref()
-    if breakers is not None and breakers.gate.healthy:
-        breakers.recorder.flush()
+    if breakers is not None:
+        breakers.flush()
 
 
 def _after_fork(ref: weakref.ReferenceType[Breakers]) -> None:

@@ -92,3 +92,4 @@ def test_processes_racing_a_trip_produce_exactly_one_open_event(spawn, redis_ser
     assert (snap["trips"], snap["window_failures"], snap["state"]) == (1, 5, "open")
     assert snap["failures"] == sum(admitted)  # every admitted call was counted, late ones as stale
     assert snap["stale"] == sum(admitted) - 5
+    assert snap["rejected"] == PROCESSES * 20 - sum(admitted)  # refusals made in memory reach Redis too
