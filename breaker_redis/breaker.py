@@ -2,9 +2,9 @@
 
 A worker keeps, per breaker, the last state it learned (``_Knowledge``): from
 every script reply and from the pub/sub invalidations. With it, a closed
-breaker admits a call with no Redis command at all (the only command is the
-record script afterwards) and an open breaker denies with none until the
-known ``open_until``. Redis is asked only when memory cannot decide: first
+breaker admits a call with no Redis command at all (its outcome goes to the
+record script afterwards, a plain success in a batch) and an open breaker
+denies with none until the known ``open_until``. Redis is asked only when memory cannot decide: first
 use, the open period over, half_open (probe leases are handed out by Redis
 alone), a bulkhead slot, or knowledge older than it may be trusted. Counts
 stay exact because every outcome is recorded by the script, which drops
