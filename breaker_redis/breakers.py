@@ -49,7 +49,7 @@ class Breakers:
         self.defaults = defaults or BreakerConfig()
         self._clock = clock
         # batches are stamped with the time they reach Redis: exact with the
-        # real clock (a millisecond late at most), not with a test clock
+        # real clock (50 ms late at most, see recorder.py), not with a test clock
         self.batch_successes = clock is None if batch_successes is None else batch_successes
         self.recorder = Recorder()
         self._clock_offset_ms = 0.0

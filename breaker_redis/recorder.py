@@ -3,8 +3,8 @@
 While a breaker is closed, the outcome of a healthy call needs to reach Redis
 exactly, but not before the call returns: a success cannot reopen anything
 the caller is waiting for. So a plain success (no lease, not slow) only bumps
-a per-breaker counter, and this thread sends the count as one record call,
-usually within a millisecond. Under load many successes share one call.
+a per-breaker counter, and this thread sends the count as one record call
+within BATCH_SECONDS (50 ms); all the successes of that moment share it.
 Failures, slow calls and probe results are recorded synchronously, and each
 synchronous record carries the batch with it, so Redis sees one worker's
 outcomes in the order they happened.
@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import threading
 from typing import Protocol
+
+# How long a first success waits for others to share its record call. A sync
+# gunicorn worker sees requests milliseconds apart; sending each success alone
+# would cost a record call per request after all.
+BATCH_SECONDS = 0.05
 
 
 class Batched(Protocol):
@@ -46,6 +51,7 @@ class Recorder:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(1.0)
+            self._stop.wait(BATCH_SECONDS)  # let the next few successes join this batch
             self._wake.clear()
             self.flush()
 
