@@ -45,7 +45,9 @@ class Invalidator:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._sock: Any = None
-        self._handled = 0
+        # True from before the listener reads the socket until it has delivered
+        # what it read: "not busy and nothing readable" means nothing pending.
+        self._busy = False
         self.healthy = False
 
     def ensure_running(self) -> None:
@@ -54,14 +56,14 @@ class Invalidator:
             self._thread.start()
 
     def settle(self, timeout: float = 0.05) -> None:
-        """If a message waits on the subscription socket, let the listener handle it first."""
+        """If a message is waiting or being handled, let the listener finish it first."""
         sock = self._sock
-        if sock is None or not _readable(sock):
+        if sock is None or not (self._busy or _readable(sock)):
             return
-        seen, deadline = self._handled, time.monotonic() + timeout
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             time.sleep(0.0002)  # gives the listener thread the interpreter
-            if self._handled != seen and not _readable(sock):
+            if not (self._busy or _readable(sock)):
                 return
 
     def after_fork(self) -> None:
@@ -80,19 +82,17 @@ class Invalidator:
                 pubsub = self._client.pubsub()
                 pubsub.subscribe(self._channel)
                 while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    if message is None:
+                    sock = self._sock
+                    if sock is not None and not _readable(sock, 1.0):
                         continue
-                    kind = text(message.get("type"))
-                    if kind == "subscribe":
-                        sock = getattr(pubsub.connection, "_sock", None)
-                        self._sock = sock if hasattr(sock, "fileno") else None
-                        self.healthy = True
-                        delay = 0.1
-                        self._on_subscribed()
-                    elif kind == "message":
-                        self._deliver(message.get("data"))
-                        self._handled += 1
+                    self._busy = sock is not None  # set before anything is read off the socket
+                    try:
+                        message = pubsub.get_message(timeout=0 if sock is not None else 1.0)
+                        while message is not None:
+                            delay = self._handle(pubsub, message, delay)
+                            message = pubsub.get_message(timeout=0)
+                    finally:
+                        self._busy = False
             except Exception as exc:  # any failure: unhealthy, retry with backoff
                 if self.healthy:
                     log.info(
@@ -107,6 +107,18 @@ class Invalidator:
             self._stop.wait(delay)
             delay = min(delay * 2, 5.0)
 
+    def _handle(self, pubsub: Any, message: dict[str, Any], delay: float) -> float:
+        kind = text(message.get("type"))
+        if kind == "subscribe":
+            sock = getattr(pubsub.connection, "_sock", None)
+            self._sock = sock if hasattr(sock, "fileno") else None
+            self.healthy = True
+            self._on_subscribed()
+            return 0.1
+        if kind == "message":
+            self._deliver(message.get("data"))
+        return delay
+
     def _deliver(self, data: Any) -> None:
         try:
             payload = json.loads(text(data))
@@ -116,8 +128,8 @@ class Invalidator:
             self._on_message(payload)
 
 
-def _readable(sock: Any) -> bool:
+def _readable(sock: Any, timeout: float = 0) -> bool:
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        return bool(select.select([sock], [], [], timeout)[0])
     except (OSError, ValueError):  # closed under us: the listener will notice
         return False
