@@ -23,7 +23,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from demo_app.stack import CONF, Child, free_port, start_redis, start_upstream, wait_until  # noqa: E402
+from demo_app.stack import start_gunicorn, start_redis, start_upstream  # noqa: E402
 
 UPSTREAM_LATENCY_MS = 2
 CLIENT_PROCESSES = 4
@@ -85,23 +85,20 @@ def main() -> int:
     started = time.monotonic()
     redis_url, redis_child, redis_kind = start_redis()
     upstream_url, upstream_child = start_upstream()
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "-c",
-        str(CONF),
-        "-b",
-        f"127.0.0.1:{port}",
-        "--pythonpath",
-        str(ROOT / "bench"),
-        "http_app:app",
-    ]
-    gunicorn = Child("gunicorn-bench", argv, {"BREAKER_REDIS_URL": redis_url, "UPSTREAM_URL": upstream_url})
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: gunicorn.check_alive() and _ok(base + "/plain"), 30, "gunicorn")
+        base, gunicorn = start_gunicorn(
+            redis_url,
+            upstream_url,
+            extra_args=["--pythonpath", str(ROOT / "bench")],
+            app="http_app:app",
+            ready_path="/plain",
+        )
+    except BaseException:
+        upstream_child.stop()
+        redis_child.stop()
+        raise
+    port = int(base.rsplit(":", 1)[1])
+    try:
         requests.post(upstream_url + "/_control", json={"latency_ms": UPSTREAM_LATENCY_MS}, timeout=5)
         for path in ("/plain", "/guarded"):  # warm up every worker
             requests_per_second_brief(port, path)
@@ -146,13 +143,6 @@ def requests_per_second_brief(port: int, path: str) -> None:
         connection.request("GET", path)
         connection.getresponse().read()
         connection.close()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def redis_snapshot(redis_url: str) -> str:

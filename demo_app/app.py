@@ -117,5 +117,3 @@ def recommend() -> Any:
 @app.get("/products")
 def products() -> Any:
     return jsonify(items=[{"sku": "tea-01", "name": "Oolong"}, {"sku": "cup-07", "name": "Tea cup"}])
-
-

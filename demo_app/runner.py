@@ -152,8 +152,10 @@ class Demo:
         cart, recommend, products = self.many([("/cart", "GET"), ("/recommend", "GET"), ("/products", "GET")])
         cart_source = cart.fallback or "live"
         rec_source = "bestsellers" if "bestsellers" in recommend.text else "live"
-        return (f"cart {cart.status} {cart_source:<6} recommend {recommend.status} {rec_source:<11} "
-                f"products {products.status}")
+        return (
+            f"cart {cart.status} {cart_source:<6} recommend {recommend.status} {rec_source:<11} "
+            f"products {products.status}"
+        )
 
     def tick(self, phase: str) -> list[Answer]:
         answers = self.many([("/pay", "POST")] * 8)
@@ -176,8 +178,10 @@ class Demo:
         print(f"workers: {order}\n")
 
     def run(self, open_seconds: float) -> None:
-        print(f"{'time':>7}  {'phase':<10} {'/pay answers by worker (status, Retry-After)':<52} "
-              f"{'state':<10} {'hits':>5}  other routes")
+        print(
+            f"{'time':>7}  {'phase':<10} {'/pay answers by worker (status, Retry-After)':<52} "
+            f"{'state':<10} {'hits':>5}  other routes"
+        )
         story = self.story
 
         # healthy: the seed's first three payments succeed.
@@ -228,8 +232,11 @@ class Demo:
         story.burst_hits = self.pay_hits() - story.hits_after_open
         probe = [a for a in burst if a.status == 200]
         probe_text = ", ".join(f"{a.worker}:200" for a in probe) or "none"
-        self.line("half_open", f"{BURST} at once: probe {probe_text}, {story.burst[503]}x 503",
-                  "(one probe at a time, cluster-wide)")
+        self.line(
+            "half_open",
+            f"{BURST} at once: probe {probe_text}, {story.burst[503]}x 503",
+            "(one probe at a time, cluster-wide)",
+        )
         self.control(latency_ms=0)
         a = self.request("/pay", "POST")
         self.line("recovered", f"POST /pay -> {a.worker}:{a.status} (2nd successful probe)")
@@ -255,17 +262,27 @@ class Demo:
         s = self.story
         return [
             (s.failures_before_trip == 5, f"opened after exactly 5 failures (saw {s.failures_before_trip})"),
-            (s.hits_at_trip >= 0 and s.hits_after_open == s.hits_at_trip,
-             f"no upstream /pay call while open ({s.hits_at_trip} at the trip, {s.hits_after_open} after)"),
-            (len(s.workers_refusing) == workers,
-             f"every worker refused while open ({len(s.workers_refusing)} of {workers})"),
-            (s.burst[200] == 1 and s.burst_hits == 1,
-             f"{BURST} concurrent half-open requests let exactly one probe through "
-             f"({s.burst[200]} answered 200, {s.burst_hits} upstream call)"),
-            (len(s.closed_workers) == workers and s.closed_non_200 == 0,
-             f"closed after 2 successes, on every worker ({len(s.closed_workers)} of {workers})"),
-            (set(s.product_statuses) == {200},
-             f"/products answered 200 throughout ({dict(s.product_statuses)})"),
+            (
+                s.hits_at_trip >= 0 and s.hits_after_open == s.hits_at_trip,
+                f"no upstream /pay call while open ({s.hits_at_trip} at the trip, {s.hits_after_open} after)",
+            ),
+            (
+                len(s.workers_refusing) == workers,
+                f"every worker refused while open ({len(s.workers_refusing)} of {workers})",
+            ),
+            (
+                s.burst[200] == 1 and s.burst_hits == 1,
+                f"{BURST} concurrent half-open requests let exactly one probe through "
+                f"({s.burst[200]} answered 200, {s.burst_hits} upstream call)",
+            ),
+            (
+                len(s.closed_workers) == workers and s.closed_non_200 == 0,
+                f"closed after 2 successes, on every worker ({len(s.closed_workers)} of {workers})",
+            ),
+            (
+                set(s.product_statuses) == {200},
+                f"/products answered 200 throughout ({dict(s.product_statuses)})",
+            ),
             (s.statuses[500] == 0 and s.product_statuses[500] == 0, "no 500 anywhere"),
         ]
 
@@ -279,16 +296,26 @@ def _stop_on_sigterm() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo_app", description=__doc__.split("\n")[0])
-    parser.add_argument("--redis-url", default=os.environ.get("BREAKER_REDIS_URL"),
-                        help="use this Redis instead of starting one (default: $BREAKER_REDIS_URL)")
-    parser.add_argument("--redis", choices=("auto", "server", "embedded"),
-                        default=os.environ.get("BREAKER_DEMO_REDIS", "auto"),
-                        help="what to start when no URL is given: auto (redis-server if installed, "
-                             "else embedded), server, embedded (default: $BREAKER_DEMO_REDIS or auto)")
-    parser.add_argument("--open-seconds", type=float, default=10.0,
-                        help="how long /pay stays open (the seed's 10 s)")
-    parser.add_argument("--keep-running", action="store_true",
-                        help="keep the stack running afterwards for curl and redis-cli, until Ctrl-C")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("BREAKER_REDIS_URL"),
+        help="use this Redis instead of starting one (default: $BREAKER_REDIS_URL)",
+    )
+    parser.add_argument(
+        "--redis",
+        choices=("auto", "server", "embedded"),
+        default=os.environ.get("BREAKER_DEMO_REDIS", "auto"),
+        help="what to start when no URL is given: auto (redis-server if installed, "
+        "else embedded), server, embedded (default: $BREAKER_DEMO_REDIS or auto)",
+    )
+    parser.add_argument(
+        "--open-seconds", type=float, default=10.0, help="how long /pay stays open (the seed's 10 s)"
+    )
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="keep the stack running afterwards for curl and redis-cli, until Ctrl-C",
+    )
     args = parser.parse_args(argv)
     _stop_on_sigterm()
 
@@ -297,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     try:
         print("breaker_redis demo: one /pay breaker in Redis, shared by 4 gunicorn workers")
-        print(f"/pay: trip after 5 failures in 10 s, open {args.open_seconds:g} s, one probe at a time, "
-              "2 successes to close\n")
+        print(
+            f"/pay: trip after 5 failures in 10 s, open {args.open_seconds:g} s, one probe at a time, "
+            "2 successes to close\n"
+        )
         if args.redis_url:
             redis_url, kind = args.redis_url, "the Redis you gave"
         else:
@@ -308,8 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         _reset(redis_url, prefix)
         upstream_url, child = stack.start_upstream()
         started.append(child)
-        env = {"DEMO_PAY_OPEN_SECONDS": str(args.open_seconds), "BREAKER_KEY_PREFIX": prefix,
-               "BREAKER_ADMIN_TOKEN": os.environ.get("BREAKER_ADMIN_TOKEN", "demo")}
+        env = {
+            "DEMO_PAY_OPEN_SECONDS": str(args.open_seconds),
+            "BREAKER_KEY_PREFIX": prefix,
+            "BREAKER_ADMIN_TOKEN": os.environ.get("BREAKER_ADMIN_TOKEN", "demo"),
+        }
         app_url, child = stack.start_gunicorn(redis_url, upstream_url, env=env)
         started.append(child)
         print(f"redis    {redis_url} ({kind})\nupstream {upstream_url}")
@@ -343,8 +375,11 @@ def _reset(redis_url: str, prefix: str) -> None:
     """Start from closed breakers even on a Redis that a previous run left open."""
     breakers = Breakers.from_url(redis_url, prefix, listen=False)
     try:
-        for name, config in (("pay", settings.pay_config()), ("cart", settings.cart_config()),
-                             ("recommend", settings.recommend_config())):
+        for name, config in (
+            ("pay", settings.pay_config()),
+            ("cart", settings.cart_config()),
+            ("recommend", settings.recommend_config()),
+        ):
             breakers.get(name, BreakerConfig(**config)).reset()
     finally:
         breakers.close()

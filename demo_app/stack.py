@@ -123,6 +123,25 @@ def _redis_answers(port: int) -> bool:
         return False
 
 
+def redis_server_argv(binary: str, port: int, data_dir: str) -> list[str]:
+    """A loopback-only redis-server that keeps nothing on disk (the demo, tests and benches)."""
+    return [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        data_dir,
+        "--protected-mode",
+        "no",
+    ]
+
+
 def start_redis(mode: str = "auto") -> tuple[str, Child, str]:
     """(url, child, kind): a redis-server when installed (or asked for), else the embedded one."""
     binary = shutil.which("redis-server")
@@ -131,21 +150,7 @@ def start_redis(mode: str = "auto") -> tuple[str, Child, str]:
     port = free_port()
     if mode != "embedded" and binary is not None:
         data_dir = tempfile.mkdtemp(prefix="breaker-demo-redis-")
-        argv = [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            data_dir,
-            "--protected-mode",
-            "no",
-        ]
+        argv = redis_server_argv(binary, port, data_dir)
         child, kind = Child("redis-server", argv), "redis-server"
     else:
         argv = [sys.executable, "-m", "demo_app.embedded_redis", "--port", str(port)]
@@ -177,6 +182,8 @@ def start_gunicorn(
     port: int | None = None,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    app: str = "demo_app.app:app",
+    ready_path: str = "/products",
 ) -> tuple[str, Child]:
     port = port or free_port()
     argv = [
@@ -188,13 +195,13 @@ def start_gunicorn(
         "-b",
         f"127.0.0.1:{port}",
         *extra_args,
-        "demo_app.app:app",
+        app,
     ]
     child_env: dict[str, Any] = {"BREAKER_REDIS_URL": redis_url, "UPSTREAM_URL": upstream_url, **(env or {})}
     child = Child("gunicorn", argv, child_env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: child.check_alive() and _http_ok(url + "/products"), 30, "gunicorn")
+        wait_until(lambda: child.check_alive() and _http_ok(url + ready_path), 30, "gunicorn")
     except BaseException:
         child.stop()
         raise

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from demo_app.stack import free_port, wait_until
+from demo_app.stack import free_port, redis_server_argv, wait_until
 
 __all__ = ["RedisServer", "free_port", "wait_until"]
 
@@ -50,21 +50,7 @@ class RedisServer:
 
     def _launch(self) -> bool:
         process = self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-                "--protected-mode",
-                "no",
-            ],
+            redis_server_argv(self.binary, self.port, str(self.dir)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
