@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -262,7 +262,7 @@ class Breaker:
             current = self._known
             if not mode:  # admin replies carry no config: keep what the last config-bearing reply said
                 if current is None or current.generation != generation:
-                    mode, max_concurrent, slow_ms = self.config.mode, 0, self._config_slow_ms
+                    mode, slow_ms = self.config.mode, self._config_slow_ms
                     max_concurrent = self.config.max_concurrent_calls or 0
                 else:
                     mode, max_concurrent, slow_ms = current.mode, current.max_concurrent, current.slow_ms
@@ -288,16 +288,13 @@ class Breaker:
             epoch = int(payload.get("epoch", 0))
             if epoch < current.epoch:
                 return
-            self._known = _Knowledge(
-                str(payload.get("to", "closed")),
-                epoch,
-                int(payload.get("open_until", 0)),
-                str(payload.get("forced", "")),
-                current.mode,
-                current.max_concurrent,
-                current.slow_ms,
-                time.monotonic(),
-                current.generation,
+            self._known = replace(
+                current,
+                state=str(payload.get("to", "closed")),
+                epoch=epoch,
+                open_until=int(payload.get("open_until", 0)),
+                forced=str(payload.get("forced", "")),
+                learned_at=time.monotonic(),
             )
 
     def _forget(self) -> None:
