@@ -42,6 +42,26 @@ LUA_FIELDS = (
 ExceptionTypes = tuple[type[BaseException], ...]
 Predicate = Callable[[BaseException], bool | None]
 
+# The open period and its cap when neither is set. Whichever of the two is
+# left unset follows the other (see BreakerConfig):
+#   open_seconds     = min(30, max_open_seconds)
+#   max_open_seconds = max(300, open_seconds)
+OPEN_SECONDS = 30.0
+MAX_OPEN_SECONDS_FLOOR = 300.0
+
+
+class _Derived(float):
+    """A duration the user did not set, derived from the other one.
+
+    It is a float everywhere (equality, hashing, repr, arithmetic), so code
+    reading ``config.max_open_seconds`` gets the effective value; the type only
+    tells ``__post_init__`` that the value was derived, so that
+    ``dataclasses.replace(config, open_seconds=900)`` derives it again instead
+    of holding the new value to a cap nobody chose.
+    """
+
+    __slots__ = ()
+
 
 def _fail(field: str, why: str, value: object) -> ValueError:
     return ValueError(f"BreakerConfig.{field} {why} (got {value!r})")
@@ -70,6 +90,16 @@ class BreakerConfig:
 
     Defaults follow pybreaker and Hystrix where they agree: trip after 5
     consecutive failures, stay open 30 s, let one probe through.
+
+    ``open_seconds`` and ``max_open_seconds`` (the cap of the backed-off open
+    period): set either, both or neither; one left unset follows the other.
+    An unset cap is ``max(300, open_seconds)``, so ``open_seconds=600`` works
+    and caps at 600; an unset open period is ``min(30, max_open_seconds)``, so
+    ``max_open_seconds=10`` opens for 10 s and never longer. Only both set
+    with ``max_open_seconds < open_seconds`` is an error. Both attributes read
+    as the effective values; ``dataclasses.replace`` derives an unset one
+    again from the new values (``replace(BreakerConfig(open_seconds=600),
+    open_seconds=900).max_open_seconds == 900``).
     """
 
     trip: str = "consecutive"
@@ -80,9 +110,9 @@ class BreakerConfig:
     slow_call_rate: float = 1.0
     window_seconds: float = 10.0
     window_buckets: int = 10
-    open_seconds: float = 30.0
+    open_seconds: float = _Derived(OPEN_SECONDS)
     open_backoff: float = 2.0
-    max_open_seconds: float = 300.0
+    max_open_seconds: float = _Derived(MAX_OPEN_SECONDS_FLOOR)
     half_open_max_calls: int = 1
     half_open_successes: int = 1
     probe_timeout_seconds: float = 30.0
@@ -109,11 +139,8 @@ class BreakerConfig:
             raise _fail("window_buckets", "must be <= 600", self.window_buckets)
         if self.window_seconds * 1000 < self.window_buckets:
             raise _fail("window_seconds", "must give each bucket at least 1 ms", self.window_seconds)
-        _number("open_seconds", self.open_seconds, 0.0, low_open=True)
+        self._resolve_open_period()
         _number("open_backoff", self.open_backoff, 1.0, low_open=False)
-        _number("max_open_seconds", self.max_open_seconds, 0.0, low_open=True)
-        if self.max_open_seconds < self.open_seconds:
-            raise _fail("max_open_seconds", "must be >= open_seconds", self.max_open_seconds)
         _int("half_open_max_calls", self.half_open_max_calls, 1)
         _int("half_open_successes", self.half_open_successes, 1)
         _number("probe_timeout_seconds", self.probe_timeout_seconds, 0.0, low_open=True)
@@ -127,6 +154,27 @@ class BreakerConfig:
                 raise _fail(field, "must be a tuple of exception classes", value)
         if self.predicate is not None and not callable(self.predicate):
             raise _fail("predicate", "must be callable", self.predicate)
+
+    def _resolve_open_period(self) -> None:
+        """Validate what the user set of open_seconds / max_open_seconds, derive the rest."""
+        open_set = not isinstance(self.open_seconds, _Derived)
+        cap_set = not isinstance(self.max_open_seconds, _Derived)
+        if open_set:
+            _number("open_seconds", self.open_seconds, 0.0, low_open=True)
+        if cap_set:
+            _number("max_open_seconds", self.max_open_seconds, 0.0, low_open=True)
+        if open_set and cap_set:
+            if self.max_open_seconds < self.open_seconds:
+                why = f"must be >= open_seconds ({self.open_seconds!r})"
+                raise _fail("max_open_seconds", why, self.max_open_seconds)
+            return
+        open_seconds = self.open_seconds if open_set else OPEN_SECONDS
+        if cap_set:
+            open_seconds = min(open_seconds, self.max_open_seconds)
+        else:
+            object.__setattr__(self, "max_open_seconds", _Derived(max(MAX_OPEN_SECONDS_FLOOR, open_seconds)))
+        if not open_set:
+            object.__setattr__(self, "open_seconds", _Derived(open_seconds))
 
     def to_lua(self) -> bytes:
         """The config as the Lua scripts take it: one JSON argument, times in ms.
@@ -147,7 +195,7 @@ class BreakerConfig:
             "buckets": self.window_buckets,
             "open_ms": round(self.open_seconds * 1000),
             "backoff": self.open_backoff,
-            "max_open_ms": round(self.max_open_seconds * 1000),
+            "max_open_ms": round(self.max_open_seconds * 1000),  # the effective cap, derived or set
             "ho_max": self.half_open_max_calls,
             "ho_successes": self.half_open_successes,
             "probe_ms": max(1, round(self.probe_timeout_seconds * 1000)),
