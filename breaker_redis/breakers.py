@@ -109,7 +109,7 @@ class Breakers:
         setting = {key: value for key, value in as_text.items() if value != ""}
         parse_overrides({key: "1" for key in as_text if key not in setting})  # removals: names only
         base.with_overrides(setting)
-        args: list[str] = [""]
+        args: list[str] = ["", "0"]
         for key, value in as_text.items():
             args += [key, value]
         raw = self.gate.run_remote("configure", name, self.clock_ms(), args)
@@ -127,30 +127,43 @@ class Breakers:
             return int(self._clock())
         return int(time.monotonic() * 1000 + self._clock_offset_ms)
 
-    def _observe_clock(self, redis_now_ms: int) -> None:
+    def observe_clock(self, redis_now_ms: int) -> None:
         if self._clock is None:
             self._clock_offset_ms = redis_now_ms - time.monotonic() * 1000
 
     # -- process life ---------------------------------------------------------
 
-    def _ensure_process(self) -> None:
+    def ensure_process(self) -> None:
         if self.invalidator is not None:
             self.invalidator.ensure_running()
 
-    def _register_name(self, name: str) -> None:
+    def register_name(self, name: str) -> None:
         with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
             self._runner.register_name(name)
+
+    def barrier(self) -> None:
+        """One round trip after a reply that made a change, before the call returns.
+
+        Redis writes a published message in the same event-loop pass as the
+        publisher's reply, but may write the reply first; any later command is
+        read after that pass, so once it answers, the change's message is in
+        every subscriber's socket (see invalidation.py).
+        """
+        if self.invalidator is None:
+            return
+        with contextlib.suppress(Exception):  # a lost barrier only weakens the hint's head start
+            self.client.ping()
 
     def _on_event(self, payload: dict[str, Any]) -> None:
         if not self.gate.healthy:
             return
         breaker = self._breakers.get(str(payload.get("name", "")))
         if breaker is not None:
-            breaker._on_event(payload)
+            breaker.hint(payload)
 
     def _forget_all(self) -> None:
         for breaker in list(self._breakers.values()):
-            breaker._forget()
+            breaker.forget()
 
     def _after_fork(self) -> None:
         self.pid = os.getpid()
@@ -160,12 +173,7 @@ class Breakers:
         if self.invalidator is not None:
             self.invalidator.after_fork()
         for breaker in self._breakers.values():
-            breaker._lock = threading.Lock()
-            breaker._flush_lock = threading.Lock()
-            breaker._known = None
-            breaker._pending_rejected = breaker._pending_would_reject = 0
-            breaker._batch_count = 0  # the parent's successes are the parent's to send
-            breaker._local_permits = threading.local()
+            breaker.after_fork()
 
     def flush(self) -> None:
         """Send every breaker's batched successes and rejection counts now (close, exit)."""

@@ -1,17 +1,20 @@
-"""Keeps every worker's knowledge fresh without asking Redis before each call.
+"""Keeps every worker's knowledge honest without asking Redis before each call.
 
-A daemon thread per process subscribes to ``<prefix>:events``; every script
-that changes a breaker (a transition, a force, a reset, a live-config write)
-publishes there, so a worker that is admitting or denying from memory hears of
-it within milliseconds. While the subscription is down the listener reports
-itself unhealthy and workers fall back to re-checking Redis every second.
+One subscription per process to ``<prefix>:events``: every script that changes
+a breaker (a transition, the breaker arming, a force, a reset, a live-config
+write) publishes there. A message is a hint (see knowledge.py): the worker
+forgets what it knew about that breaker and asks Redis at its next call.
 
-Redis queues a transition's message to every subscriber before it replies to
-the worker that made it, so by the time a client's next request reaches
-another worker, the message is usually already in that worker's socket; only
-its listener thread may not have run yet. ``settle()`` closes that gap: one
-non-blocking poll per decision, and a short wait only when a message is
-actually waiting.
+The trip boundary rests on one ordering: by the time the call that made a
+change returns, the change's message is already in every subscriber's socket.
+Redis writes a published message in the same event-loop pass as the
+publisher's reply (the embedded server does the same), and the worker that
+made the change runs one more round trip (``Breakers.barrier``) before it
+returns, which that pass must have finished first. So a worker never waits
+for its listener thread to be scheduled: before deciding from memory, the
+deciding thread itself delivers whatever is readable (``drain``). The thread
+only keeps an idle worker's socket empty and reconnects after a loss; while
+the subscription is down, ``healthy`` is False and workers ask Redis.
 """
 
 from __future__ import annotations
@@ -42,94 +45,152 @@ class Invalidator:
         self._channel = channel
         self._on_message = on_message
         self._on_subscribed = on_subscribed
+        self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._sock: Any = None
-        # True from before the listener reads the socket until it has delivered
-        # what it read: "not busy and nothing readable" means nothing pending.
-        self._busy = False
+        # Held by whoever reads the subscription, from before the read until the
+        # messages read are delivered: "nothing readable and not held" means
+        # nothing received is pending.
+        self._read_lock = threading.Lock()
+        self._pubsub: Any = None
+        self._socket: Any = None
+        self._readable: Callable[[float], bool] = _never
         self.healthy = False
 
     def ensure_running(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="breaker-redis-events", daemon=True)
-            self._thread.start()
-
-    def settle(self, timeout: float = 0.05) -> None:
-        """If a message is waiting or being handled, let the listener finish it first."""
-        sock = self._sock
-        if sock is None or not (self._busy or _readable(sock)):
+        """Start the listener once per process, whatever the concurrency of first calls."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
             return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            time.sleep(0.0002)  # gives the listener thread the interpreter
-            if not (self._busy or _readable(sock)):
-                return
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._loop, name="breaker-redis-events", daemon=True)
+                self._thread.start()
+
+    def drain(self) -> None:
+        """Deliver, in this thread, every message received so far.
+
+        Costs one non-blocking poll when nothing is waiting. Readability is
+        checked before the lock: a message read by the listener but not yet
+        delivered is covered by the lock it holds.
+        """
+        pubsub = self._pubsub
+        if pubsub is None:
+            return
+        if not self._readable(0) and not self._read_lock.locked():
+            return
+        with self._read_lock:
+            self._read_all(pubsub)
 
     def after_fork(self) -> None:
+        self._start_lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self._thread = None
-        self._sock = None
+        self._pubsub = self._socket = None  # the parent's connection is the parent's
+        self._readable = _never
         self.healthy = False
 
     def close(self) -> None:
         self._stop.set()
+
+    # -- the listener thread --------------------------------------------------
 
     def _loop(self) -> None:
         delay = 0.1
         while not self._stop.is_set():
             pubsub = None
             try:
-                pubsub = self._client.pubsub()
-                pubsub.subscribe(self._channel)
-                while not self._stop.is_set():
-                    sock = self._sock
-                    if sock is not None and not _readable(sock, 1.0):
-                        continue
-                    self._busy = sock is not None  # set before anything is read off the socket
-                    try:
-                        message = pubsub.get_message(timeout=0 if sock is not None else 1.0)
-                        while message is not None:
-                            delay = self._handle(pubsub, message, delay)
-                            message = pubsub.get_message(timeout=0)
-                    finally:
-                        self._busy = False
-            except Exception as exc:  # any failure: unhealthy, retry with backoff
-                if self.healthy:
-                    log.info(
-                        "breaker_redis: event subscription lost (%s); re-checking Redis every second", exc
-                    )
-                self.healthy = False
-                self._sock = None
-            finally:
-                if pubsub is not None:
-                    with contextlib.suppress(Exception):
-                        pubsub.close()
+                with self._read_lock:
+                    pubsub = self._client.pubsub()
+                    pubsub.subscribe(self._channel)
+                    self._attach(pubsub)
+                    self._read_all(pubsub)
+                while not self._stop.is_set() and self._pubsub is pubsub:
+                    if self._readable(1.0):
+                        with self._read_lock:
+                            self._read_all(pubsub)
+                    delay = 0.1 if self.healthy else delay
+            except Exception as exc:
+                self._lost(pubsub, exc)
             self._stop.wait(delay)
             delay = min(delay * 2, 5.0)
+        self._lost(self._pubsub, None)
 
-    def _handle(self, pubsub: Any, message: dict[str, Any], delay: float) -> float:
+    def _attach(self, pubsub: Any) -> None:
+        """Remember the subscription and how to wait for it without reading it. Holds _read_lock."""
+        connection = pubsub.connection
+        sock = getattr(connection, "_sock", None)
+        selector = getattr(connection, "_selector", None)
+        if hasattr(sock, "fileno"):
+            self._readable = lambda timeout: _socket_readable(sock, timeout)
+        elif selector is not None and hasattr(selector, "check_can_read"):  # fakeredis in-process
+            self._readable = selector.check_can_read
+        else:  # unknown transport: let drain() read under the lock each time
+            self._readable = _always
+        self._socket = sock
+        self._pubsub = pubsub
+
+    def _read_all(self, pubsub: Any) -> None:
+        """Read and deliver every message that has arrived. Holds _read_lock."""
+        if pubsub is not self._pubsub:
+            return
+        try:
+            while True:
+                message = pubsub.get_message(timeout=0)
+                if message is None:
+                    break
+                self._handle(message)
+        except Exception as exc:
+            self._lost(pubsub, exc)
+            return
+        if getattr(pubsub.connection, "_sock", None) is not self._socket:
+            # the client reconnected and re-subscribed by itself: messages may
+            # have been missed, so nothing known is trusted until the new
+            # subscription is confirmed
+            self.healthy = False
+            self._on_subscribed()
+            self._attach(pubsub)
+
+    def _handle(self, message: dict[str, Any]) -> None:
         kind = text(message.get("type"))
         if kind == "subscribe":
-            sock = getattr(pubsub.connection, "_sock", None)
-            self._sock = sock if hasattr(sock, "fileno") else None
             self.healthy = True
-            self._on_subscribed()
-            return 0.1
-        if kind == "message":
-            self._deliver(message.get("data"))
-        return delay
+            self._on_subscribed()  # what was learned before may have missed messages
+        elif kind == "message":
+            try:
+                payload = json.loads(text(message.get("data")))
+            except ValueError:
+                return
+            if isinstance(payload, dict):
+                self._on_message(payload)
 
-    def _deliver(self, data: Any) -> None:
-        try:
-            payload = json.loads(text(data))
-        except ValueError:
-            return
-        if isinstance(payload, dict):
-            self._on_message(payload)
+    def _lost(self, pubsub: Any, exc: BaseException | None) -> None:
+        if self.healthy and exc is not None:
+            log.info("breaker_redis: event subscription lost (%s); asking Redis at every call", exc)
+        self.healthy = False
+        if pubsub is not None and pubsub is self._pubsub:
+            self._pubsub = self._socket = None
+            self._readable = _never
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
 
 
-def _readable(sock: Any, timeout: float = 0) -> bool:
+def _never(timeout: float) -> bool:
+    if timeout > 0:
+        time.sleep(timeout)
+    return False
+
+
+def _always(timeout: float) -> bool:
+    if timeout > 0:
+        time.sleep(min(timeout, 0.05))
+    return True
+
+
+def _socket_readable(sock: Any, timeout: float) -> bool:
     try:
         return bool(select.select([sock], [], [], timeout)[0])
-    except (OSError, ValueError):  # closed under us: the listener will notice
-        return False
+    except (OSError, ValueError):  # closed under us: reading it will say so
+        return True

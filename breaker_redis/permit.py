@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .breaker import Breaker
+
+class Settles(Protocol):
+    """What a permit needs from the breaker that issued it."""
+
+    def now_ms(self) -> int: ...
+    def classify(self, exc: BaseException) -> str: ...
+    def _record(self, permit: Permit, outcome: str, duration_ms: int) -> None: ...
 
 
 class Permit:
@@ -24,21 +29,31 @@ class Permit:
         "epoch",
         "generation",
         "lease",
+        "observing",
         "probe",
         "started",
     )
 
     def __init__(
-        self, breaker: Breaker, epoch: int, lease: str, generation: int, *, batchable: bool = False
+        self,
+        breaker: Settles,
+        epoch: int,
+        lease: str,
+        generation: int,
+        *,
+        batchable: bool = False,
+        observing: bool = False,
     ) -> None:
         self._breaker = breaker
         self.epoch = epoch
         self.lease = lease
         self.generation = generation
         self.probe = lease.startswith("p:")
-        # admitted while closed without a lease: a plain success may go in a batch
+        # admitted from calm knowledge without a lease: a plain success may go in a batch
         self.batchable = batchable
-        self.started = breaker._breakers.now_ms()
+        # admitted in observe mode while known open: the outcome only feeds the counters
+        self.observing = observing
+        self.started = breaker.now_ms()
         self._done = False
         self._lock = threading.Lock()
 
@@ -58,7 +73,7 @@ class Permit:
             if self._done:
                 return
             self._done = True
-        self._breaker._record(self, outcome, self._breaker._breakers.now_ms() - self.started)
+        self._breaker._record(self, outcome, self._breaker.now_ms() - self.started)
 
     @property
     def recorded(self) -> bool:

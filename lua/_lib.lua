@@ -6,7 +6,9 @@
 --
 -- KEYS (every script, one hash tag {NAME} so one slot):
 --   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq,
---                   ttl_at (last TTL refresh), ovr ('1' while live overrides exist)
+--                   ttl_at (last TTL refresh), ovr ('1' while live overrides exist),
+--                   born (the epoch this hash was created with), armed ('1' while a
+--                   late success could change a decision), arms (how often it armed)
 --   2 window HASH   head, bms, tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket
 --   3 leases ZSET   'p:<epoch>:<seq>' probe leases, 'b:<seq>' bulkhead slots; score = expiry ms
 --   4 config HASH   live overrides of BreakerConfig fields (strings, seconds)
@@ -17,10 +19,13 @@
 --   5 config: JSON from breaker_redis/config.py (to_lua_json), times in ms:
 --     trip, mode, threshold, rate, min_calls, slow_ms, slow_rate, bucket_ms, buckets,
 --     open_ms, backoff, max_open_ms, ho_max, ho_successes, probe_ms, max_conc
+--   6 the highest epoch the caller knows ('' or 0 if none): a state hash created
+--     anew (keys evicted, flushed, expired or repaired) starts above it and above
+--     the Redis time in ms, so epochs never go backwards
 
 local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local NAME, CHANNEL, TTL = ARGV[1], ARGV[2], tonumber(ARGV[4])
+local NAME, CHANNEL, TTL, FLOOR = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[6]) or 0
 local TTL_REFRESH_MS = 60000  -- keys get their TTL renewed at most this often, and when created
 
 local NOW
@@ -72,20 +77,31 @@ local function load_config(s)
   return c
 end
 
--- State: a missing or corrupted hash reads as a fresh closed breaker.
+-- State: a missing or corrupted hash reads as a fresh closed breaker whose
+-- epoch starts above every epoch handed out before (see ARGV 6), so a worker
+-- never mistakes the new breaker's results for old ones or the reverse.
 local function load_state()
   local v = redis.call('HMGET', K_STATE, 'state', 'epoch', 'open_until', 'forced',
-    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'ovr')
+    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'ovr', 'born', 'armed', 'arms')
   local s = {state = v[1], epoch = tonumber(v[2]) or 0, open_until = tonumber(v[3]) or 0,
     forced = v[4] or '', consec = tonumber(v[5]) or 0, open_ms = tonumber(v[6]) or 0,
     ho_ok = tonumber(v[7]) or 0, seq = tonumber(v[8]) or 0, ttl_at = tonumber(v[9]) or 0,
-    ovr = v[10], dirty = false}
+    ovr = v[10], born = tonumber(v[11]) or 0, armed = v[12] == '1', arms = tonumber(v[13]) or 0,
+    dirty = false}
   if s.state ~= 'closed' and s.state ~= 'open' and s.state ~= 'half_open' then
-    s.state, s.epoch, s.dirty = 'closed', s.epoch + 1, true
+    s.epoch = math.max(NOW, FLOOR + 1, s.epoch + 1)
+    s.state, s.born, s.armed, s.dirty = 'closed', s.epoch, false, true
     if redis.call('EXISTS', K_CONFIG) == 1 then s.ovr = '1' end
   end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
   return s
+end
+
+-- Whether a result admitted under `epoch` belongs to the current state: the
+-- same epoch, or one from before the hash was created anew while nothing has
+-- happened since (its keys vanished; the fresh breaker made no transition).
+local function current_epoch(s, epoch)
+  return epoch == s.epoch or (epoch ~= nil and epoch < s.born and s.epoch == s.born)
 end
 
 -- Writes the state if it changed, and renews every key's TTL once a minute
@@ -98,7 +114,7 @@ local function save_state(s)
   if not s.dirty then return end
   redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
     'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq,
-    'ttl_at', s.ttl_at)
+    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms)
   redis.call('PEXPIRE', K_STATE, TTL)
 end
 
@@ -109,24 +125,53 @@ local function stat(field, by)
   end
 end
 
--- Rejections decided in a worker's memory arrive here in batches.
-local function flush_pending(rejected, would_reject)
-  stat('rejected', tonumber(rejected) or 0)
-  stat('would_reject', tonumber(would_reject) or 0)
+-- What a worker counted in memory arrives here in batches, from ARGV[from]
+-- on: rejections and would_reject decided from memory, then the outcomes of
+-- calls it admitted in observe mode while the breaker was open (they decide
+-- nothing: only an acquire-script probe decides half_open).
+local function flush_pending(from)
+  stat('rejected', tonumber(ARGV[from]) or 0)
+  stat('would_reject', tonumber(ARGV[from + 1]) or 0)
+  stat('successes', tonumber(ARGV[from + 2]) or 0)
+  stat('failures', tonumber(ARGV[from + 3]) or 0)
+  stat('ignored', tonumber(ARGV[from + 4]) or 0)
 end
 
--- Every transition: epoch+1, one stream entry, one pub/sub message.
+-- Every transition: epoch+1, one stream entry, one pub/sub message. Messages
+-- are hints: a worker that hears one asks Redis again before trusting memory.
 local EVENTS = ''
+local function publish(s, kind, extra)
+  local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, at = NOW}
+  for k, v in pairs(extra or {}) do msg[k] = v end
+  redis.call('PUBLISH', CHANNEL, cjson.encode(msg))
+end
+
 local function transition(s, to, cause)
   local from = s.state
-  s.state, s.epoch, s.dirty = to, s.epoch + 1, true
+  s.state, s.epoch, s.armed, s.dirty = to, s.epoch + 1, false, true
   redis.call('XADD', K_EVENTS, 'MAXLEN', 20, '*', 'from', from, 'to', to,
     'epoch', s.epoch, 'cause', cause, 'forced', s.forced, 'open_until', s.open_until, 'at', NOW)
   redis.call('PEXPIRE', K_EVENTS, TTL)
-  redis.call('PUBLISH', CHANNEL, string.format(
-    '{"name":"%s","kind":"transition","from":"%s","to":"%s","epoch":%d,"open_until":%d,"forced":"%s","cause":"%s","at":%d}',
-    NAME, from, to, s.epoch, s.open_until, s.forced, cause, NOW))
+  publish(s, 'transition', {from = from, to = to, open_until = s.open_until, forced = s.forced, cause = cause})
   EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. from .. '>' .. to .. ':' .. cause
+end
+
+-- Armed: closed, and a success reaching Redis late could change a decision (it
+-- would reset a consecutive run, or dilute a failure or slow-call rate). Workers
+-- batch successes only while calm; the calm->armed change is published so every
+-- worker stops batching before the calls that follow. The count rule ignores
+-- successes, so only slow calls arm it.
+local function update_armed(s, c, w)
+  local armed = s.state == 'closed' and s.forced == '' and (
+    (c.trip == 'consecutive' and s.consec > 0) or (c.trip == 'rate' and w.tf > 0)
+    or (c.slow_ms > 0 and w.ts > 0))
+  if armed == s.armed then return end
+  s.armed, s.dirty = armed, true
+  if armed then
+    s.arms = s.arms + 1
+    publish(s, 'armed', nil)
+    EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. 'armed'
+  end
 end
 
 -- Leases. Probe leases exist only in half_open; leaving it drops them.
@@ -233,9 +278,10 @@ local function close(s, cause)
 end
 
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
--- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms}
+-- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
+--  armed (0/1), arms}
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
-    c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0}
+    c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms}
 end

@@ -3,16 +3,16 @@
 -- or knowledge too old.
 --
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
--- ARGV  : 1-5 common (5: config); 6 rejections counted in the worker since its
---         last flush; 7 would_reject counted likewise
--- Reads : state, config, leases.  Writes: state (transitions, lease seq),
+-- ARGV  : 1-6 common (5: config, 6: epoch floor); 7-11 what the worker counted in
+--         memory since its last flush (see flush_pending)
+-- Reads : state (with its armed flag, which the reply carries), config, leases.  Writes: state (transitions, lease seq),
 --         leases (probe or bulkhead lease), stats (rejected, would_reject), events.
 -- Returns the common reply; allowed is 1 (go), 2 (observe mode: would have been
 --         denied, go anyway) or 0 (denied, reason open | half_open_full |
 --         forced_open | bulkhead); lease is the id to hand back to record.lua.
 local s = load_state()
 local cfg = load_config(s)
-flush_pending(ARGV[6], ARGV[7])
+flush_pending(7)
 
 local allowed, reason, lease = 0, '', ''
 if s.forced == 'open' then

@@ -1,7 +1,7 @@
 -- admin.lua: an operator's word on a breaker; it always wins over the rules.
 --
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
--- ARGV  : 1-4 common; 5 unused (''); 6 op:
+-- ARGV  : 1-6 common (5 unused: ''); 7 op:
 --   force_open   deny every call until cleared (state open, retry_after unknown)
 --   force_closed admit every call, keep counting, never trip until cleared
 --   clear_force  back to automatic, closed with a clean window (no-op if not forced)
@@ -9,7 +9,7 @@
 --                cumulative stats are kept (they are counters, e.g. for Prometheus)
 -- Reads : state.  Writes: state, window, leases, events; publishes the change.
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
-local s, op = load_state(), ARGV[6]
+local s, op = load_state(), ARGV[7]
 
 local function clean(forced, cause)
   s.forced, s.consec, s.open_ms, s.ho_ok, s.open_until = forced, 0, 0, 0, 0

@@ -3,11 +3,11 @@
 -- worker's own config) and drops what it knew on the pub/sub message.
 --
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
--- ARGV  : 1-4 common; 5 unused (''); 6.. field, value pairs ('' value removes the override).
+-- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override).
 --         The caller validated them (breaker_redis.config.parse_overrides).
 -- Reads : config.  Writes: config, the state's ovr flag; publishes {"kind":"config"}.
 -- Returns the overrides now in force as a flat field, value list.
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   if ARGV[i + 1] == '' then
     redis.call('HDEL', K_CONFIG, ARGV[i])
   else
@@ -22,5 +22,5 @@ if #overrides > 0 then
 else
   redis.call('HDEL', K_STATE, 'ovr')
 end
-redis.call('PUBLISH', CHANNEL, string.format('{"name":"%s","kind":"config","at":%d}', NAME, NOW))
+redis.call('PUBLISH', CHANNEL, cjson.encode({name = NAME, kind = 'config', at = NOW}))
 return overrides

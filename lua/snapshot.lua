@@ -3,20 +3,20 @@
 -- it does flush the caller's pending rejection counts so they show at once.
 --
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
--- ARGV  : 1-5 common (5: config); 6 pending rejections; 7 pending would_reject
+-- ARGV  : 1-6 common (5: config); 7-11 what the worker counted in memory (see flush_pending)
 -- Reads : state, window, leases, config, stats.  Writes: stats (flush only).
 -- Returns a flat field, value list: state fields, window totals as of now,
 --         probes in flight, now, then 'stats' and the stats hash, then
 --         'overrides' and the config hash.
 local s = load_state()
 local cfg = load_config(s)
-flush_pending(ARGV[6], ARGV[7])
+flush_pending(7)
 local w = window_read(cfg)
 local probes = #probe_ids()
 local out = {'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until, 'forced', s.forced,
   'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok,
   'window_calls', w.tc, 'window_failures', w.tf, 'window_slow', w.ts,
-  'probes', probes, 'slots', redis.call('ZCARD', K_LEASES) - probes, 'now', NOW,
+  'probes', probes, 'armed', s.armed and 1 or 0, 'arms', s.arms, 'born', s.born, 'slots', redis.call('ZCARD', K_LEASES) - probes, 'now', NOW,
   'mode', cfg.mode}
 out[#out + 1] = 'stats'
 out[#out + 1] = redis.call('HGETALL', K_STATS)

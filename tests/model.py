@@ -78,7 +78,9 @@ class BreakerModel:
     config: BreakerConfig
     state: str = "closed"
     forced: str = ""  # '' | open | closed
-    epoch: int = 1  # a fresh breaker reads as epoch 1 (the scripts' first load bumps it)
+    # a fresh breaker's epoch is the Redis time in ms of the first script that
+    # writes its state (epochs never go backwards, even when keys vanish)
+    epoch: int = 0
     open_until: int = 0
     last_open_ms: int = 0  # the base of the last open period (0: no backoff pending)
     consec: int = 0
@@ -150,7 +152,13 @@ class BreakerModel:
 
     # -- the operations ----------------------------------------------------------
 
+    def seed(self, now: int) -> None:
+        """Called before every step that writes the state: the first one creates it."""
+        if not self.epoch:
+            self.epoch = now
+
     def acquire(self, now: int) -> Decision:
+        self.seed(now)
         if self.forced == "open":
             return self._refuse("forced_open", now)
         if self.forced == "closed":
@@ -172,6 +180,7 @@ class BreakerModel:
         return Decision(ModelPermit(self.epoch, now))
 
     def record(self, permit: ModelPermit, outcome: str, now: int) -> None:
+        self.seed(now)
         duration = max(0, now - permit.started)
         expiry = self.leases.get(permit.lease) if permit.lease is not None else None
         probe = expiry is not None and expiry > now  # still holds a live probe lease
@@ -232,7 +241,7 @@ class BreakerModel:
         return {
             "state": self.state,
             "forced": self.forced or None,
-            "epoch": self.epoch,
+            "epoch": self.epoch or now,  # read before any write: as if created now
             "retry_after": retry_after,
             "window_calls": calls,
             "window_failures": failures,

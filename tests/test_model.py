@@ -145,6 +145,7 @@ class Run:
         elif kind == "advance":
             self.advance(step[1])
         elif kind == "admin":
+            self.model.seed(self.clock.now)
             getattr(self.breaker, step[1])()
             getattr(self.model, step[1])()
         self.log[-1] += f" -> {self.clock.now - START_MS}"

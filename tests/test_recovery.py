@@ -60,11 +60,12 @@ def test_fakeredis_outage_falls_back_to_a_local_breaker_and_returns(clock):
         b = breakers.get("pay", TRIP_AT_3)
         fail(b, 2)  # shared state in Redis: 2 consecutive failures
         server.connected = False
-        fail(b)  # this record finds Redis gone: the gate switches to the local store
+        fail(b)  # this acquire finds Redis gone: the local store admits it and counts its failure
         assert not breakers.gate.healthy
         reached = counting.calls
-        fail(b, 2)
-        assert b.snapshot()["state"] == "closed"  # the result admitted by Redis is not replayed locally
+        fail(b)
+        snap = b.snapshot()  # Redis's two failures are not replayed locally
+        assert (snap["state"], snap["consecutive_failures"]) == ("closed", 2)
         fail(b)  # the local breaker counts on its own and trips
         with pytest.raises(BreakerOpen) as info:
             b.acquire()
@@ -88,8 +89,7 @@ def test_outage_policies_allow_and_deny(clock, policy):
     try:
         b = breakers.get("pay", TRIP_AT_3)
         b.acquire().success()
-        server.connected = False
-        b.acquire().failure()  # the record finds Redis gone
+        server.connected = False  # the first acquire below finds Redis gone
         for _ in range(5):
             if policy == "allow":
                 b.call(lambda: None)
@@ -122,9 +122,9 @@ def test_real_redis_stopped_and_restarted(own_server):
         fail(b, 2)
         subscribed([breakers])
         own_server.stop()
-        fail(b)  # discovers the outage
+        fail(b)  # discovers the outage: the local breaker admits it and counts from zero
         assert not breakers.gate.healthy
-        fail(b, 3)  # the local breaker counts from zero and trips: protected while Redis is away
+        fail(b, 2)  # and trips: protected while Redis is away
         with pytest.raises(BreakerOpen):
             b.acquire()
         own_server.start()  # same port, empty: Redis lost its state in the restart
@@ -165,7 +165,7 @@ def test_wrong_type_key_is_repaired(make_breakers, store):
     fail(b, 2)
     store.delete("breaker:{pay}:state")
     store.set("breaker:{pay}:state", "garbage")
-    b._forget()
+    b.forget()
     fail(b, 3)
     assert b.state is State.OPEN
 
@@ -176,7 +176,7 @@ def test_corrupted_fields_read_as_a_fresh_breaker(make_breakers, store):
     store.hset("breaker:{pay}:state", mapping={"state": "sideways", "epoch": "x", "open_until": "soon"})
     store.hset("breaker:{pay}:window", mapping={"tc": "-4", "head": "nope"})
     store.hset("breaker:{pay}:config", mapping={"failure_threshold": "many", "trip": "never"})
-    b._forget()
+    b.forget()
     for _ in range(3):  # consec survived the corruption, so it may take fewer than three
         try:
             b.acquire().failure()
@@ -201,7 +201,7 @@ def two_workers(store):
 def subscribed(workers) -> None:
     """Start each worker's listener (it starts at first use) and wait until it listens."""
     for w in workers:
-        w._ensure_process()
+        w.ensure_process()
         wait_until(lambda w=w: w.invalidator.healthy, what="the event subscription")
 
 

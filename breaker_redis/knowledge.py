@@ -1,0 +1,154 @@
+"""What a worker knows about one breaker, and the rules for using it.
+
+Everything a worker decides without asking Redis follows from this module:
+
+- **Replies are authoritative.** Every script replies with the breaker's state
+  (``Reply``); the worker keeps the newest one as its ``Knowledge``. Newer means
+  a higher (epoch, arms, calm) rank: epochs never go backwards, not even when
+  a breaker's keys vanish (lua/_lib.lua seeds a new state above every epoch
+  handed out before), so a reply that lost a race between two threads never
+  overwrites a newer one.
+- **Messages are hints.** A pub/sub message that may be news (``is_news``) makes
+  the worker forget and ask Redis at its next call; it is never adopted as
+  state, so a forged or garbled message costs one round trip and nothing more.
+- **Trust.** Knowledge decides from memory only while the event subscription
+  is up and drained up to this moment (see invalidation.py), or while the
+  store is the in-process fallback, which no other process shares.
+- **Calm and armed.** Closed knowledge is *calm* when no success reaching Redis
+  late could change a decision, *armed* otherwise (lua/_lib.lua,
+  update_armed). Calm workers batch their successes; armed ones send every
+  outcome at once. Admission from memory is the same for both: the trip
+  boundary comes from the ordered notice, not from arming.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from .scripts import text
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One script reply, decoded (the layout is `reply` in lua/_lib.lua)."""
+
+    allowed: int
+    reason: str
+    state: str
+    epoch: int
+    open_until: int
+    forced: str
+    lease: str
+    now: int
+    mode: str  # '' for admin replies, which carry no config
+    max_concurrent: int
+    events: str  # transitions (and arming) this call made, '' for none
+    slow_ms: int
+    armed: bool
+    arms: int
+
+    @classmethod
+    def decode(cls, raw: Any) -> Reply:
+        return cls(
+            int(raw[0]),
+            text(raw[1]),
+            text(raw[2]),
+            int(raw[3]),
+            int(raw[4]),
+            text(raw[5]),
+            text(raw[6]),
+            int(raw[7]),
+            text(raw[8]),
+            int(raw[9]),
+            text(raw[10]),
+            int(raw[11]),
+            bool(int(raw[12])),
+            int(raw[13]),
+        )
+
+
+class Verdict(Enum):
+    ADMIT = "admit"  # closed (or forced closed): go ahead
+    OBSERVE = "observe"  # open in observe mode: go ahead, counted as would_reject
+    DENY = "deny"  # open before open_until, or forced open
+    ASK = "ask"  # memory cannot decide: run the acquire script
+
+
+@dataclass(frozen=True)
+class Knowledge:
+    state: str
+    epoch: int
+    arms: int
+    armed: bool
+    open_until: int
+    forced: str
+    mode: str
+    max_concurrent: int
+    slow_ms: int
+    generation: int  # the store-gate generation it was learned under
+    learned_at: float  # time.monotonic()
+
+    @classmethod
+    def from_reply(
+        cls, reply: Reply, generation: int, mode: str, max_concurrent: int, slow_ms: int
+    ) -> Knowledge:
+        return cls(
+            reply.state,
+            reply.epoch,
+            reply.arms,
+            reply.armed,
+            reply.open_until,
+            reply.forced,
+            mode,
+            max_concurrent,
+            slow_ms,
+            generation,
+            time.monotonic(),
+        )
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        # arming bumps `arms`; calming does not, so within one arms count calm is newer
+        return (self.epoch, self.arms, 0 if self.armed else 1)
+
+    def supersedes(self, other: Knowledge | None) -> bool:
+        return other is None or other.generation != self.generation or self.rank >= other.rank
+
+    @property
+    def calm(self) -> bool:
+        """Closed with nothing a late success could change: successes may be batched."""
+        return self.forced == "closed" or (self.state == "closed" and not self.forced and not self.armed)
+
+    def decide(self, now_ms: int) -> Verdict:
+        if self.forced == "open":
+            return Verdict.DENY
+        if self.forced == "closed":
+            return Verdict.ADMIT
+        if self.max_concurrent:
+            return Verdict.ASK  # a bulkhead slot is a lease only Redis hands out
+        if self.state == "closed":
+            return Verdict.ADMIT
+        if self.state == "open" and now_ms < self.open_until:
+            return Verdict.OBSERVE if self.mode == "observe" else Verdict.DENY
+        return Verdict.ASK  # the open period is over, or half_open: probes are Redis's to hand out
+
+
+def is_news(known: Knowledge | None, payload: dict[str, Any]) -> bool:
+    """Whether a pushed message may tell this worker something it does not know.
+
+    A transition or arming message at or below what the worker knows is old
+    news (typically its own); anything else, a config write or a message that
+    does not parse, is news: the worker asks Redis again at its next call.
+    """
+    if known is None:
+        return False
+    if payload.get("kind") not in ("transition", "armed"):
+        return True
+    try:
+        epoch, arms = int(payload["epoch"]), int(payload.get("arms", 0))
+    except (KeyError, TypeError, ValueError):
+        return True
+    return (epoch, arms) > (known.epoch, known.arms)
