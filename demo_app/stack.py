@@ -153,8 +153,8 @@ def start_redis(mode: str = "auto") -> tuple[str, Child, str]:
         argv = redis_server_argv(binary, port, data_dir)
         child, kind = Child("redis-server", argv), "redis-server"
     else:
-        argv = [sys.executable, "-m", "demo_app.embedded_redis", "--port", str(port)]
-        child, kind = Child("embedded-redis", argv), "embedded fakeredis server"
+        argv = [sys.executable, "-m", "breaker_redis.embedded", "--port", str(port)]
+        child, kind = Child("embedded-redis", argv), "embedded server: python -m breaker_redis.embedded"
     try:
         wait_until(lambda: child.check_alive() and _redis_answers(port), 20, f"{kind} on port {port}")
     except BaseException:
