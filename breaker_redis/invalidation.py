@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -122,10 +123,10 @@ class Invalidator:
         connection = pubsub.connection
         sock = getattr(connection, "_sock", None)
         selector = getattr(connection, "_selector", None)
-        if hasattr(sock, "fileno"):
-            self._readable = lambda timeout: _socket_readable(sock, timeout)
-        elif selector is not None and hasattr(selector, "check_can_read"):  # fakeredis in-process
+        if selector is not None and hasattr(selector, "check_can_read"):  # fakeredis in-process
             self._readable = selector.check_can_read
+        elif isinstance(sock, socket.socket):
+            self._readable = lambda timeout: _socket_readable(sock, timeout)
         else:  # unknown transport: let drain() read under the lock each time
             self._readable = _always
         self._socket = sock

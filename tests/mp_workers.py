@@ -51,3 +51,36 @@ def race_to_trip(url: str, name: str, config: BreakerConfig, n: int, barrier: An
             pass
     breakers.close()
     return admitted
+
+
+def serve(url: str, name: str, config: BreakerConfig, conn: Any) -> None:
+    """A worker process driven step by step by the test: each command is run and
+    answered before the next is sent, so the test fixes the real-time order."""
+    breakers = Breakers.from_url(url)
+    breaker = breakers.get(name, config)
+    breakers.ensure_process()
+    while not (breakers.invalidator is not None and breakers.invalidator.healthy):
+        breakers.invalidator.drain() if breakers.invalidator is not None else None
+        conn.poll(0.01)  # waits for the subscription, with the pipe as the clock
+    conn.send("ready")
+    held: list[Any] = []
+    while True:
+        command = conn.recv()
+        if command == "stop":
+            break
+        try:
+            if command == "admits":
+                breaker.acquire().ignore()
+                conn.send(True)
+                continue
+            if command == "hold":
+                held.append(breaker.acquire())
+            elif command == "release-success":
+                held.pop().success()
+            else:  # "success" | "failure"
+                breaker.acquire().record(command)
+            conn.send(True)
+        except BreakerOpen:
+            conn.send(False)
+    breakers.close()
+    conn.send("stopped")

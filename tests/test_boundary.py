@@ -1,0 +1,337 @@
+"""Exact at every boundary (DESIGN section 2, "What a worker knows, and the boundary").
+
+Each "worker" here is its own Breakers, with its own subscription and
+knowledge, as a gunicorn worker process has; tests/test_boundary_processes.py
+repeats the main cases with real separate processes. Every boundary test
+asserts exactly: 0 admitted, not "at most a few".
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
+from breaker_redis.embedded import EmbeddedServer
+from tests.redis_server import wait_until
+
+TRIP_AT_3 = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=30)
+TRIP_AT_5 = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
+RATE = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=60, open_seconds=30)
+
+
+@pytest.fixture(scope="module")
+def embedded() -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer("127.0.0.1", 0).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["fake", "embedded", "real"])
+def connect(request: pytest.FixtureRequest):
+    """A factory of clients on one shared store: fakeredis in-process, the embedded
+    server over TCP, or the session's real redis-server."""
+    if request.param == "fake":
+        server = fakeredis.FakeServer()
+        yield lambda: fakeredis.FakeRedis(server=server)
+        return
+    if request.param == "embedded":
+        url = request.getfixturevalue("embedded").url
+    else:
+        url = request.getfixturevalue("redis_server").url
+    from breaker_redis.urls import client_from_url
+
+    client_from_url(url).flushall()
+    yield lambda: client_from_url(url)
+
+
+@pytest.fixture
+def workers(connect) -> Iterator[list[Breakers]]:
+    made = [Breakers(connect()) for _ in range(2)]
+    yield made
+    for w in made:
+        w.close()
+
+
+def subscribed(workers: list[Breakers]) -> None:
+    for w in workers:
+        w.ensure_process()
+        wait_until(lambda w=w: w.invalidator.healthy, what="the event subscription")
+
+
+def admits(breaker) -> bool:
+    try:
+        breaker.acquire().ignore()
+        return True
+    except BreakerOpen:
+        return False
+
+
+def fail(breaker, n: int = 1) -> None:
+    for _ in range(n):
+        breaker.acquire().failure()
+
+
+# -- 1. the trip boundary ------------------------------------------------------------------
+
+
+def test_the_call_right_after_a_trip_is_refused_by_every_other_worker(workers):
+    a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+    subscribed(workers)
+    admitted = 0
+    for _ in range(100):
+        a.reset()
+        assert admits(b)  # the reset's notice is drained before b decides: no waiting
+        fail(a, 3)
+        admitted += admits(b)
+    assert admitted == 0
+
+
+def test_the_boundary_holds_while_the_subscription_is_down(connect):
+    workers = [Breakers(connect(), listen=False) for _ in range(2)]
+    try:
+        a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+        admitted = 0
+        for _ in range(50):
+            a.reset()
+            assert admits(b)
+            fail(a, 3)
+            admitted += admits(b)
+        assert admitted == 0
+    finally:
+        for w in workers:
+            w.close()
+
+
+def test_a_lost_subscription_makes_workers_ask_redis_until_it_is_back(redis_server):
+    redis_server.client().flushall()
+    workers = [Breakers.from_url(redis_server.url) for _ in range(2)]
+    try:
+        a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+        subscribed(workers)
+        assert admits(b)
+        redis_server.client().client_kill_filter(_type="pubsub")
+        fail(a, 3)  # b's notice is lost with its connection
+        assert not admits(b)  # b finds its subscription gone and asks Redis
+        wait_until(lambda: b._shared.invalidator.healthy, what="b to subscribe again")
+        a.reset()
+        assert admits(b)
+    finally:
+        for w in workers:
+            w.close()
+
+
+# -- 3. batching never changes a decision ---------------------------------------------------
+
+
+def batching(workers: list[Breakers]) -> None:
+    for w in workers:
+        assert w.batch_successes
+
+
+def test_rate_rule_late_batch_is_judged_whole(workers):
+    """A makes 15 successes (batched), then B makes 10 failures: 40 % of 25 stays closed,
+    whenever A's batch reaches Redis."""
+    batching(workers)
+    a, b = (w.get("rate", RATE) for w in workers)
+    subscribed(workers)
+    for _ in range(15):
+        a.acquire().success()
+    fail(b, 10)
+    assert admits(b) and admits(a)  # ignored calls: counted in no window
+    a.flush_batch()
+    snap = b.snapshot()
+    assert (snap["state"], snap["window_calls"], snap["window_failures"]) == ("closed", 25, 10)
+
+
+def test_consecutive_rule_a_success_after_the_first_failure_resets_the_run(workers):
+    """B fails, A succeeds, B fails 4 more times: 4 in a row, closed."""
+    batching(workers)
+    a, b = (w.get("consec", TRIP_AT_5) for w in workers)
+    subscribed(workers)
+    early = a.acquire()  # admitted while calm, finishes after B's first failure
+    fail(b)
+    early.success()
+    fail(b, 4)
+    assert admits(a) and admits(b)
+    a.acquire().success()  # and again with a permit taken after the failure
+    fail(b, 4)
+    assert admits(b)
+    snap = b.snapshot()
+    assert (snap["state"], snap["consecutive_failures"]) == ("closed", 4)
+
+
+def test_successes_batched_while_calm_do_not_reset_a_later_run(workers):
+    """Batched successes all happened before the failure that armed the breaker:
+    arriving after it, they do not break the run that follows."""
+    batching(workers)
+    a, b = (w.get("run", TRIP_AT_5) for w in workers)
+    subscribed(workers)
+    for _ in range(10):
+        a.acquire().success()
+    fail(b, 4)
+    a.flush_batch()
+    fail(b)
+    assert not admits(a)
+    assert b.snapshot()["state"] == "open"
+
+
+def test_a_worker_that_hears_of_arming_sends_its_batch_at_once(workers):
+    batching(workers)
+    a, b = (w.get("arm", TRIP_AT_5) for w in workers)
+    subscribed(workers)
+    for _ in range(7):
+        a.acquire().success()
+    assert a._batch_count == 7
+    fail(b)
+    a.acquire().ignore()  # a drains the arming notice first, and sends its batch
+    assert a._batch_count == 0
+    assert b.snapshot()["successes"] == 7
+
+
+# -- 4. epochs never go backwards; messages are hints --------------------------------------
+
+
+@pytest.mark.parametrize("how", ["delete", "flushdb", "repair"])
+def test_keys_vanishing_under_running_workers_lose_no_failure(workers, connect, how):
+    a, b = (w.get("pay", TRIP_AT_5) for w in workers)
+    subscribed(workers)
+    fail(a, 2)
+    a.reset()
+    a.force_closed()
+    a.clear_force()  # several transitions: the epoch is well above its seed
+    in_flight = b.acquire()
+    epoch_before = a.snapshot()["epoch"]
+    client = connect()
+    if how == "delete":
+        client.delete(*client.keys("breaker:{pay}:*"))
+    elif how == "flushdb":
+        client.flushdb()
+    else:
+        client.delete("breaker:{pay}:state")
+        client.set("breaker:{pay}:state", "garbage")
+    in_flight.failure()  # admitted before the keys vanished: it counts on the new breaker
+    fail(a)
+    fail(b)
+    fail(a)
+    assert admits(b)
+    fail(b)  # the fifth
+    assert not admits(a) and not admits(b)
+    snap = a.snapshot()
+    assert snap["state"] == "open"
+    assert snap["epoch"] > epoch_before
+    assert snap["stale"] == 0
+
+
+def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, connect):
+    counts = []
+    for w in workers:
+        count = {"acquire": 0}
+        runner = w.gate.remote
+        real_run = runner.run
+
+        def counting(operation, *args, count=count, real_run=real_run):
+            count[operation] = count.get(operation, 0) + 1
+            return real_run(operation, *args)
+
+        runner.run = counting
+        counts.append(count)
+    a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+    subscribed(workers)
+    assert admits(a) and admits(b)
+    before = [c["acquire"] for c in counts]
+    forged = {"name": "pay", "kind": "transition", "from": "closed", "to": "open", "epoch": 10**15,
+              "arms": 10**6, "open_until": 10**15, "forced": "open", "cause": "forged", "at": 0}
+    connect().publish("breaker:events", json.dumps(forged))
+    connect().publish("breaker:events", "not json at all")
+    for _ in range(20):
+        assert admits(a) and admits(b)
+    assert [c["acquire"] - n for c, n in zip(counts, before, strict=True)] == [1, 1]
+    fail(a, 3)  # later replies carry lower epochs than the forged one: still exact
+    assert not admits(b)
+
+
+# -- 5. one listener per process; ordered sends ----------------------------------------------
+
+
+def test_one_listener_per_process_whatever_the_concurrency_of_first_calls(connect):
+    breakers = Breakers(connect())
+    before = set(threading.enumerate())  # listeners of closed Breakers may still be winding down
+    try:
+        b = breakers.get("pay", TRIP_AT_3)
+        start = threading.Barrier(16)
+
+        def first_call() -> None:
+            start.wait()
+            b.acquire().ignore()
+
+        threads = [threading.Thread(target=first_call) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        listeners = [t for t in threading.enumerate() if t.name == "breaker-redis-events" and t not in before]
+        assert len(listeners) == 1
+    finally:
+        breakers.close()
+
+
+def test_a_failure_never_overtakes_the_batch_being_sent(workers):
+    a = workers[0].get("order", TRIP_AT_5)
+    subscribed(workers)
+    runner = workers[0].gate.remote
+    real_run = runner.run
+    arrived: list[str] = []
+    batch_inside, release = threading.Event(), threading.Event()
+
+    def run(operation, name, now_ms, args):
+        if operation == "record":
+            outcome, batch = args[3], args[-1]
+            arrived.append(f"{outcome or 'batch'}:{batch}")
+            if not outcome:
+                batch_inside.set()
+                release.wait(10)
+        return real_run(operation, name, now_ms, args)
+
+    runner.run = run
+    for _ in range(3):
+        a.acquire().success()
+    sender = threading.Thread(target=a.flush_batch)
+    sender.start()
+    assert batch_inside.wait(10)
+    failing = threading.Thread(target=fail, args=(a,))
+    failing.start()
+    failing.join(0.2)  # it must be waiting for the batch; nothing to wait for if it is
+    assert arrived == ["batch:3"]
+    release.set()
+    sender.join(10)
+    failing.join(10)
+    assert arrived == ["batch:3", "failure:0"]
+
+
+# -- 8. observe mode costs nothing while virtually open --------------------------------------
+
+
+def test_observe_mode_counts_in_memory_while_open(workers):
+    cfg = BreakerConfig(trip="consecutive", failure_threshold=2, open_seconds=30, mode="observe")
+    w = workers[0]
+    b = w.get("observe", cfg)
+    subscribed(workers)
+    fail(b, 2)
+    assert b.snapshot()["state"] == "open"
+    runner = w.gate.remote
+    real_run = runner.run
+    runs = []
+    runner.run = lambda *args: (runs.append(args[0]), real_run(*args))[1]
+    for i in range(30):
+        permit = b.acquire()
+        permit.failure() if i % 3 == 0 else permit.success()
+    assert runs == []
+    runner.run = real_run
+    snap = b.snapshot()
+    assert (snap["would_reject"], snap["failures"], snap["successes"], snap["state"]) == (30, 12, 20, "open")
+    assert b.state is State.OPEN

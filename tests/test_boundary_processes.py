@@ -1,0 +1,122 @@
+"""The boundary cases of test_boundary.py with each worker in its own process on
+a real redis-server and on the embedded server, as gunicorn workers are. The
+test sends one command at a time and waits for its answer, so the real-time
+order of the calls is the order of the commands."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from breaker_redis import BreakerConfig, Breakers
+from breaker_redis.embedded import EmbeddedServer
+from tests import mp_workers
+
+pytestmark = pytest.mark.multiprocess
+
+TRIP_AT_3 = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=30)
+TRIP_AT_5 = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
+RATE = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=60, open_seconds=30)
+
+
+@pytest.fixture(scope="module")
+def embedded() -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer("127.0.0.1", 0).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["real", "embedded"])
+def url(request: pytest.FixtureRequest) -> str:
+    server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
+    Breakers.from_url(server.url, listen=False).client.flushall()
+    return str(server.url)
+
+
+class Worker:
+    def __init__(self, ctx: Any, url: str, name: str, config: BreakerConfig) -> None:
+        self.conn, theirs = ctx.Pipe()
+        self.process = ctx.Process(target=mp_workers.serve, args=(url, name, config, theirs), daemon=True)
+        self.process.start()
+
+    def ready(self) -> None:
+        assert self.conn.poll(60), "the worker process did not subscribe within 60 s"
+        assert self.conn.recv() == "ready"
+
+    def __call__(self, command: str) -> bool:
+        self.conn.send(command)
+        assert self.conn.poll(30), f"the worker process did not answer {command!r}"
+        return bool(self.conn.recv())
+
+    def stop(self) -> None:
+        self.conn.send("stop")
+        assert self.conn.poll(30) and self.conn.recv() == "stopped"
+        self.conn.close()
+        self.process.join(30)
+
+
+@pytest.fixture
+def two(url: str):
+    ctx = multiprocessing.get_context("spawn")
+    made: list[Worker] = []
+
+    def start(name: str, config: BreakerConfig) -> tuple[Worker, Worker]:
+        pair = (Worker(ctx, url, name, config), Worker(ctx, url, name, config))
+        made.extend(pair)
+        for worker in pair:
+            worker.ready()
+        return pair
+
+    yield start
+    for worker in made:
+        if worker.process.is_alive() and not worker.conn.closed:
+            worker.stop()
+
+
+def snapshot(url: str, name: str, config: BreakerConfig) -> dict[str, Any]:
+    breakers = Breakers.from_url(url, listen=False)
+    try:
+        return breakers.get(name, config).snapshot()
+    finally:
+        breakers.close()
+
+
+def test_the_call_right_after_a_trip_is_refused_by_the_other_process(two, url):
+    a, b = two("pay", TRIP_AT_3)
+    admitted = 0
+    for _ in range(30):
+        Breakers.from_url(url, listen=False).get("pay", TRIP_AT_3).reset()
+        assert b("admits")
+        for _ in range(3):
+            a("failure")
+        admitted += b("admits")
+    assert admitted == 0
+
+
+def test_rate_scenario_stays_closed_across_processes(two, url):
+    a, b = two("rate", RATE)
+    for _ in range(15):
+        assert a("success")
+    for _ in range(10):
+        assert b("failure")
+    a.stop()  # a's batch, if still held, is sent at close
+    snap = snapshot(url, "rate", RATE)
+    assert (snap["state"], snap["window_calls"], snap["window_failures"]) == ("closed", 25, 10)
+
+
+def test_consecutive_scenario_stays_closed_across_processes(two, url):
+    a, b = two("consec", TRIP_AT_5)
+    assert a("hold")  # admitted while calm
+    assert b("failure")
+    assert a("release-success")  # finishes after B's first failure
+    for _ in range(4):
+        assert b("failure")
+    assert a("success")
+    for _ in range(4):
+        assert b("failure")
+    assert b("admits")
+    snap = snapshot(url, "consec", TRIP_AT_5)
+    assert (snap["state"], snap["consecutive_failures"]) == ("closed", 4)
