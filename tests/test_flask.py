@@ -633,6 +633,8 @@ def test_admin_endpoints_need_the_token(clock):
     assert client.post("/pay").status_code == 200
     assert client.post("/_breakers/pay/explode", headers=auth).status_code == 404
     assert client.post("/_breakers/pay/reset").status_code == 401
+    slashed = client.post("/_breakers/api/v1/pay/open", headers=auth).get_json()  # a name with slashes
+    assert (slashed["name"], slashed["forced"]) == ("api/v1/pay", "open")
 
 
 def test_admin_token_constructor_argument_and_path(clock):

@@ -48,4 +48,5 @@ def install_admin(app: Flask, state: AppState, path: str) -> None:
 
     base = path.rstrip("/")
     app.add_url_rule(base, "breaker_redis.status", status, methods=["GET"])
-    app.add_url_rule(f"{base}/<name>/<action>", "breaker_redis.act", act, methods=["POST"])
+    # path: names may hold slashes (api/v1/pay); the action is the last segment
+    app.add_url_rule(f"{base}/<path:name>/<action>", "breaker_redis.act", act, methods=["POST"])
