@@ -7,12 +7,21 @@ import fakeredis
 import pytest
 
 from breaker_redis import Breakers
+from breaker_redis.embedded import EmbeddedServer
 from tests.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def embedded() -> Iterator[EmbeddedServer]:
+    """The embedded server (fakeredis over TCP with Redis's pub/sub ordering)."""
+    server = EmbeddedServer("127.0.0.1", 0).start()  # port 0: the kernel picks a free one
     yield server
     server.stop()
 

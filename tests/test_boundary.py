@@ -15,20 +15,9 @@ from collections.abc import Iterator
 import fakeredis
 import pytest
 
-from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
-from breaker_redis.embedded import EmbeddedServer
+from breaker_redis import BreakerConfig, Breakers, State
 from tests.redis_server import wait_until
-
-TRIP_AT_3 = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=30)
-TRIP_AT_5 = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
-RATE = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=60, open_seconds=30)
-
-
-@pytest.fixture(scope="module")
-def embedded() -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer("127.0.0.1", 0).start()
-    yield server
-    server.stop()
+from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, admits, fail, subscribed
 
 
 @pytest.fixture(params=["fake", "embedded", "real"])
@@ -55,25 +44,6 @@ def workers(connect) -> Iterator[list[Breakers]]:
     yield made
     for w in made:
         w.close()
-
-
-def subscribed(workers: list[Breakers]) -> None:
-    for w in workers:
-        w.ensure_process()
-        wait_until(lambda w=w: w.invalidator.healthy, what="the event subscription")
-
-
-def admits(breaker) -> bool:
-    try:
-        breaker.acquire().ignore()
-        return True
-    except BreakerOpen:
-        return False
-
-
-def fail(breaker, n: int = 1) -> None:
-    for _ in range(n):
-        breaker.acquire().failure()
 
 
 # -- 1. the trip boundary ------------------------------------------------------------------

@@ -6,28 +6,15 @@ order of the calls is the order of the commands."""
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from breaker_redis import BreakerConfig, Breakers
-from breaker_redis.embedded import EmbeddedServer
 from tests import mp_workers
+from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, snapshot
 
 pytestmark = pytest.mark.multiprocess
-
-TRIP_AT_3 = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=30)
-TRIP_AT_5 = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
-RATE = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=60, open_seconds=30)
-
-
-@pytest.fixture(scope="module")
-def embedded() -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer("127.0.0.1", 0).start()
-    yield server
-    server.stop()
-
 
 @pytest.fixture(params=["real", "embedded"])
 def url(request: pytest.FixtureRequest) -> str:
@@ -74,14 +61,6 @@ def two(url: str):
     for worker in made:
         if worker.process.is_alive() and not worker.conn.closed:
             worker.stop()
-
-
-def snapshot(url: str, name: str, config: BreakerConfig) -> dict[str, Any]:
-    breakers = Breakers.from_url(url, listen=False)
-    try:
-        return breakers.get(name, config).snapshot()
-    finally:
-        breakers.close()
 
 
 def test_the_call_right_after_a_trip_is_refused_by_the_other_process(two, url):

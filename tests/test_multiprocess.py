@@ -10,6 +10,7 @@ import pytest
 
 from breaker_redis import BreakerConfig, Breakers
 from tests import mp_workers
+from tests.workers import snapshot
 
 PROCESSES = 8
 
@@ -27,14 +28,6 @@ def run_all(spawn, fn, *args):
     barrier = ctx.Manager().Barrier(PROCESSES)
     results = [pool.apply_async(fn, (*args, barrier)) for _ in range(PROCESSES)]
     return [r.get(timeout=120) for r in results]
-
-
-def snapshot(url: str, name: str, config: BreakerConfig) -> dict:
-    breakers = Breakers.from_url(url, listen=False)
-    try:
-        return breakers.get(name, config).snapshot()
-    finally:
-        breakers.close()
 
 
 def test_eight_processes_lose_no_count(spawn, redis_server):

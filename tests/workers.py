@@ -1,0 +1,41 @@
+"""Helpers shared by the tests that run several workers (each its own Breakers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+from tests.redis_server import wait_until
+
+TRIP_AT_3 = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=30)
+TRIP_AT_5 = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
+RATE = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=60, open_seconds=30)
+
+
+def subscribed(workers: list[Breakers]) -> None:
+    """Start each worker's listener (it starts at first use) and wait until it listens."""
+    for w in workers:
+        w.ensure_process()
+        wait_until(lambda w=w: w.invalidator is not None and w.invalidator.healthy, what="the subscription")
+
+
+def admits(breaker: Any) -> bool:
+    try:
+        breaker.acquire().ignore()
+        return True
+    except BreakerOpen:
+        return False
+
+
+def fail(breaker: Any, n: int = 1) -> None:
+    for _ in range(n):
+        breaker.acquire().failure()
+
+
+def snapshot(url: str, name: str, config: BreakerConfig) -> dict[str, Any]:
+    """A snapshot read by a process of its own (no batch, no subscription)."""
+    breakers = Breakers.from_url(url, listen=False)
+    try:
+        return breakers.get(name, config).snapshot()
+    finally:
+        breakers.close()
