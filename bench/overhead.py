@@ -8,10 +8,20 @@ loopback port, measures, prints one markdown table and stops the server:
    scripts (``[0 lua]``) and the markers themselves are not counted.
 2. Microseconds per successful call while closed (median of repeats, no MONITOR).
 3. Microseconds per rejected call while open (likewise).
-4. Server time of the record script: ``cmdstat_evalsha usec_per_call`` over the
+4. Closed with failures: every 100th (1 %) or every 10th (10 %) call fails,
+   never two in a row, so neither library trips (pybreaker fail_max=5;
+   breaker_redis trip="rate" at failure_rate 0.5, and trip="consecutive" at
+   failure_threshold 5). Commands and µs per call as above. A trip="rate"
+   breaker stays armed while its window holds failures, a trip="consecutive"
+   one from a failure to the next success; the share of calls that ran armed
+   is read from the record-script runs MONITOR shows (a success sent on its
+   own, not in a batch, was admitted while armed).
+5. Observe mode while open: calls admitted after a trip, their outcomes
+   counted in memory; commands and µs per call, beside the enforce-mode rows.
+6. Server time of the record script: ``cmdstat_evalsha usec_per_call`` over the
    closed timing runs (CONFIG RESETSTAT first; while closed the record script
    is the only script a worker runs).
-5. Redis memory of one breaker (MEMORY USAGE ... SAMPLES 0 over its six keys)
+7. Redis memory of one breaker (MEMORY USAGE ... SAMPLES 0 over its six keys)
    after traffic that includes a trip.
 
 Targets are those of DESIGN.md section 9. A missed target is reported, not an
@@ -20,6 +30,7 @@ error: the script exits 0 unless the benchmark itself cannot run.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import socket
@@ -46,8 +57,7 @@ import pybreaker  # noqa: E402
 import redis  # noqa: E402
 
 from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers  # noqa: E402
-from breaker_redis.config import LUA_FIELDS  # noqa: E402
-from breaker_redis.scripts import KEY_SUFFIXES, breaker_keys  # noqa: E402
+from breaker_redis.scripts import KEY_SUFFIXES, OPERATIONS, breaker_keys, script_source  # noqa: E402
 
 ITERATIONS = 5000  # calls per timing repeat
 REPEATS = 5  # timing repeats per library; the median is reported
@@ -55,9 +65,16 @@ WARMUP = 500  # calls before anything is counted or timed
 COUNT_CALLS = 2000  # calls per closed counting phase
 OPEN_COUNT_SECONDS = 2.5  # an open counting phase spans at least two batched flushes
 TRIP_FAILURES = 5
-RECORD_ARGC = 10 + len(LUA_FIELDS)  # ARGV of lua/record.lua: 10 fixed, then the config
+FAILURE_EVERY = (100, 10)  # closed with failures: every 100th (1 %) / 10th (10 %) call fails
+FAILING_ITERATIONS = 2000  # calls per timing repeat with failures (a multiple of each FAILURE_EVERY)
+# ARGV of lua/record.lua: 1-6 common (name, channel, now_ms, ttl, config JSON,
+# epoch floor), 7 epoch, 8 outcome, 9 duration, 10 lease, 11-15 pending counts,
+# 16 batch epoch, 17 batch count
+RECORD_ARGC = 18
+RECORD_OUTCOME_ARG = 8
 
 TARGET_CLOSED_COMMANDS = 1.0
+TARGET_ARMED_COMMANDS = 1.2
 TARGET_OPEN_COMMANDS = 0.01
 TARGET_TIME_RATIO = 0.6
 TARGET_RECORD_USEC = 15.0
@@ -133,10 +150,15 @@ def wait_for_server(url: str, process: subprocess.Popen[bytes]) -> None:
 @dataclass
 class CommandCount:
     commands: int = 0
-    by_name: Counter[str] = field(default_factory=Counter)
+    by_name: Counter[str] = field(default_factory=Counter)  # EVALSHA split by script
+    record_outcomes: Counter[str] = field(default_factory=Counter)  # ARGV 8 of record.lua; '' a batch alone
+    in_lua: Counter[str] = field(default_factory=Counter)  # run inside scripts: not in `commands`
 
 
 _MONITOR_LINE = re.compile(r"^\S+ \[\d+ (?P<client>[^\]]*)\] \"(?P<name>[^\"]*)\"")
+_MONITOR_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')  # MONITOR quotes every argument, escaping " and \
+# EVALSHA names a script by the SHA1 of its source, as redis-py's register_script computes it
+SCRIPT_NAMES = {hashlib.sha1(script_source(op).encode("utf-8")).hexdigest(): op for op in OPERATIONS}
 
 
 class Monitor:
@@ -199,10 +221,22 @@ class Monitor:
 
     def _note(self, line: str) -> None:
         match = _MONITOR_LINE.match(line)
-        if match is None or match["client"] == "lua":
+        if match is None:
+            return
+        name = match["name"].upper()
+        if match["client"] == "lua":
+            self.count.in_lua[name] += 1
             return
         self.count.commands += 1
-        self.count.by_name[match["name"].upper()] += 1
+        if name == "EVALSHA":
+            args = _MONITOR_ARG.findall(line[match.start("name") - 1 :])
+            script = SCRIPT_NAMES.get(args[1], "other") if len(args) > 2 else "other"
+            name = f"EVALSHA {script}"
+            if script == "record":
+                outcome_at = 3 + int(args[2]) + RECORD_OUTCOME_ARG - 1  # name, sha, numkeys, keys, ARGV
+                if len(args) > outcome_at:
+                    self.count.record_outcomes[args[outcome_at]] += 1
+        self.count.by_name[name] += 1
 
 
 def count_commands(url: str, control: redis.Redis, workload: Callable[[], int]) -> tuple[CommandCount, int]:
@@ -225,15 +259,16 @@ def closed_workload(call: Callable[[], Any], calls: int, settle: Callable[[], No
     return run
 
 
-def open_workload(rejected_call: Callable[[], None], seconds: float) -> Callable[[], int]:
-    """Rejected calls in a tight loop for at least `seconds` (the flushes are timed)."""
+def open_workload(call_while_open: Callable[[], None], seconds: float) -> Callable[[], int]:
+    """Calls to an open breaker (rejected, or admitted in observe mode) in a
+    tight loop for at least `seconds` (the flushes are timed)."""
 
     def run() -> int:
         calls = 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             for _ in range(200):
-                rejected_call()
+                call_while_open()
             calls += 200
         return calls
 
@@ -262,6 +297,89 @@ class Subject:
         self.admitted_while_open += 1
 
 
+@dataclass
+class Failing:
+    """One library's breaker on a call that fails every `every`-th time, never
+    twice in a row: stays closed, with failures in its window."""
+
+    library: str  # as in the report: "breaker_redis trip=rate", ..., "pybreaker"
+    every: int
+    protect: Callable[[Callable[[], None]], None]  # runs a function behind the breaker
+    calls: int = 0
+    failures: int = 0
+    refused: int = 0
+    breaker: Breaker | None = None  # breaker_redis only: read back after the run
+
+    def call(self) -> None:
+        self.calls += 1
+        try:
+            self.protect(fail if self.calls % self.every == 0 else noop)
+        except Boom:
+            self.failures += 1
+        except REJECTED:
+            self.refused += 1
+
+    @property
+    def phase(self) -> str:
+        return f"closed, {percent(self.every)} failures"
+
+
+def percent(every: int) -> str:
+    return f"{100 / every:g} %"
+
+
+def failing_subjects(breakers: Breakers, pb_client: redis.Redis) -> list[Failing]:
+    """Per failure share: breaker_redis with trip=rate and trip=consecutive, and pybreaker."""
+    subjects = []
+    for every in FAILURE_EVERY:
+        rate = breakers.get(
+            f"bench-rate-{every}",
+            BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=10),
+        )
+        consecutive = breakers.get(
+            f"bench-consecutive-{every}", BreakerConfig(trip="consecutive", failure_threshold=TRIP_FAILURES)
+        )
+        theirs = make_pybreaker(pb_client, f"bench-failing-{every}", TRIP_FAILURES)
+        subjects += [
+            Failing("breaker_redis trip=rate", every, rate.call, breaker=rate),
+            Failing("breaker_redis trip=consecutive", every, consecutive.call, breaker=consecutive),
+            Failing("pybreaker", every, theirs.call),
+        ]
+    return subjects
+
+
+@dataclass
+class Observed:
+    """A breaker in observe mode, tripped open: every call is admitted, its
+    outcome counted in memory (would_reject, successes)."""
+
+    breaker: Breaker
+    refused: int = 0
+
+    def call(self) -> None:
+        try:
+            self.breaker.call(noop)
+        except BreakerOpen:
+            self.refused += 1
+
+
+def observe_subject(breakers: Breakers) -> Observed:
+    observing = breakers.get(
+        "bench-observe",
+        BreakerConfig(
+            trip="count",
+            failure_threshold=TRIP_FAILURES,
+            open_seconds=300,
+            max_open_seconds=300,
+            mode="observe",
+        ),
+    )
+    for _ in range(100):
+        observing.call(noop)
+    trip(lambda: observing.call(fail))
+    return Observed(observing)
+
+
 def breaker_redis_subject(breakers: Breakers) -> tuple[Subject, Breaker]:
     closed = breakers.get(
         "bench-closed", BreakerConfig(trip="count", failure_threshold=1_000_000, window_seconds=10)
@@ -279,7 +397,7 @@ def breaker_redis_subject(breakers: Breakers) -> tuple[Subject, Breaker]:
         closed_call=lambda: closed.call(noop),
         open_call=lambda: tripped.call(noop),
         healthy=lambda: breakers.gate.healthy,
-        settle=breakers.flush,
+        settle=closed.flush_batch,  # this breaker's batch only: no other breaker's counts in the figure
     )
     return subject, tripped
 
@@ -295,13 +413,14 @@ def wait_until_subscribed(breakers: Breakers, breaker: Breaker) -> None:
         time.sleep(0.01)
 
 
-def pybreaker_subject(client: redis.Redis) -> Subject:
-    def make(namespace: str, fail_max: int) -> pybreaker.CircuitBreaker:
-        storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, client, namespace=namespace)
-        return pybreaker.CircuitBreaker(fail_max=fail_max, reset_timeout=300, state_storage=storage)
+def make_pybreaker(client: redis.Redis, namespace: str, fail_max: int) -> pybreaker.CircuitBreaker:
+    storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, client, namespace=namespace)
+    return pybreaker.CircuitBreaker(fail_max=fail_max, reset_timeout=300, state_storage=storage)
 
-    closed = make("bench-closed", 1_000_000)
-    tripped = make("bench-open", TRIP_FAILURES)
+
+def pybreaker_subject(client: redis.Redis) -> Subject:
+    closed = make_pybreaker(client, "bench-closed", 1_000_000)
+    tripped = make_pybreaker(client, "bench-open", TRIP_FAILURES)
     trip(lambda: tripped.call(fail))
     return Subject("pybreaker", closed_call=lambda: closed.call(noop), open_call=lambda: tripped.call(noop))
 
@@ -314,11 +433,16 @@ def trip(failing_call: Callable[[], None]) -> None:
             pass
 
 
-def warm_up(subjects: list[Subject]) -> None:
+def warm_up(subjects: list[Subject], observed: Observed, failing: list[Failing]) -> None:
     for subject in subjects:
         for _ in range(WARMUP):
             subject.closed_call()
             subject.rejected_call()
+    for _ in range(WARMUP):
+        observed.call()
+    for each in failing:  # WARMUP is a multiple of `every`: the window holds failures
+        for _ in range(WARMUP):
+            each.call()
 
 
 # -- timing -------------------------------------------------------------------
@@ -331,12 +455,12 @@ def usec_per_call(call: Callable[[], None], iterations: int = ITERATIONS) -> flo
     return (time.perf_counter() - start) / iterations * 1e6
 
 
-def median_usec(calls: dict[str, Callable[[], None]]) -> dict[str, float]:
+def median_usec(calls: dict[Any, Callable[[], None]], iterations: int = ITERATIONS) -> dict[Any, float]:
     """Median µs per call of each, the repeats interleaved so drift hits all alike."""
-    samples: dict[str, list[float]] = {name: [] for name in calls}
+    samples: dict[Any, list[float]] = {name: [] for name in calls}
     for _ in range(REPEATS):
         for name, call in calls.items():
-            samples[name].append(usec_per_call(call))
+            samples[name].append(usec_per_call(call, iterations))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -403,7 +527,19 @@ def describe_count(count: CommandCount, calls: int) -> str:
 
 
 def breakdown(count: CommandCount) -> str:
-    return ", ".join(f"{name} {n:,}" for name, n in count.by_name.most_common()) or "none"
+    parts = []
+    for name, n in count.by_name.most_common():
+        part = f"{name} {n:,}"
+        if name == "EVALSHA record" and count.record_outcomes:
+            outcomes = ", ".join(
+                f"{outcome or 'batch alone'} {k:,}" for outcome, k in count.record_outcomes.most_common()
+            )
+            part += f" ({outcomes})"
+        parts.append(part)
+    shown = ", ".join(parts) or "none"
+    if count.in_lua.get("PUBLISH"):
+        shown += f"; messages published by the scripts: {count.in_lua['PUBLISH']:,}"
+    return shown
 
 
 def kb(n: int) -> str:
@@ -418,8 +554,14 @@ class Results:
     counts: dict[tuple[str, str], tuple[CommandCount, int]] = field(default_factory=dict)
     closed_usec: dict[str, float] = field(default_factory=dict)
     open_usec: dict[str, float] = field(default_factory=dict)
+    failing_usec: dict[tuple[str, str], float] = field(default_factory=dict)
+    # failing calls in each counted phase with failures
+    failures_counted: dict[tuple[str, str], int] = field(default_factory=dict)
     evalsha_calls: int = 0
     evalsha_usec: float = 0.0
+    failing_evalsha_calls: int = 0
+    failing_evalsha_usec: float = 0.0
+    failing_timed_calls: int = 0
     trivial_script_usec: float = 0.0
     closed_timed_calls: int = 0
     memory: dict[str, int] = field(default_factory=dict)
@@ -450,32 +592,50 @@ def unbatched_record(url: str, control: redis.Redis) -> tuple[int, float, float]
 def measure(url: str, control: redis.Redis, breakers: Breakers, pb_client: redis.Redis) -> Results:
     results = Results()
     ours, tripped = breaker_redis_subject(breakers)
+    observed = observe_subject(breakers)
     theirs = pybreaker_subject(pb_client)
+    failing = failing_subjects(breakers, pb_client)
     subjects = [ours, theirs]
-    warm_up(subjects)
+    warm_up(subjects, observed, failing)
 
     for subject in subjects:
         closed = closed_workload(subject.closed_call, COUNT_CALLS, subject.settle)
         results.counts[subject.name, "closed"] = count_commands(url, control, closed)
         rejected = open_workload(subject.rejected_call, OPEN_COUNT_SECONDS)
         results.counts[subject.name, "open"] = count_commands(url, control, rejected)
+    for each in failing:
+        failures_before = each.failures
+        settle = each.breaker.flush_batch if each.breaker is not None else lambda: None
+        workload = closed_workload(each.call, COUNT_CALLS, settle)  # COUNT_CALLS: a multiple of `every`
+        results.counts[each.library, each.phase] = count_commands(url, control, workload)
+        results.failures_counted[each.library, each.phase] = each.failures - failures_before
+    observed_workload = open_workload(observed.call, OPEN_COUNT_SECONDS)
+    results.counts["breaker_redis", "open, observe mode"] = count_commands(url, control, observed_workload)
 
     control.config_resetstat()  # from here: only the closed timing runs use EVALSHA
     results.closed_usec = median_usec({s.name: s.closed_call for s in subjects})
     results.evalsha_calls, results.evalsha_usec = evalsha_stats(control)
     results.closed_timed_calls = REPEATS * ITERATIONS
-    results.open_usec = median_usec({s.name: s.rejected_call for s in subjects})
+    open_calls = {s.name: s.rejected_call for s in subjects}
+    results.open_usec = median_usec({**open_calls, "breaker_redis observe": observed.call})
+    control.config_resetstat()
+    failing_calls = {(each.library, each.phase): each.call for each in failing}
+    results.failing_usec = median_usec(failing_calls, FAILING_ITERATIONS)
+    results.failing_evalsha_calls, results.failing_evalsha_usec = evalsha_stats(control)
+    results.failing_timed_calls = REPEATS * FAILING_ITERATIONS * sum(1 for f in failing if f.breaker)
     results.sync_calls, results.sync_server_usec, results.sync_client_usec = unbatched_record(url, control)
     keys = breaker_keys(breakers.prefix, tripped.name)
     results.trivial_script_usec = trivial_script_usec(control, keys, RECORD_ARGC)
 
     results.memory = key_memory(control, keys)
     results.pybreaker_memory = key_memory(control, pybreaker_keys(control, "bench-open"))
-    results.notes += sanity_notes(subjects, tripped)
+    results.notes += sanity_notes(subjects, tripped, observed, failing)
     return results
 
 
-def sanity_notes(subjects: list[Subject], tripped: Breaker) -> list[str]:
+def sanity_notes(
+    subjects: list[Subject], tripped: Breaker, observed: Observed, failing: list[Failing]
+) -> list[str]:
     notes = []
     for subject in subjects:
         if subject.admitted_while_open:
@@ -489,19 +649,96 @@ def sanity_notes(subjects: list[Subject], tripped: Breaker) -> list[str]:
         f"breaker_redis 'bench-open' after the run: trips={snapshot['trips']}, "
         f"rejected={snapshot['rejected']:,}, calls={snapshot['calls']:,}"
     )
+    snapshot = observed.breaker.snapshot()
+    if snapshot["state"] != "open" or observed.refused:
+        notes.append(
+            f"WARNING: breaker_redis 'bench-observe' is {snapshot['state']} (expected open) "
+            f"and refused {observed.refused:,} calls (expected 0)"
+        )
+    notes.append(
+        f"breaker_redis 'bench-observe' (mode=observe) after the run: state={snapshot['state']}, "
+        f"trips={snapshot['trips']}, would_reject={snapshot['would_reject']:,}, "
+        f"successes={snapshot['successes']:,}, rejected={snapshot['rejected']:,}"
+    )
+    for each in failing:
+        if each.refused:
+            notes.append(f"WARNING: {each.library} tripped with {each.phase}: {each.refused:,} calls refused")
+        if each.breaker is None:
+            continue
+        snapshot = each.breaker.snapshot()
+        if snapshot["state"] != "closed" or snapshot["trips"]:
+            notes.append(
+                f"WARNING: breaker_redis {each.breaker.name!r} is {snapshot['state']} after "
+                f"{snapshot['trips']} trips, expected closed and never tripped"
+            )
+        notes.append(
+            f"breaker_redis {each.breaker.name!r} after the run: state={snapshot['state']}, "
+            f"trips={snapshot['trips']}, calls={snapshot['calls']:,}, failures={snapshot['failures']:,}, "
+            f"window {snapshot['window_failures']:,} failures in {snapshot['window_calls']:,} calls"
+        )
     return notes
+
+
+TRIPS = (
+    ("breaker_redis trip=rate", "trip=rate, armed while the window holds failures"),
+    ("breaker_redis trip=consecutive", "trip=consecutive, armed from a failure to the next success"),
+)
+
+
+def armed_share(results: Results, library: str, phase: str) -> float:
+    """Of the successes in a counted phase, the share sent at once (admitted
+    while armed); a calm worker batches them."""
+    count, calls = results.counts[library, phase]
+    successes = calls - results.failures_counted[library, phase]
+    return count.record_outcomes["success"] / successes if successes else float("nan")
+
+
+def failing_rows(results: Results) -> tuple[list[Row], list[Row]]:
+    """(commands rows, µs rows) for the closed breakers with failures."""
+    commands, usec = [], []
+    for every in FAILURE_EVERY:
+        phase = f"closed, {percent(every)} failures"
+        theirs_count = results.counts["pybreaker", phase]
+        theirs_usec = results.failing_usec["pybreaker", phase]
+        for library, trip_text in TRIPS:
+            count = results.counts[library, phase]
+            value = per_call(*count)
+            share = armed_share(results, library, phase)
+            commands.append(
+                Row(
+                    f"Redis commands per call, {phase} ({trip_text})",
+                    f"{describe_count(*count)}; armed for {share * 100:.0f} % of successes",
+                    describe_count(*theirs_count),
+                    f"breaker_redis <= {TARGET_ARMED_COMMANDS}",
+                    value <= TARGET_ARMED_COMMANDS,
+                )
+            )
+            ours_usec = results.failing_usec[library, phase]
+            ratio = ours_usec / theirs_usec
+            usec.append(
+                Row(
+                    f"µs per call, {phase} ({library.split()[1]})",
+                    f"{ours_usec:.1f}",
+                    f"{theirs_usec:.1f}",
+                    f"ratio <= {TARGET_TIME_RATIO} (got {ratio:.2f})",
+                    ratio <= TARGET_TIME_RATIO,
+                )
+            )
+    return commands, usec
 
 
 def rows_for(results: Results) -> list[Row]:
     counts = results.counts
     ours_closed, theirs_closed = counts["breaker_redis", "closed"], counts["pybreaker", "closed"]
     ours_open, theirs_open = counts["breaker_redis", "open"], counts["pybreaker", "open"]
+    observed = counts["breaker_redis", "open, observe mode"]
     closed_ratio = results.closed_usec["breaker_redis"] / results.closed_usec["pybreaker"]
     open_ratio = results.open_usec["breaker_redis"] / results.open_usec["pybreaker"]
     sync_ratio = results.sync_client_usec / results.closed_usec["pybreaker"]
     total = sum(results.memory.values())
     events_key = next(k for k in results.memory if k.endswith(":events"))
     without_events = total - results.memory[events_key]
+    failing_commands, failing_usec = failing_rows(results)
     return [
         Row(
             "Redis commands per call, closed",
@@ -510,6 +747,7 @@ def rows_for(results: Results) -> list[Row]:
             f"breaker_redis <= {TARGET_CLOSED_COMMANDS}",
             per_call(*ours_closed) <= TARGET_CLOSED_COMMANDS,
         ),
+        *failing_commands,
         Row(
             "Redis commands per rejected call, open",
             describe_count(*ours_open),
@@ -518,18 +756,33 @@ def rows_for(results: Results) -> list[Row]:
             per_call(*ours_open) <= TARGET_OPEN_COMMANDS,
         ),
         Row(
+            "Redis commands per admitted call, open, mode=observe (outcomes counted in memory)",
+            describe_count(*observed),
+            "n/a (no observe mode)",
+            f"breaker_redis <= {TARGET_OPEN_COMMANDS} (enforce mode: {per_call(*ours_open):.6f})",
+            per_call(*observed) <= TARGET_OPEN_COMMANDS,
+        ),
+        Row(
             "µs per successful call, closed",
             f"{results.closed_usec['breaker_redis']:.1f}",
             f"{results.closed_usec['pybreaker']:.1f}",
             f"ratio <= {TARGET_TIME_RATIO} (got {closed_ratio:.2f})",
             closed_ratio <= TARGET_TIME_RATIO,
         ),
+        *failing_usec,
         Row(
             "µs per rejected call, open",
             f"{results.open_usec['breaker_redis']:.2f}",
             f"{results.open_usec['pybreaker']:.1f}",
             f"ratio <= {TARGET_TIME_RATIO} (got {open_ratio:.3f})",
             open_ratio <= TARGET_TIME_RATIO,
+        ),
+        Row(
+            "µs per admitted call, open, mode=observe",
+            f"{results.open_usec['breaker_redis observe']:.2f}",
+            "n/a (no observe mode)",
+            f"none (enforce mode: {results.open_usec['breaker_redis']:.2f} per rejected call)",
+            None,
         ),
         Row(
             "record script server time, µs (cmdstat_evalsha usec_per_call, one outcome per run)",
@@ -566,11 +819,26 @@ def details(results: Results) -> list[str]:
     lines = []
     for (library, phase), (count, _calls) in results.counts.items():
         lines.append(f"- commands sent by {library} while {phase}: {breakdown(count)}")
+    lines.append(
+        f"- failures: every {' / '.join(f'{e}th' for e in FAILURE_EVERY)} call fails, never two in a row; "
+        "breaker_redis trip=rate: failure_rate 0.5, minimum_calls 20, window 10 s; "
+        f"trip=consecutive: failure_threshold {TRIP_FAILURES}; pybreaker: fail_max {TRIP_FAILURES}"
+    )
+    lines.append(
+        "- armed share: successes sent at once (`EVALSHA record` with outcome success) out of all "
+        "successes in the counted phase; a calm worker batches them (`batch alone`), failures are always "
+        "sent at once"
+    )
     per_key = ", ".join(f"{key.rsplit(':', 1)[1]} {n:,} B" for key, n in results.memory.items())
     lines.append(f"- breaker_redis memory per key: {per_key}")
     lines.append(
         f"- batched successes during the closed timing runs: {results.evalsha_calls:,} record script runs "
         f"for {results.closed_timed_calls:,} calls, {results.evalsha_usec:.1f} µs of server time per run"
+    )
+    lines.append(
+        f"- scripts during the timing runs with failures: {results.failing_evalsha_calls:,} runs for "
+        f"{results.failing_timed_calls:,} breaker_redis calls, {results.failing_evalsha_usec:.1f} µs "
+        "of server time per run"
     )
     lines.append(
         f"- reference: server time of a `return 1` script with the record script's keys and "

@@ -43,7 +43,8 @@ log = logging.getLogger("breaker_redis")
 TRUST_SECONDS = 30.0
 # Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
 FLUSH_SECONDS = 1.0
-_PENDING = ("rejected", "would_reject", "successes", "failures", "ignored")
+_PENDING = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
+_COUNTER = {"success": "successes", "failure": "failures", "ignored": "ignored"}
 
 
 class State(str, Enum):
@@ -129,7 +130,11 @@ class Breaker(Protects):
         known = self._learn(reply, generation)
         if reply.allowed:
             batchable = reply.allowed == 1 and not reply.lease and known.calm
-            return Permit(self, reply.epoch, reply.lease, generation, batchable=batchable)
+            # observe mode while open: the outcome decides nothing (in half_open it may reap a probe)
+            observing = reply.allowed == 2 and reply.state == "open"
+            return Permit(
+                self, reply.epoch, reply.lease, generation, batchable=batchable, observing=observing
+            )
         retry_after = None
         if reply.reason == "open" and reply.open_until:
             retry_after = max(0, reply.open_until - reply.now) / 1000.0
@@ -195,10 +200,15 @@ class Breaker(Protects):
         shared = self._shared
         if permit.generation != shared.gate.generation:
             return  # admitted by a store that is no longer in use
-        if permit.observing:  # open in observe mode: the outcome only feeds the counters
+        if permit.observing:  # observe mode while open: the outcome only feeds the counters
             with self._lock:
-                self._pending[{"success": "successes", "failure": "failures"}.get(outcome, "ignored")] += 1
-            return
+                known = self._known
+                if known is not None and known.epoch == permit.epoch:
+                    self._pending[_COUNTER[outcome]] += 1
+                    slow = outcome != "ignored" and known.slow_ms and duration_ms >= known.slow_ms
+                    self._pending["slow"] += bool(slow)
+                    return
+            # the breaker moved on since: the record script counts it as stale
         if outcome == "success" and permit.batchable and shared.batch_successes:
             self._drain()  # hear of an arming before choosing to batch
             with self._lock:

@@ -135,6 +135,7 @@ local function flush_pending(from)
   stat('successes', tonumber(ARGV[from + 2]) or 0)
   stat('failures', tonumber(ARGV[from + 3]) or 0)
   stat('ignored', tonumber(ARGV[from + 4]) or 0)
+  stat('slow', tonumber(ARGV[from + 5]) or 0)
 end
 
 -- Every transition: epoch+1, one stream entry, one pub/sub message. Messages

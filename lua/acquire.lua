@@ -3,7 +3,7 @@
 -- or knowledge too old.
 --
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
--- ARGV  : 1-6 common (5: config, 6: epoch floor); 7-11 what the worker counted in
+-- ARGV  : 1-6 common (5: config, 6: epoch floor); 7-12 what the worker counted in
 --         memory since its last flush (see flush_pending)
 -- Reads : state (with its armed flag, which the reply carries), config, leases.  Writes: state (transitions, lease seq),
 --         leases (probe or bulkhead lease), stats (rejected, would_reject), events.

@@ -12,8 +12,8 @@
 -- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 epoch the permit was issued under;
 --         8 outcome (success | failure | ignored, or '' for a batch alone);
 --         9 duration ms; 10 lease ids ('' or space-separated, from acquire.lua);
---         11-15 what the worker counted in memory (see flush_pending);
---         16 epoch of the batched successes; 17 how many
+--         11-16 what the worker counted in memory (see flush_pending);
+--         17 epoch of the batched successes; 18 how many
 -- Reads : state, config, window, leases.  Writes: stats (always), window
 --         (closed), state (consecutive count, armed flag, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
@@ -21,7 +21,7 @@ local s = load_state()
 local cfg = load_config(s)
 flush_pending(11)
 local epoch, outcome, duration = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]) or 0
-local batch_epoch, batch = tonumber(ARGV[16]), tonumber(ARGV[17]) or 0
+local batch_epoch, batch = tonumber(ARGV[17]), tonumber(ARGV[18]) or 0
 
 -- Counts outcomes of calls admitted while closed, trips when a rule holds, and
 -- arms or calms the breaker. consec: the consecutive count after these outcomes.
