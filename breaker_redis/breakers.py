@@ -113,6 +113,7 @@ class Breakers:
         for key, value in as_text.items():
             args += [key, value]
         raw = self.gate.run_remote("configure", name, self.clock_ms(), args)
+        self.barrier()  # every worker applies it at its next call
         return {key: text(value) for key, value in flat_pairs(raw).items()}
 
     # -- time ---------------------------------------------------------------
@@ -147,10 +148,9 @@ class Breakers:
         Redis writes a published message in the same event-loop pass as the
         publisher's reply, but may write the reply first; any later command is
         read after that pass, so once it answers, the change's message is in
-        every subscriber's socket (see invalidation.py).
+        every subscriber's socket (see invalidation.py). Done whether or not
+        this process listens: the other workers are the ones who need it.
         """
-        if self.invalidator is None:
-            return
         with contextlib.suppress(Exception):  # a lost barrier only weakens the hint's head start
             self.client.ping()
 
