@@ -38,9 +38,6 @@ from .wrappers import Protects
 
 log = logging.getLogger("breaker_redis")
 
-# A backstop: knowledge is re-checked with Redis at least this often, even
-# while the subscription reports no change.
-TRUST_SECONDS = 30.0
 # Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
 FLUSH_SECONDS = 1.0
 _PENDING = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
@@ -146,18 +143,10 @@ class Breaker(Protects):
             invalidator.drain()
 
     def _trusted(self, known: Knowledge) -> bool:
-        """Whether memory may decide. Call after _drain()."""
-        gate = self._shared.gate
-        if known.generation != gate.generation:
-            return False
-        if not gate.healthy:
-            return True  # the in-process fallback store: no other process changes it
-        invalidator = self._shared.invalidator
-        return (
-            invalidator is not None
-            and invalidator.healthy
-            and time.monotonic() - known.learned_at < TRUST_SECONDS
-        )
+        """Whether memory may decide (knowledge.py). Call after _drain()."""
+        gate, invalidator = self._shared.gate, self._shared.invalidator
+        subscribed = invalidator is not None and invalidator.healthy
+        return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
 
     def _from_memory(self, known: Knowledge) -> Permit | None:
         """Admit or deny from what this worker knows; None: ask Redis. Holds _lock.

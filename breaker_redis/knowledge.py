@@ -30,6 +30,10 @@ from typing import Any
 
 from .scripts import text
 
+# A backstop: knowledge is re-checked with Redis at least this often, even
+# while the subscription reports no change.
+TRUST_SECONDS = 30.0
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -116,6 +120,19 @@ class Knowledge:
 
     def supersedes(self, other: Knowledge | None) -> bool:
         return other is None or other.generation != self.generation or self.rank >= other.rank
+
+    def trusted(self, generation: int, *, shared_store: bool, subscribed: bool) -> bool:
+        """Whether memory may decide (after the notices received were delivered).
+
+        Learned from the store in use; and that store is the in-process
+        fallback, which no other process changes, or the subscription is up and
+        a reply came within TRUST_SECONDS.
+        """
+        if self.generation != generation:
+            return False
+        if not shared_store:
+            return True
+        return subscribed and time.monotonic() - self.learned_at < TRUST_SECONDS
 
     @property
     def calm(self) -> bool:
