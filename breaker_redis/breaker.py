@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from .config import BreakerConfig
 from .errors import BreakerOpen
 from .invalidation import Invalidator
-from .knowledge import Knowledge, Reply, Verdict, is_news
+from .knowledge import Announcement, Knowledge, Reply, Verdict, is_news
 from .permit import Permit
 from .recorder import Recorder
 from .snapshot import snapshot_dict
@@ -88,6 +88,12 @@ class Breaker(Protects):
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._known: Knowledge | None = None
+        # Bumped by every hint and forget: a reply to a script sent before the
+        # bump may predate what the hint announced, so it is kept only if it is
+        # at least as new as every announcement since (``_announced``) and no
+        # hint of unknown content came in between (``_opaque_at``).
+        self._invalidations = self._opaque_at = 0
+        self._announced: Announcement | None = None
         self._epoch_seen = 0  # the floor for a state hash created anew (lua/_lib.lua)
         self._pending = dict.fromkeys(_PENDING, 0)
         self._last_flush = time.monotonic()
@@ -115,7 +121,7 @@ class Breaker(Protects):
             self._registered_pid = shared.pid
             shared.register_name(self.name)
         try:
-            reply, generation = self._run("acquire", pending)
+            reply, generation, seen = self._run("acquire", pending)
         except StoreUnavailable:
             self._restore_pending(pending)
             if shared.gate.policy == "allow":
@@ -124,7 +130,7 @@ class Breaker(Protects):
         except Exception:
             self._restore_pending(pending)
             raise
-        known = self._learn(reply, generation)
+        known = self._learn(reply, generation, seen)
         if reply.allowed:
             batchable = reply.allowed == 1 and not reply.lease and known.calm
             # observe mode while open: the outcome decides nothing (in half_open it may reap a probe)
@@ -174,10 +180,13 @@ class Breaker(Protects):
         self._last_flush = time.monotonic()
         return pending
 
-    def _restore_pending(self, pending: list[int]) -> None:
+    def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
+        """Put back what a script call that failed did not deliver."""
         with self._lock:
             for key, count in zip(_PENDING, pending, strict=True):
                 self._pending[key] += count
+            if batch and batch[1] and (self._batch_count == 0 or self._batch_epoch == batch[0]):
+                self._batch_epoch, self._batch_count = batch[0], self._batch_count + batch[1]
 
     # -- 3. outcomes --------------------------------------------------------
 
@@ -237,16 +246,16 @@ class Breaker(Protects):
             if not outcome and not batch[1] and not any(pending):
                 return
             try:
-                reply, generation = self._run(
+                reply, generation, seen = self._run(
                     "record", [epoch, outcome, duration_ms, lease, *pending, *batch], fallback=False
                 )
             except StoreUnavailable:
                 return
             except Exception:
-                self._restore_pending(pending)
+                self._restore_pending(pending, batch)
                 log.exception("breaker_redis: could not record an outcome of breaker %r", self.name)
                 return
-            self._learn(reply, generation)
+            self._learn(reply, generation, seen)
 
     def classify(self, exc: BaseException) -> str:
         if not isinstance(exc, Exception):
@@ -255,8 +264,10 @@ class Breaker(Protects):
 
     # -- 4. learning ----------------------------------------------------------
 
-    def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int]:
+    def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int, int]:
+        """(reply, store generation, the invalidation count when it was sent)."""
         shared = self._shared
+        seen = self._invalidations
         raw, generation = shared.gate.run(
             operation,
             self.name,
@@ -264,10 +275,12 @@ class Breaker(Protects):
             [self._lua_config, self._epoch_seen, *args],
             fallback=fallback,
         )
-        return Reply.decode(raw), generation
+        return Reply.decode(raw), generation, seen
 
-    def _learn(self, reply: Reply, generation: int) -> Knowledge:
-        """Keep the newest of what this worker knew and what Redis replied."""
+    def _learn(self, reply: Reply, generation: int, seen: int) -> Knowledge:
+        """Keep the newest of what this worker knew and what Redis replied,
+        unless a hint arrived while the script ran (``seen``): the reply may
+        predate what the hint announced, so the next call asks again."""
         shared = self._shared
         shared.observe_clock(reply.now)
         with self._lock:
@@ -280,27 +293,41 @@ class Breaker(Protects):
                 mode, slow_ms = self.config.mode, self._config_slow_ms
                 max_concurrent = self.config.max_concurrent_calls or 0
             known = Knowledge.from_reply(reply, generation, mode, max_concurrent, slow_ms)
-            if known.supersedes(current):
+            if self._covers(reply, seen) and known.supersedes(current):
                 self._known = known
             self._epoch_seen = max(self._epoch_seen, reply.epoch)
         if reply.events and generation == shared.gate.generation and shared.gate.healthy:
             shared.barrier()
         return known
 
+    def _covers(self, reply: Reply, seen: int) -> bool:
+        """Whether a reply to a script sent at invalidation count ``seen`` is at
+        least as new as every hint received since. Holds _lock."""
+        if self._invalidations == seen:
+            return True
+        announced = self._announced
+        return self._opaque_at <= seen and announced is not None and announced.covered_by(reply)
+
     def hint(self, payload: dict[str, Any]) -> None:
-        """A pushed message about this breaker: forget, ask Redis next time,
-        and send the batch now (it may no longer be calm)."""
+        """A pushed message about this breaker: unless it is old news, forget,
+        ask Redis next time, and send the batch now (it may no longer be calm)."""
         with self._lock:
             known = self._known
-            news = is_news(known, payload)
-            if news:
-                self._known = None
-        if news or known is None:
-            self.flush_batch()
+            if known is not None and not is_news(known, payload):
+                return
+            self._known = None
+            self._invalidations += 1
+            announced = Announcement.parse(payload)
+            if announced is None or not announced.extends(self._announced):
+                self._opaque_at = self._invalidations
+            self._announced = announced
+        self.flush_batch()
 
     def forget(self) -> None:
         with self._lock:
             self._known = None
+            self._invalidations += 1
+            self._opaque_at = self._invalidations
 
     # -- reading and administration -----------------------------------------
 
@@ -336,9 +363,9 @@ class Breaker(Protects):
         self._admin("reset")
 
     def _admin(self, op: str) -> None:
-        gate = self._shared.gate
+        gate, seen = self._shared.gate, self._invalidations
         raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), ["", self._epoch_seen, op])
-        self._learn(Reply.decode(raw), gate.generation)
+        self._learn(Reply.decode(raw), gate.generation, seen)
 
     def __repr__(self) -> str:
         return f"<Breaker {self.name!r}>"

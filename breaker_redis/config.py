@@ -46,7 +46,7 @@ Predicate = Callable[[BaseException], bool | None]
 # left unset follows the other (see BreakerConfig):
 #   open_seconds     = min(30, max_open_seconds)
 #   max_open_seconds = max(300, open_seconds)
-OPEN_SECONDS = 30.0
+OPEN_SECONDS = 30.0  # lua/_lib.lua (apply_overrides) applies the same two numbers
 MAX_OPEN_SECONDS_FLOOR = 300.0
 
 
@@ -196,6 +196,9 @@ class BreakerConfig:
             "open_ms": round(self.open_seconds * 1000),
             "backoff": self.open_backoff,
             "max_open_ms": round(self.max_open_seconds * 1000),  # the effective cap, derived or set
+            # which of the two the user set: a live override of one re-derives the other (lua/_lib.lua)
+            "open_set": 0 if isinstance(self.open_seconds, _Derived) else 1,
+            "cap_set": 0 if isinstance(self.max_open_seconds, _Derived) else 1,
             "ho_max": self.half_open_max_calls,
             "ho_successes": self.half_open_successes,
             "probe_ms": max(1, round(self.probe_timeout_seconds * 1000)),

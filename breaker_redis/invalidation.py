@@ -139,19 +139,19 @@ class Invalidator:
         try:
             while True:
                 message = pubsub.get_message(timeout=0)
-                if message is None:
-                    break
-                self._handle(message)
+                if getattr(pubsub.connection, "_sock", None) is not self._socket:
+                    # the client reconnected and re-subscribed by itself: messages
+                    # may have been missed, so nothing known is trusted until the
+                    # new subscription is confirmed (perhaps by this very message)
+                    self.healthy = False
+                    self._on_subscribed()
+                    self._attach(pubsub)
+                if message is not None:
+                    self._handle(message)
+                elif not _buffered(pubsub):
+                    break  # None can also mean a health-check PONG with more behind it
         except Exception as exc:
             self._lost(pubsub, exc)
-            return
-        if getattr(pubsub.connection, "_sock", None) is not self._socket:
-            # the client reconnected and re-subscribed by itself: messages may
-            # have been missed, so nothing known is trusted until the new
-            # subscription is confirmed
-            self.healthy = False
-            self._on_subscribed()
-            self._attach(pubsub)
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = text(message.get("type"))
@@ -176,6 +176,12 @@ class Invalidator:
         if pubsub is not None:
             with contextlib.suppress(Exception):
                 pubsub.close()
+
+
+def _buffered(pubsub: Any) -> bool:
+    """Whether the client holds or can read more without waiting. Holds _read_lock."""
+    connection = pubsub.connection
+    return connection is not None and bool(connection.can_read(timeout=0))
 
 
 def _never(timeout: float) -> bool:

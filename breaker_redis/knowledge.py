@@ -10,7 +10,7 @@ Everything a worker decides without asking Redis follows from this module:
   overwrites a newer one.
 - **Messages are hints.** A pub/sub message that may be news (``is_news``) makes
   the worker forget and ask Redis at its next call; it is never adopted as
-  state, so a forged or garbled message costs one round trip and nothing more.
+  state, so a forged message costs one round trip and nothing more.
 - **Trust.** Knowledge decides from memory only while the event subscription
   is up and drained up to this moment (see invalidation.py), or while the
   store is the in-process fallback, which no other process shares.
@@ -53,6 +53,7 @@ class Reply:
     slow_ms: int
     armed: bool
     arms: int
+    born: int  # the epoch the state hash was created with: one per incarnation of the keys
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
@@ -71,6 +72,7 @@ class Reply:
             int(raw[11]),
             bool(int(raw[12])),
             int(raw[13]),
+            int(raw[14]),
         )
 
 
@@ -87,6 +89,7 @@ class Knowledge:
     epoch: int
     arms: int
     armed: bool
+    born: int
     open_until: int
     forced: str
     mode: str
@@ -104,6 +107,7 @@ class Knowledge:
             reply.epoch,
             reply.arms,
             reply.armed,
+            reply.born,
             reply.open_until,
             reply.forced,
             mode,
@@ -119,7 +123,10 @@ class Knowledge:
         return (self.epoch, self.arms, 0 if self.armed else 1)
 
     def supersedes(self, other: Knowledge | None) -> bool:
-        return other is None or other.generation != self.generation or self.rank >= other.rank
+        """Newer than other: a higher rank, or another store or incarnation of the keys."""
+        if other is None or other.generation != self.generation or other.born != self.born:
+            return True
+        return self.rank >= other.rank
 
     def trusted(self, generation: int, *, shared_store: bool, subscribed: bool) -> bool:
         """Whether memory may decide (after the notices received were delivered).
@@ -153,19 +160,44 @@ class Knowledge:
         return Verdict.ASK  # the open period is over, or half_open: probes are Redis's to hand out
 
 
-def is_news(known: Knowledge | None, payload: dict[str, Any]) -> bool:
-    """Whether a pushed message may tell this worker something it does not know.
+@dataclass(frozen=True)
+class Announcement:
+    """What a transition or arming message says: (born, epoch, arms)."""
 
-    A transition or arming message at or below what the worker knows is old
-    news (typically its own); anything else, a config write or a message that
-    does not parse, is news: the worker asks Redis again at its next call.
+    born: int
+    epoch: int
+    arms: int
+
+    @classmethod
+    def parse(cls, payload: dict[str, Any]) -> Announcement | None:
+        if payload.get("kind") not in ("transition", "armed"):
+            return None
+        try:
+            return cls(int(payload["born"]), int(payload["epoch"]), int(payload.get("arms", 0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def extends(self, earlier: Announcement | None) -> bool:
+        """Same incarnation as an earlier announcement, or the first one."""
+        return earlier is None or earlier.born == self.born
+
+    def covered_by(self, reply: Reply) -> bool:
+        """Whether the reply already reflects this announcement (or something later)."""
+        return reply.born == self.born and (reply.epoch, reply.arms) >= (self.epoch, self.arms)
+
+
+def is_news(known: Knowledge, payload: dict[str, Any]) -> bool:
+    """Whether a pushed message about a breaker may tell this worker something.
+
+    A transition or arming message at or below what the worker knows, of the
+    same incarnation of the keys (``born``), is old news (typically its own);
+    anything else is news, a message from another incarnation included (its
+    keys were recreated, perhaps by a worker that knew a lower epoch), and so
+    are a config write and fields that do not parse: the worker asks Redis
+    again at its next call. (A message that is not a JSON object names no
+    breaker and is dropped by the listener.)
     """
-    if known is None:
-        return False
-    if payload.get("kind") not in ("transition", "armed"):
+    announced = Announcement.parse(payload)
+    if announced is None:
         return True
-    try:
-        epoch, arms = int(payload["epoch"]), int(payload.get("arms", 0))
-    except (KeyError, TypeError, ValueError):
-        return True
-    return (epoch, arms) > (known.epoch, known.arms)
+    return announced.born != known.born or (announced.epoch, announced.arms) > (known.epoch, known.arms)

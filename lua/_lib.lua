@@ -52,6 +52,7 @@ local function apply_overrides(c)
   local enums = {trip = {consecutive = true, count = true, rate = true}, mode = {enforce = true, observe = true}}
   local o = redis.call('HGETALL', K_CONFIG)
   local window_ms = c.bucket_ms * c.buckets
+  local open_set, cap_set = c.open_set == 1, c.cap_set == 1
   for i = 1, #o, 2 do
     local f, v = o[i], o[i + 1]
     local rule, n = rules[f], tonumber(v)
@@ -62,8 +63,13 @@ local function apply_overrides(c)
     elseif rule and n and n > 0 then
       n = n * rule[2]
       if rule[1] == 'window_ms' then window_ms = n else c[rule[1]] = n end
+      if f == 'open_seconds' then open_set = true elseif f == 'max_open_seconds' then cap_set = true end
     end
   end
+  -- the one of open_seconds / max_open_seconds left unset follows the other
+  -- (breaker_redis/config.py): cap = max(300 s, open), open = min(30 s, cap)
+  if open_set and not cap_set then c.max_open_ms = math.max(300000, c.open_ms) end
+  if cap_set and not open_set then c.open_ms = math.min(30000, c.max_open_ms) end
   c.buckets = math.max(1, math.floor(c.buckets))
   c.bucket_ms = math.max(1, math.floor(window_ms / c.buckets))
   c.backoff = math.max(1, c.backoff)
@@ -142,7 +148,7 @@ end
 -- are hints: a worker that hears one asks Redis again before trusting memory.
 local EVENTS = ''
 local function publish(s, kind, extra)
-  local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, at = NOW}
+  local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, born = s.born, at = NOW}
   for k, v in pairs(extra or {}) do msg[k] = v end
   redis.call('PUBLISH', CHANNEL, cjson.encode(msg))
 end
@@ -280,9 +286,10 @@ end
 
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
 -- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
---  armed (0/1), arms}
+--  armed (0/1), arms, born}
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
-    c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms}
+    c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
+    s.born}
 end

@@ -1,4 +1,4 @@
-"""Exact at every boundary (DESIGN section 2, "What a worker knows, and the boundary").
+"""Exact at every boundary (../shared/DESIGN.md section 2, "What a worker knows, and the boundary").
 
 Each "worker" here is its own Breakers, with its own subscription and
 knowledge, as a gunicorn worker process has; tests/test_boundary_processes.py
@@ -44,6 +44,13 @@ def workers(connect) -> Iterator[list[Breakers]]:
     yield made
     for w in made:
         w.close()
+
+
+def hold_batches(breakers: Breakers) -> list[object]:
+    """Keep the recorder thread from sending batches by itself: the test decides when."""
+    scheduled: list[object] = []
+    breakers.recorder.schedule = scheduled.append  # type: ignore[method-assign]
+    return scheduled
 
 
 # -- 1. the trip boundary ------------------------------------------------------------------
@@ -107,11 +114,14 @@ def test_rate_rule_late_batch_is_judged_whole(workers):
     """A makes 15 successes (batched), then B makes 10 failures: 40 % of 25 stays closed,
     whenever A's batch reaches Redis."""
     batching(workers)
+    hold_batches(workers[0])
     a, b = (w.get("rate", RATE) for w in workers)
     subscribed(workers)
     for _ in range(15):
         a.acquire().success()
-    fail(b, 10)
+    with a._send_lock:  # a's batch can reach Redis only after all of b's failures
+        fail(b, 10)
+        assert b.snapshot()["window_calls"] == 10
     assert admits(b) and admits(a)  # ignored calls: counted in no window
     a.flush_batch()
     snap = b.snapshot()
@@ -139,11 +149,13 @@ def test_successes_batched_while_calm_do_not_reset_a_later_run(workers):
     """Batched successes all happened before the failure that armed the breaker:
     arriving after it, they do not break the run that follows."""
     batching(workers)
+    hold_batches(workers[0])
     a, b = (w.get("run", TRIP_AT_5) for w in workers)
     subscribed(workers)
     for _ in range(10):
         a.acquire().success()
-    fail(b, 4)
+    with a._send_lock:  # the batch arrives after the four failures
+        fail(b, 4)
     a.flush_batch()
     fail(b)
     assert not admits(a)
@@ -152,6 +164,7 @@ def test_successes_batched_while_calm_do_not_reset_a_later_run(workers):
 
 def test_a_worker_that_hears_of_arming_sends_its_batch_at_once(workers):
     batching(workers)
+    hold_batches(workers[0])
     a, b = (w.get("arm", TRIP_AT_5) for w in workers)
     subscribed(workers)
     for _ in range(7):
@@ -251,6 +264,7 @@ def test_one_listener_per_process_whatever_the_concurrency_of_first_calls(connec
 
 
 def test_a_failure_never_overtakes_the_batch_being_sent(workers):
+    hold_batches(workers[0])
     a = workers[0].get("order", TRIP_AT_5)
     subscribed(workers)
     runner = workers[0].gate.remote
@@ -286,7 +300,8 @@ def test_a_failure_never_overtakes_the_batch_being_sent(workers):
 # -- 8. observe mode costs nothing while virtually open --------------------------------------
 
 
-def test_observe_mode_counts_in_memory_while_open(workers):
+def test_observe_mode_counts_in_memory_while_open(workers, monkeypatch):
+    monkeypatch.setattr("breaker_redis.breaker.FLUSH_SECONDS", 3600.0)  # no periodic flush in the loop
     cfg = BreakerConfig(trip="consecutive", failure_threshold=2, open_seconds=30, mode="observe")
     w = workers[0]
     b = w.get("observe", cfg)
@@ -305,3 +320,58 @@ def test_observe_mode_counts_in_memory_while_open(workers):
     snap = b.snapshot()
     assert (snap["would_reject"], snap["failures"], snap["successes"], snap["state"]) == (30, 12, 20, "open")
     assert b.state is State.OPEN
+
+
+# -- a reply that may predate a notice is never trusted -------------------------------------
+
+
+def inject_after_script(breakers: Breakers, operation: str, action) -> None:
+    """Run action() once, right after the next `operation` script of this worker ran
+    and before its reply is learned: the reply then predates whatever action did."""
+    runner = breakers.gate.remote
+    real_run = runner.run
+    pending = [action]
+
+    def run(op, *args):
+        reply = real_run(op, *args)
+        if op == operation and pending:
+            pending.pop()()
+        return reply
+
+    runner.run = run
+
+
+def test_a_notice_delivered_while_a_reply_is_in_flight_wins(workers):
+    a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+    subscribed(workers)
+    assert admits(b)
+    fail(b)  # b's record reply says closed...
+
+    def trip_and_deliver() -> None:
+        fail(a, 2)  # ...but meanwhile a trips it (3 in a row), and b hears of it before learning the reply
+        workers[1].invalidator.drain()
+
+    inject_after_script(workers[1], "record", trip_and_deliver)
+    b.acquire().ignore()  # this call was admitted before the trip; its record reply is the stale one
+    assert not admits(b)
+
+
+def test_a_reply_computed_before_the_subscription_took_effect_is_not_trusted(connect):
+    a_side, b_side = Breakers(connect()), Breakers(connect())
+    try:
+        a, b = a_side.get("pay", TRIP_AT_3), b_side.get("pay", TRIP_AT_3)
+        subscribed([a_side])
+        b_side.invalidator._read_lock.acquire()  # b's listener cannot subscribe yet
+
+        def trip_then_let_b_subscribe() -> None:
+            fail(a, 3)  # published while b is not subscribed: b never hears of it
+            b_side.invalidator._read_lock.release()
+            wait_until(lambda: b_side.invalidator.healthy, what="b's subscription")
+
+        inject_after_script(b_side, "acquire", trip_then_let_b_subscribe)
+        first = b.acquire()  # first call: asked Redis before the trip (still in flight)
+        assert not admits(b)
+        first.ignore()
+    finally:
+        a_side.close()
+        b_side.close()

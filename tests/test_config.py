@@ -176,3 +176,30 @@ def test_unusual_names_work_end_to_end(make_breakers, name):
     snap = b.snapshot()
     assert (snap["name"], snap["failures"], snap["state"]) == (name, 1, "open")
     assert breakers.names() == [name]
+
+
+def test_a_live_cap_alone_shortens_the_open_period_as_in_python(make_breakers):
+    """configure(max_open_seconds=10) on a config that set neither: the open period follows the cap."""
+    breakers = make_breakers()
+    b = breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=1))
+    assert b.config.with_overrides({"max_open_seconds": "10"}).open_seconds == 10
+    breakers.configure("pay", max_open_seconds=10)
+    b.acquire().failure()
+    with pytest.raises(BreakerOpen) as refused:
+        b.acquire()
+    assert refused.value.retry_after == 10.0
+
+
+def test_a_live_open_period_alone_rederives_the_cap(make_breakers, clock):
+    """open_seconds=600 in code, 60 live: the cap follows (300 s), so backoff reaches 120 s, not 600."""
+    breakers = make_breakers()
+    cfg = BreakerConfig(trip="consecutive", failure_threshold=1, open_seconds=600, open_backoff=10)
+    b = breakers.get("pay", cfg)
+    assert cfg.with_overrides({"open_seconds": "60"}).max_open_seconds == 300
+    breakers.configure("pay", open_seconds=60)
+    b.acquire().failure()  # open for 60 s
+    clock.advance(60_000)
+    b.acquire().failure()  # the probe fails: 60 x 10 = 600, capped at 300 (+ up to 10 % jitter)
+    with pytest.raises(BreakerOpen) as refused:
+        b.acquire()
+    assert 300.0 <= refused.value.retry_after <= 330.0
