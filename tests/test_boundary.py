@@ -263,6 +263,22 @@ def test_one_listener_per_process_whatever_the_concurrency_of_first_calls(connec
         breakers.close()
 
 
+class WatchedLock:
+    """A lock that tells when a thread found it held and has to wait."""
+
+    def __init__(self, lock) -> None:
+        self.lock, self.contended = lock, threading.Event()
+
+    def __enter__(self) -> WatchedLock:
+        if not self.lock.acquire(blocking=False):
+            self.contended.set()
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
 def test_a_failure_never_overtakes_the_batch_being_sent(workers):
     hold_batches(workers[0])
     a = workers[0].get("order", TRIP_AT_5)
@@ -282,6 +298,7 @@ def test_a_failure_never_overtakes_the_batch_being_sent(workers):
         return real_run(operation, name, now_ms, args)
 
     runner.run = run
+    a._send_lock = watched = WatchedLock(a._send_lock)
     for _ in range(3):
         a.acquire().success()
     sender = threading.Thread(target=a.flush_batch)
@@ -289,7 +306,7 @@ def test_a_failure_never_overtakes_the_batch_being_sent(workers):
     assert batch_inside.wait(10)
     failing = threading.Thread(target=fail, args=(a,))
     failing.start()
-    failing.join(0.2)  # it must be waiting for the batch; nothing to wait for if it is
+    assert watched.contended.wait(10), "the failure did not wait for the batch being sent"
     assert arrived == ["batch:3"]
     release.set()
     sender.join(10)
