@@ -13,7 +13,7 @@ from .permit import Permit
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-_MISSING: Any = object()
+MISSING: Any = object()  # no fallback given
 
 
 class Protects:
@@ -27,31 +27,48 @@ class Protects:
     def classify(self, exc: BaseException) -> str:
         raise NotImplementedError
 
-    def call(self, fn: Callable[..., T], /, *args: Any, fallback: Any = _MISSING, **kwargs: Any) -> T:
+    def call(self, fn: Callable[..., T], /, *args: Any, fallback: Any = MISSING, **kwargs: Any) -> T:
         """Run fn behind the breaker.
 
         With ``fallback`` (a value, or a callable given the BreakerOpen or the
         exception), a refused call or a call that failed returns the fallback
         instead of raising; ignored exceptions are always re-raised.
         """
+        return self.guard(fn, args, kwargs, fallback=fallback)
+
+    def guard(
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        fallback: Any = MISSING,
+        failed: Callable[[T], BaseException | None] | None = None,
+    ) -> T:
+        """``call`` with one more rule: ``failed(result)`` returning an exception
+        marks a returned result as a failure (the fallback gets that exception)."""
         try:
             permit = self.acquire()
         except BreakerOpen as refused:
-            if fallback is _MISSING:
+            if fallback is MISSING:
                 raise
-            return cast(T, fallback(refused) if callable(fallback) else fallback)
+            return cast(T, _fall_back(fallback, refused))
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
             outcome = self.classify(exc)
             permit.record(outcome)
-            if outcome == "failure" and fallback is not _MISSING:
-                return cast(T, fallback(exc) if callable(fallback) else fallback)
+            if outcome == "failure" and fallback is not MISSING:
+                return cast(T, _fall_back(fallback, exc))
             raise
-        permit.success()
-        return result
+        cause = failed(result) if failed is not None else None
+        if cause is None:
+            permit.success()
+            return result
+        permit.failure()
+        return result if fallback is MISSING else cast(T, _fall_back(fallback, cause))
 
-    def decorate(self, fallback: Any = _MISSING) -> Callable[[F], F]:
+    def decorate(self, fallback: Any = MISSING) -> Callable[[F], F]:
         """``@breaker.decorate(fallback=...)``; plain ``@breaker`` has no fallback."""
 
         def wrap(fn: F) -> F:
@@ -77,3 +94,8 @@ class Protects:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         permit: Permit = self._local_permits.stack.pop()
         permit.__exit__(exc_type, exc, tb)
+
+
+def _fall_back(fallback: Any, cause: BaseException) -> Any:
+    """A callable fallback is given the cause; any other value is the answer."""
+    return fallback(cause) if callable(fallback) else fallback

@@ -19,9 +19,10 @@ from flask import Flask, current_app
 from ..breaker import Breaker
 from ..breakers import Breakers
 from ..config import BreakerConfig
+from ..wrappers import MISSING
 from .admin import install_admin
 from .hooks import install_hooks, protected_view
-from .outbound import MISSING, guarded_call
+from .outbound import guarded_call
 from .routes import CONFIG_FIELDS, Classifier, make_spec, parse_routes
 from .state import EXTENSION_KEY, AppState, Warnings
 

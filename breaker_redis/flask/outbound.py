@@ -1,8 +1,8 @@
 """Outbound calls behind a breaker: ``FlaskBreakers.call`` and ``.outbound``.
 
-This is ``Breaker.call`` plus one rule: a result with a ``status_code`` in
-500-599 (a ``requests.Response`` from a failing service) is a failure even
-though nothing was raised. It does not go through ``Breaker.call`` with a
+This is ``Breaker.call`` plus one rule (``Breaker.guard``'s ``failed``): a
+result with a ``status_code`` in 500-599 (a ``requests.Response`` from a
+failing service) is a failure even though nothing was raised. It is not a
 wrapper raising for such results, because an exception is classified by the
 breaker's config (``predicate``, ``ignore_exceptions``,
 ``record_exceptions``): with ``record_exceptions=(requests.RequestException,)``
@@ -14,15 +14,13 @@ failure, whatever the config says about exceptions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from ..breaker import Breaker
-from ..errors import BreakerOpen
+from ..wrappers import MISSING
 from .routes import DEFAULT_FAILURE_STATUSES
 
 T = TypeVar("T")
-
-MISSING: Any = object()
 
 
 class CallFailed(Exception):
@@ -39,30 +37,11 @@ def guarded_call(
     breaker: Breaker, fn: Callable[..., T], /, *args: Any, fallback: Any = MISSING, **kwargs: Any
 ) -> T:
     """Run fn behind breaker; see ``FlaskBreakers.call``."""
-    try:
-        permit = breaker.acquire()
-    except BreakerOpen as refused:
-        if fallback is MISSING:
-            raise
-        return cast(T, _fall_back(fallback, refused))
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as exc:
-        outcome = breaker.classify(exc)
-        permit.record(outcome)
-        if outcome == "failure" and fallback is not MISSING:
-            return cast(T, _fall_back(fallback, exc))
-        raise
-    status = getattr(result, "status_code", None)
-    if isinstance(status, int) and status in DEFAULT_FAILURE_STATUSES:
-        permit.failure()
-        if fallback is not MISSING:
-            return cast(T, _fall_back(fallback, CallFailed(breaker.name, result)))
-        return result
-    permit.success()
-    return result
 
+    def failed(result: object) -> BaseException | None:
+        status = getattr(result, "status_code", None)
+        if isinstance(status, int) and status in DEFAULT_FAILURE_STATUSES:
+            return CallFailed(breaker.name, result)
+        return None
 
-def _fall_back(fallback: Any, cause: BaseException) -> Any:
-    """A callable fallback is given the cause; any other value is the answer."""
-    return fallback(cause) if callable(fallback) else fallback
+    return breaker.guard(fn, args, kwargs, fallback=fallback, failed=failed)
