@@ -10,7 +10,7 @@ One call, in four steps:
    call admitted from calm knowledge joins this worker's batch, which the
    recorder thread sends within 50 ms; every other outcome goes to the record
    script at once, carrying the batch ahead of it.
-4. every reply is learned; one that made a transition, or armed the breaker,
+4. every reply is learned (``knowledge.Memory``); one that made a transition, or armed the breaker,
    is followed by ``barrier()``, so the change's message is in every other
    worker's socket before this call returns.
 
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from .config import BreakerConfig
 from .errors import BreakerOpen
 from .invalidation import Invalidator
-from .knowledge import Announcement, Knowledge, Reply, Verdict, is_news
+from .knowledge import Knowledge, Memory, Reply, Verdict
 from .permit import Permit
 from .recorder import Recorder
 from .snapshot import snapshot_dict
@@ -85,16 +85,9 @@ class Breaker(Protects):
 
     def after_fork(self) -> None:
         """Start afresh in this process: the parent's knowledge, counts and batch are the parent's."""
-        self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._known: Knowledge | None = None
-        # Bumped by every hint and forget: a reply to a script sent before the
-        # bump may predate what the hint announced, so it is kept only if it is
-        # at least as new as every announcement since (``_announced``) and no
-        # hint of unknown content came in between (``_opaque_at``).
-        self._invalidations = self._opaque_at = 0
-        self._announced: Announcement | None = None
-        self._epoch_seen = 0  # the floor for a state hash created anew (lua/_lib.lua)
+        self._lock = threading.Lock()  # the counts kept in memory and the batch
+        self._send_lock = threading.Lock()  # one record call at a time: outcomes in order
+        self._memory = Memory()
         self._pending = dict.fromkeys(_PENDING, 0)
         self._last_flush = time.monotonic()
         self._batch_epoch = self._batch_count = self._batch_generation = 0
@@ -110,8 +103,8 @@ class Breaker(Protects):
         shared = self._shared
         shared.ensure_process()
         self._drain()
+        known = self._memory.known
         with self._lock:
-            known = self._known
             if known is not None and self._trusted(known):
                 permit = self._from_memory(known)
                 if permit is not None:
@@ -121,7 +114,7 @@ class Breaker(Protects):
             self._registered_pid = shared.pid
             shared.register_name(self.name)
         try:
-            reply, generation, seen = self._run("acquire", pending)
+            reply, generation, stamp = self._run("acquire", pending)
         except StoreUnavailable:
             self._restore_pending(pending)
             if shared.gate.policy == "allow":
@@ -130,7 +123,7 @@ class Breaker(Protects):
         except Exception:
             self._restore_pending(pending)
             raise
-        known = self._learn(reply, generation, seen)
+        known = self._learn(reply, generation, stamp)
         if reply.allowed:
             batchable = reply.allowed == 1 and not reply.lease and known.calm
             # observe mode while open: the outcome decides nothing (in half_open it may reap a probe)
@@ -199,8 +192,8 @@ class Breaker(Protects):
         if permit.generation != shared.gate.generation:
             return  # admitted by a store that is no longer in use
         if permit.observing:  # observe mode while open: the outcome only feeds the counters
+            known = self._memory.known
             with self._lock:
-                known = self._known
                 if known is not None and known.epoch == permit.epoch:
                     self._pending[_COUNTER[outcome]] += 1
                     slow = outcome != "ignored" and known.slow_ms and duration_ms >= known.slow_ms
@@ -209,8 +202,8 @@ class Breaker(Protects):
             # the breaker moved on since: the record script counts it as stale
         if outcome == "success" and permit.batchable and shared.batch_successes:
             self._drain()  # hear of an arming before choosing to batch
+            known = self._memory.known
             with self._lock:
-                known = self._known
                 joins = (
                     known is not None
                     and known.calm
@@ -246,7 +239,7 @@ class Breaker(Protects):
             if not outcome and not batch[1] and not any(pending):
                 return
             try:
-                reply, generation, seen = self._run(
+                reply, generation, stamp = self._run(
                     "record", [epoch, outcome, duration_ms, lease, *pending, *batch], fallback=False
                 )
             except StoreUnavailable:
@@ -255,7 +248,7 @@ class Breaker(Protects):
                 self._restore_pending(pending, batch)
                 log.exception("breaker_redis: could not record an outcome of breaker %r", self.name)
                 return
-            self._learn(reply, generation, seen)
+            self._learn(reply, generation, stamp)
 
     def classify(self, exc: BaseException) -> str:
         if not isinstance(exc, Exception):
@@ -267,67 +260,34 @@ class Breaker(Protects):
     def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int, int]:
         """(reply, store generation, the invalidation count when it was sent)."""
         shared = self._shared
-        seen = self._invalidations
+        stamp = self._memory.stamp()
         raw, generation = shared.gate.run(
             operation,
             self.name,
             shared.clock_ms(),
-            [self._lua_config, self._epoch_seen, *args],
+            [self._lua_config, self._memory.epoch_seen, *args],
             fallback=fallback,
         )
-        return Reply.decode(raw), generation, seen
+        return Reply.decode(raw), generation, stamp
 
-    def _learn(self, reply: Reply, generation: int, seen: int) -> Knowledge:
-        """Keep the newest of what this worker knew and what Redis replied,
-        unless a hint arrived while the script ran (``seen``): the reply may
-        predate what the hint announced, so the next call asks again."""
+    def _learn(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
+        """Learn from a reply (knowledge.Memory); after a change, the barrier."""
         shared = self._shared
         shared.observe_clock(reply.now)
-        with self._lock:
-            current = self._known
-            if reply.mode:
-                mode, max_concurrent, slow_ms = reply.mode, reply.max_concurrent, reply.slow_ms
-            elif current is not None and current.generation == generation:
-                mode, max_concurrent, slow_ms = current.mode, current.max_concurrent, current.slow_ms
-            else:  # an admin reply carries no config: use this worker's own
-                mode, slow_ms = self.config.mode, self._config_slow_ms
-                max_concurrent = self.config.max_concurrent_calls or 0
-            known = Knowledge.from_reply(reply, generation, mode, max_concurrent, slow_ms)
-            if self._covers(reply, seen) and known.supersedes(current):
-                self._known = known
-            self._epoch_seen = max(self._epoch_seen, reply.epoch)
+        own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
+        known = self._memory.learn(reply, generation, stamp, own)
         if reply.events and generation == shared.gate.generation and shared.gate.healthy:
             shared.barrier()
         return known
 
-    def _covers(self, reply: Reply, seen: int) -> bool:
-        """Whether a reply to a script sent at invalidation count ``seen`` is at
-        least as new as every hint received since. Holds _lock."""
-        if self._invalidations == seen:
-            return True
-        announced = self._announced
-        return self._opaque_at <= seen and announced is not None and announced.covered_by(reply)
-
     def hint(self, payload: dict[str, Any]) -> None:
-        """A pushed message about this breaker: unless it is old news, forget,
-        ask Redis next time, and send the batch now (it may no longer be calm)."""
-        with self._lock:
-            known = self._known
-            if known is not None and not is_news(known, payload):
-                return
-            self._known = None
-            self._invalidations += 1
-            announced = Announcement.parse(payload)
-            if announced is None or not announced.extends(self._announced):
-                self._opaque_at = self._invalidations
-            self._announced = announced
-        self.flush_batch()
+        """A pushed message about this breaker: if it is news, the next call asks
+        Redis, and the batch goes now (the breaker may no longer be calm)."""
+        if self._memory.hint(payload) or self._memory.known is None:
+            self.flush_batch()
 
     def forget(self) -> None:
-        with self._lock:
-            self._known = None
-            self._invalidations += 1
-            self._opaque_at = self._invalidations
+        self._memory.forget()
 
     # -- reading and administration -----------------------------------------
 
@@ -342,9 +302,8 @@ class Breaker(Protects):
             pending = self._take_pending()
         shared = self._shared
         try:
-            raw, _ = shared.gate.run(
-                "snapshot", self.name, shared.clock_ms(), [self._lua_config, self._epoch_seen, *pending]
-            )
+            args = [self._lua_config, self._memory.epoch_seen, *pending]
+            raw, _ = shared.gate.run("snapshot", self.name, shared.clock_ms(), args)
         except StoreUnavailable:
             self._restore_pending(pending)
             raise
@@ -363,9 +322,9 @@ class Breaker(Protects):
         self._admin("reset")
 
     def _admin(self, op: str) -> None:
-        gate, seen = self._shared.gate, self._invalidations
-        raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), ["", self._epoch_seen, op])
-        self._learn(Reply.decode(raw), gate.generation, seen)
+        gate, stamp = self._shared.gate, self._memory.stamp()
+        raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), ["", self._memory.epoch_seen, op])
+        self._learn(Reply.decode(raw), gate.generation, stamp)
 
     def __repr__(self) -> str:
         return f"<Breaker {self.name!r}>"

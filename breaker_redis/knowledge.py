@@ -10,7 +10,9 @@ Everything a worker decides without asking Redis follows from this module:
   overwrites a newer one.
 - **Messages are hints.** A pub/sub message that may be news (``is_news``) makes
   the worker forget and ask Redis at its next call; it is never adopted as
-  state, so a forged message costs one round trip and nothing more.
+  state, so a forged message costs one round trip and nothing more. A reply
+  that was in flight meanwhile is kept only if it reflects what the message
+  announced (``Memory``).
 - **Trust.** Knowledge decides from memory only while the event subscription
   is up and drained up to this moment (see invalidation.py), or while the
   store is the in-process fallback, which no other process shares.
@@ -23,6 +25,7 @@ Everything a worker decides without asking Redis follows from this module:
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -201,3 +204,70 @@ def is_news(known: Knowledge, payload: dict[str, Any]) -> bool:
     if announced is None:
         return True
     return announced.born != known.born or (announced.epoch, announced.arms) > (known.epoch, known.arms)
+
+
+class Memory:
+    """What one process knows about one breaker, and how that changes.
+
+    A reply is kept when it is newer than what is known. A hint that is news
+    makes the memory forget; a reply to a script that was in flight when the
+    hint arrived is then kept only if it already reflects what the hint
+    announced (a live-config write or a lost subscription announces nothing,
+    so no such reply is kept): it may have been computed before the change.
+    Thread safe; ``known`` is an immutable snapshot, read without the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.known: Knowledge | None = None
+        self.epoch_seen = 0  # the floor for a state hash created anew (lua/_lib.lua)
+        self._invalidations = self._opaque_at = 0
+        self._announced: Announcement | None = None
+
+    def stamp(self) -> int:
+        """Taken before a script is sent, handed back to learn() with its reply."""
+        return self._invalidations
+
+    def learn(self, reply: Reply, generation: int, stamp: int, own: tuple[str, int, int]) -> Knowledge:
+        """Keep the reply if it is the newest news. ``own``: this worker's (mode,
+        max_concurrent, slow_ms), for admin replies, which carry no config."""
+        with self._lock:
+            current = self.known
+            if reply.mode:
+                config = (reply.mode, reply.max_concurrent, reply.slow_ms)
+            elif current is not None and current.generation == generation:
+                config = (current.mode, current.max_concurrent, current.slow_ms)
+            else:
+                config = own
+            known = Knowledge.from_reply(reply, generation, *config)
+            if self._covers(reply, stamp) and known.supersedes(current):
+                self.known = known
+            self.epoch_seen = max(self.epoch_seen, reply.epoch)
+        return known
+
+    def _covers(self, reply: Reply, stamp: int) -> bool:
+        """Whether the reply is at least as new as every hint since ``stamp``. Holds _lock."""
+        if self._invalidations == stamp:
+            return True
+        announced = self._announced
+        return self._opaque_at <= stamp and announced is not None and announced.covered_by(reply)
+
+    def hint(self, payload: dict[str, Any]) -> bool:
+        """A pushed message; True if it was news (the memory forgot)."""
+        with self._lock:
+            if self.known is not None and not is_news(self.known, payload):
+                return False
+            self.known = None
+            self._invalidations += 1
+            announced = Announcement.parse(payload)
+            if announced is None or not announced.extends(self._announced):
+                self._opaque_at = self._invalidations
+            self._announced = announced
+            return True
+
+    def forget(self) -> None:
+        """Drop everything known (a new subscription, a store switch): nothing in flight is kept."""
+        with self._lock:
+            self.known = None
+            self._invalidations += 1
+            self._opaque_at = self._invalidations

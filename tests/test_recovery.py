@@ -230,5 +230,5 @@ def test_live_config_reaches_other_workers_at_their_next_call(two_workers):
     assert admits(b)
     two_workers[0].configure("pay", mode="observe")
     fail(b, 3)
-    assert b._known is not None and b._known.mode == "observe"
+    assert b._memory.known is not None and b._memory.known.mode == "observe"
     assert admits(b)  # open, but observe mode never denies
