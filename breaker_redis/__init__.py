@@ -7,6 +7,7 @@ from .breakers import Breakers
 from .config import BreakerConfig
 from .errors import BreakerOpen
 from .permit import Permit
+from .transitions import Transition
 
-__all__ = ["Breaker", "BreakerConfig", "BreakerOpen", "Breakers", "Permit", "State"]
+__all__ = ["Breaker", "BreakerConfig", "BreakerOpen", "Breakers", "Permit", "State", "Transition"]
 __version__ = "0.1.0"

@@ -68,6 +68,7 @@ class Shared(Protocol):
     def ensure_process(self) -> None: ...
     def register_name(self, name: str) -> None: ...
     def barrier(self) -> None: ...
+    def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None: ...
 
 
 class Breaker(Protects):
@@ -278,6 +279,7 @@ class Breaker(Protects):
         known = self._memory.learn(reply, generation, stamp, own)
         if reply.events and generation == shared.gate.generation and shared.gate.healthy:
             shared.barrier()
+            shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
         return known
 
     def hint(self, payload: dict[str, Any]) -> None:

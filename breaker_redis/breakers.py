@@ -19,6 +19,7 @@ from .invalidation import Invalidator
 from .recorder import Recorder
 from .scripts import ScriptRunner, flat_pairs, text, validate_name
 from .store import StoreGate
+from .transitions import TransitionCallback, notify, parse
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 
@@ -56,6 +57,7 @@ class Breakers:
         self._runner = ScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
         self.gate = StoreGate(self._runner, on_store_error, on_switch=self._forget_all)
         self._breakers: dict[str, Breaker] = {}
+        self._transition_callbacks: list[TransitionCallback] = []
         self._lock = threading.Lock()
         self._listen = listen
         self.invalidator: Invalidator | None = None
@@ -153,6 +155,19 @@ class Breakers:
         """
         with contextlib.suppress(Exception):  # a lost barrier only weakens the hint's head start
             self.client.ping()
+
+    def on_transition(self, callback: TransitionCallback) -> TransitionCallback:
+        """Call ``callback(Transition)`` once per transition of any breaker
+        cluster-wide, in the process whose call made it (see transitions.py).
+        Usable as a decorator; exceptions in it are logged, never raised."""
+        if not callable(callback):
+            raise TypeError(f"on_transition needs a callable (got {callback!r})")
+        self._transition_callbacks.append(callback)
+        return callback
+
+    def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None:
+        if self._transition_callbacks:
+            notify(list(self._transition_callbacks), parse(name, events, epoch, at_ms))
 
     def _on_event(self, payload: dict[str, Any]) -> None:
         if not self.gate.healthy:

@@ -37,9 +37,14 @@ def race_for_probe(url: str, name: str, config: BreakerConfig, now_ms: int, barr
     return permit.probe
 
 
-def race_to_trip(url: str, name: str, config: BreakerConfig, n: int, barrier: Any) -> int:
-    """Record up to n failures; returns how many were admitted."""
+def race_to_trip(
+    url: str, name: str, config: BreakerConfig, n: int, barrier: Any, reports: Any = None
+) -> int:
+    """Record up to n failures; returns how many were admitted. With reports (a
+    shared list), an on_transition callback appends every transition it is given."""
     breakers = Breakers.from_url(url)
+    if reports is not None:
+        breakers.on_transition(lambda t: reports.append((t.name, t.old, t.new, t.cause, t.epoch)))
     breaker = breakers.get(name, config)
     barrier.wait()
     admitted = 0
