@@ -9,7 +9,8 @@
 --                   ttl_at (last TTL refresh), ovr ('1' while live overrides exist),
 --                   born (the epoch this hash was created with), armed ('1' while a
 --                   late success could change a decision), arms (how often it armed)
---   2 window HASH   head, bms, tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket
+--   2 window HASH   head, bms (bucket ms), nb (buckets), tc/tf/ts (totals), c<id>/f<id>/s<id> per
+--                   bucket; bms and nb let a reader without the config (the CLI) read the window
 --   3 leases ZSET   'p:<epoch>:<seq>' probe leases, 'b:<seq>' bulkhead slots; score = expiry ms
 --   4 config HASH   live overrides of BreakerConfig fields (strings, seconds)
 --   5 stats  HASH   cumulative counters (calls is derived: successes + failures + ignored)
@@ -247,7 +248,8 @@ local function window_add(c, calls, failures, slows)
   for _, id in ipairs(w.gone or {}) do redis.call('HDEL', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id) end
   local id = w.cur
   w.tc, w.tf, w.ts = w.tc + calls, w.tf + failures, w.ts + slows
-  redis.call('HSET', K_WINDOW, 'head', id, 'bms', c.bucket_ms, 'tc', w.tc, 'tf', w.tf, 'ts', w.ts,
+  redis.call('HSET', K_WINDOW, 'head', id, 'bms', c.bucket_ms, 'nb', c.buckets,
+    'tc', w.tc, 'tf', w.tf, 'ts', w.ts,
     'c' .. id, w.bc + calls, 'f' .. id, w.bf + failures, 's' .. id, w.bs + slows)
   if w.reset then redis.call('PEXPIRE', K_WINDOW, TTL) end
   return w

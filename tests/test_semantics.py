@@ -79,6 +79,18 @@ def test_count_window_slides_bucket_by_bucket(make_breakers, clock):
     assert pay.state is State.OPEN
 
 
+def test_the_window_hash_records_its_bucket_width_and_count(make_breakers, store):
+    """bms and nb let a reader that does not know the config (the CLI) read the window."""
+    pay = make_breakers().get("pay", BreakerConfig(trip="count", window_seconds=60, window_buckets=6))
+    fail(pay, 2)
+    bms, nb = store.hmget("breaker:{pay}:window", "bms", "nb")
+    assert (int(bms), int(nb)) == (10_000, 6)
+    store.hset("breaker:{pay}:config", mapping={"window_buckets": "3"})
+    store.hset("breaker:{pay}:state", "ovr", "1")
+    fail(pay)  # a live override of the bucket count starts a window of the new shape
+    assert [int(v) for v in store.hmget("breaker:{pay}:window", "bms", "nb", "tf")] == [20_000, 3, 1]
+
+
 def test_rate_needs_minimum_calls(make_breakers):
     cfg = BreakerConfig(trip="rate", minimum_calls=20, failure_rate=0.5, window_seconds=60)
     hystrix = make_breakers().get("hystrix", cfg)
