@@ -1,0 +1,693 @@
+"""breaker-redis: every breaker in one Redis at a glance, and an operator's switches.
+
+    breaker-redis [--url URL] [--prefix P] COMMAND [ARGS]...
+    flask breakers COMMAND [ARGS]...     (the same commands, on the app's Redis and prefix)
+
+Reads go through the snapshot script, so what is shown is what the workers
+decide by; switches run the same admin and configure scripts as
+``Breaker.force_open()`` and ``Breakers.configure()``, each followed by the
+barrier round trip, so every worker (one deciding from memory too) hears of
+the change before its next call.
+
+The window is read with the bucket width and count the workers last wrote
+(``bms`` and ``nb`` in the window hash): the CLI does not know the apps'
+configs, and a window read with another bucket width reads as empty.
+
+Exit codes a script can rely on: 0 done; 1 Redis unreachable, a Redis
+error, or an unknown breaker (for ``show`` and the switches); 2 a usage or
+validation error (nothing was written). Messages go to stderr.
+
+This module must not import Flask: ``breaker_redis.flask`` registers the
+same commands on ``flask`` with ``command_group``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+import click
+import redis
+
+from .breakers import Breakers
+from .config import LUA_FIELDS, MODES, TRIPS, BreakerConfig, parse_overrides
+from .scripts import KEY_SUFFIXES, breaker_keys, text, validate_name, validate_prefix
+from .store import StoreUnavailable
+from .urls import client_from_url
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_PREFIX = "breaker"
+# The CLI is not on a request path: it may wait longer than a worker's client (urls.py).
+CONNECT_TIMEOUT = 2.0
+SOCKET_TIMEOUT = 5.0
+TRANSITIONS_SHOWN = 10  # by `show`
+HIGHLIGHT_SECONDS = 10.0  # `watch` keeps a state change highlighted this long
+STATE_COLOURS = {"closed": "green", "open": "red", "half_open": "yellow"}
+# Fields the scripts turn off with '', 'none' or 'off' (lua/_lib.lua, apply_overrides).
+_OFF_FIELDS = ("slow_call_seconds", "max_concurrent_calls")
+
+_sleep = time.sleep  # the tests replace it to act between two refreshes of `watch`
+
+
+class Failed(click.ClickException):
+    """Exit 1: Redis unreachable, a Redis error, an unknown breaker."""
+
+    exit_code = 1
+
+
+class Invalid(click.ClickException):
+    """Exit 2: a bad argument or config value; nothing was written."""
+
+    exit_code = 2
+
+
+def describe(client: Any) -> str:
+    """Where a client points, for messages (never its password)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+
+class Target:
+    """The Redis and key prefix the commands act on, and the readers built on them."""
+
+    def __init__(self, client: Any, prefix: str, *, owns_client: bool = True) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.where = describe(client)
+        self._owns_client = owns_client
+        self._readers: dict[BreakerConfig, Breakers] = {}
+
+    def breakers(self, config: BreakerConfig | None = None) -> Breakers:
+        """Breakers whose default config is ``config``: one per window shape read.
+
+        Never listening (no subscription), and never falling back to a store
+        of its own: with Redis down, a read must fail, not show a fresh breaker.
+        """
+        config = config or BreakerConfig()
+        breakers = self._readers.get(config)
+        if breakers is None:
+            breakers = self._readers[config] = Breakers(
+                self.client, self.prefix, listen=False, on_store_error="deny", defaults=config
+            )
+        return breakers
+
+    def keys(self, name: str) -> dict[str, str]:
+        return dict(zip(KEY_SUFFIXES, breaker_keys(self.prefix, name), strict=True))
+
+    def names(self) -> list[str]:
+        return self.breakers().names()
+
+    def known(self, name: str) -> bool:
+        """In the names set, or with a state hash (the set is best effort)."""
+        if name in self.names():
+            return True
+        return bool(self.client.exists(self.keys(name)["state"]))
+
+    def require(self, name: str, create: bool = False) -> str:
+        """The name, if it is valid and known (or ``create``, which lists it)."""
+        try:
+            validate_name(name)
+        except ValueError as exc:
+            raise Invalid(str(exc)) from None
+        if not self.known(name):
+            if not create:
+                raise Failed(
+                    f"unknown breaker {name!r}: no such breaker under prefix {self.prefix!r} "
+                    f"at {self.where} (see `status`; --create acts on a new name)"
+                )
+            self.breakers().register_name(name)
+        return name
+
+    def window_shape(self, name: str) -> tuple[int, int] | None:
+        """(bucket ms, bucket count) as the workers last wrote the window; None: no window.
+
+        A window hash from before ``nb`` was written: the default bucket count.
+        """
+        bms, nb = self.client.hmget(self.keys(name)["window"], "bms", "nb")
+        try:
+            return int(bms), int(nb) if nb is not None else BreakerConfig().window_buckets
+        except (TypeError, ValueError):
+            return None
+
+    def window_config(self, name: str) -> BreakerConfig:
+        """A config whose window has the bucket width and count the workers last wrote.
+
+        With live overrides applied on top (the snapshot script does that) it
+        gives the same bucket width again, so the window reads as the workers
+        read it.
+        """
+        shape = self.window_shape(name)
+        if shape is None:
+            return BreakerConfig()
+        bucket_ms, buckets = shape
+        try:
+            return BreakerConfig(window_seconds=bucket_ms * buckets / 1000, window_buckets=buckets)
+        except ValueError:  # a shape no config could have written (the hash was edited)
+            return BreakerConfig()
+
+    def snapshot(self, name: str) -> dict[str, Any]:
+        return self.breakers(self.window_config(name)).get(name).snapshot()
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        return [self.snapshot(name) for name in self.names()]
+
+    def overrides(self, name: str) -> dict[str, str]:
+        raw = self.client.hgetall(self.keys(name)["config"])
+        return {text(key): text(value) for key, value in sorted(raw.items())}
+
+    def transitions(self, name: str, count: int) -> list[dict[str, str]]:
+        """The last ``count`` transitions of one breaker, oldest first."""
+        if count <= 0:
+            return []
+        entries = self.client.xrevrange(self.keys(name)["events"], "+", "-", count=count)
+        out = []
+        for entry_id, fields in reversed(entries):
+            event = {text(key): text(value) for key, value in fields.items()}
+            event.update(name=name, id=text(entry_id), kind="transition")
+            out.append(event)
+        return out
+
+    def close(self) -> None:
+        for breakers in self._readers.values():
+            breakers.close()
+        if self._owns_client:
+            self.client.close()
+
+
+pass_target = click.make_pass_decorator(Target)
+
+
+class OperationsGroup(click.Group):
+    """A group whose commands fail with a message and exit 1 when Redis does."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, StoreUnavailable) as exc:
+            cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ else exc
+            raise Failed(f"cannot reach Redis at {_where(ctx)}: {cause}") from None
+        except redis.exceptions.RedisError as exc:
+            raise Failed(f"Redis at {_where(ctx)} answered with an error: {exc}") from None
+
+
+def _where(ctx: click.Context) -> str:
+    target = ctx.find_object(Target)
+    return target.where if target is not None else "?"
+
+
+@click.group(cls=OperationsGroup, name="breaker-redis")
+@click.option(
+    "--url",
+    envvar="BREAKER_REDIS_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    show_envvar=True,
+    help="Redis URL (redis://, rediss:// or unix://).",
+)
+@click.option(
+    "--prefix",
+    envvar="BREAKER_KEY_PREFIX",
+    default=DEFAULT_PREFIX,
+    show_default=True,
+    show_envvar=True,
+    help="Key prefix of the breakers (Breakers(prefix=...), BREAKER_KEY_PREFIX in Flask).",
+)
+@click.pass_context
+def main(ctx: click.Context, url: str, prefix: str) -> None:
+    """Show and switch the circuit breakers kept in one Redis, for every worker at once.
+
+    Exit codes: 0 done; 1 Redis unreachable, a Redis error or an unknown
+    breaker; 2 a usage or validation error (nothing was written).
+    """
+    try:
+        validate_prefix(prefix)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--prefix") from None
+    try:
+        client = client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--url") from None
+    ctx.obj = target = Target(client, prefix)
+    ctx.call_on_close(target.close)
+
+
+def command_group(
+    name: str,
+    target: Callable[[], Target],
+    *,
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+    help: str | None = None,
+) -> click.Group:
+    """The commands of ``breaker-redis`` under another group, with ``target``
+    deciding where they act (``flask breakers`` uses the app's Redis and prefix);
+    ``wrap`` wraps the group's callback (Flask's ``with_appcontext``)."""
+
+    @click.pass_context
+    def callback(ctx: click.Context) -> None:
+        ctx.obj = made = target()
+        ctx.call_on_close(made.close)
+
+    return OperationsGroup(
+        name, commands=dict(main.commands), callback=wrap(callback) if wrap else callback, help=help
+    )
+
+
+# -- formatting -------------------------------------------------------------------
+
+
+def state_label(snapshot: Mapping[str, Any]) -> str:
+    return f"{snapshot['state']} (forced)" if snapshot.get("forced") else str(snapshot["state"])
+
+
+def _rate(failures: int, calls: int) -> str:
+    return f"{100 * failures / calls:.1f}%" if calls else "-"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _clock(ms: int | str | float | None) -> str:
+    """A Redis time in ms as local time, to the millisecond."""
+    try:
+        stamp = datetime.fromtimestamp(int(float(ms or 0)) / 1000)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(ms)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+COLUMNS = ("NAME", "STATE", "FAILURES/CALLS", "RATE", "CALLS", "REJECTED", "TRIPS", "RETRY AFTER")
+
+
+def table(snapshots: Iterable[Mapping[str, Any]], highlight: Iterable[str] = ()) -> list[str]:
+    """The status table; rows named in ``highlight`` are shown in reverse video."""
+    rows = [
+        (
+            str(s["name"]),
+            state_label(s),
+            f"{s['window_failures']}/{s['window_calls']}",
+            _rate(s["window_failures"], s["window_calls"]),
+            str(s["calls"]),
+            str(s["rejected"]),
+            str(s["trips"]),
+            _seconds(s["retry_after"]),
+        )
+        for s in snapshots
+    ]
+    widths = [max(len(row[i]) for row in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    marked = set(highlight)
+    lines = ["  ".join(title.ljust(width) for title, width in zip(COLUMNS, widths, strict=True)).rstrip()]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        state = row[1].split(" ", 1)[0]
+        cells[1] = click.style(cells[1], fg=STATE_COLOURS.get(state), bold=row[1].endswith("(forced)"))
+        line = "  ".join(cells).rstrip()
+        lines.append(click.style(line, reverse=True) if row[0] in marked else line)
+    return lines
+
+
+def transition_line(event: Mapping[str, Any]) -> str:
+    """One transition, from the events stream or from a pub/sub message."""
+    line = f"{_clock(event.get('at'))}  {event.get('name')}  {event.get('from')} -> {event.get('to')}"
+    line += f"  cause={event.get('cause')} epoch={event.get('epoch')}"
+    if event.get("forced"):
+        line += f" forced={event['forced']}"
+    open_until = int(float(event.get("open_until") or 0))
+    if event.get("to") == "open" and open_until and not event.get("forced"):
+        line += f" open_until={_clock(open_until)}"
+    return line
+
+
+def _overrides_text(overrides: Mapping[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in overrides.items()) or "no live overrides"
+
+
+# -- status and watch ------------------------------------------------------------
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of the snapshot dicts.")
+@pass_target
+def status(target: Target, as_json: bool) -> None:
+    """Every breaker known in Redis, one line each.
+
+    State (forced marked), failures / calls in the window and the failure
+    rate, cumulative calls, rejected, trips, seconds until a probe (retry after).
+    """
+    snapshots = target.snapshots()
+    if as_json:
+        click.echo(json.dumps(snapshots, indent=2))
+    elif not snapshots:
+        click.echo(f"no breakers under prefix {target.prefix!r} at {target.where}")
+    else:
+        for line in table(snapshots):
+            click.echo(line)
+
+
+@main.command()
+@click.option(
+    "--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.05), help="Seconds per refresh."
+)
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after N refreshes.")
+@pass_target
+def watch(target: Target, interval: float, count: int | None) -> None:
+    """The status table, refreshed in place.
+
+    State changes are highlighted for 10 s and listed under the table. Ctrl-C stops.
+    If Redis stops answering after the first refresh, the table says so and
+    watching goes on; when it cannot be reached at first, the exit code is 1.
+    """
+    previous: dict[str, str] = {}
+    changes: dict[str, tuple[float, str]] = {}  # name -> (monotonic time, "closed -> open at ...")
+    refreshes = 0
+    try:
+        while True:
+            try:
+                snapshots = target.snapshots()
+                problem = ""
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, StoreUnavailable) as exc:
+                if refreshes == 0:
+                    raise
+                snapshots, problem = [], f"Redis at {target.where} does not answer ({exc}); retrying"
+            now = time.monotonic()
+            for snapshot in snapshots:
+                name, label = snapshot["name"], state_label(snapshot)
+                if name in previous and previous[name] != label:
+                    changes[name] = (now, f"{previous[name]} -> {label} at {datetime.now():%H:%M:%S}")
+                previous[name] = label
+            recent = {name: change for name, (at, change) in changes.items() if now - at < HIGHLIGHT_SECONDS}
+            click.clear()
+            click.echo(
+                f"breaker-redis watch: {target.where}, prefix {target.prefix!r}, "
+                f"every {interval:g} s, {datetime.now():%H:%M:%S} (Ctrl-C to stop)"
+            )
+            click.echo()
+            if problem:
+                click.echo(click.style(problem, fg="red"))
+            elif snapshots:
+                for line in table(snapshots, highlight=recent):
+                    click.echo(line)
+            else:
+                click.echo(f"no breakers under prefix {target.prefix!r}")
+            if recent:
+                click.echo()
+                for name, change in sorted(recent.items()):
+                    click.echo(click.style(f"changed: {name} {change}", bold=True))
+            refreshes += 1
+            if count is not None and refreshes >= count:
+                return
+            _sleep(interval)
+    except KeyboardInterrupt:
+        return
+
+
+# -- show ------------------------------------------------------------------------
+
+
+def _scripts_apply(key: str, value: str) -> bool:
+    """Whether the scripts apply this stored override (lua/_lib.lua, apply_overrides)."""
+    if key == "trip":
+        return value in TRIPS
+    if key == "mode":
+        return value in MODES
+    if key not in LUA_FIELDS:
+        return False
+    if key in _OFF_FIELDS and value in ("", "none", "off"):
+        return True
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return math.isfinite(number) and number > 0
+
+
+def override_verdict(key: str, value: str) -> str:
+    """How a stored override is treated: in force, ignored by the scripts, or in
+    force though BreakerConfig's rules refuse it (written by hand, e.g. redis-cli)."""
+    try:
+        BreakerConfig().with_overrides({key: value})
+        why = ""
+    except (ValueError, TypeError) as exc:
+        why = str(exc)
+    if not _scripts_apply(key, value):
+        return f"IGNORED by the scripts: {why or 'not a value they accept'}"
+    if why:
+        return f"in force, but BreakerConfig refuses it: {why}"
+    return "live override"
+
+
+@main.command()
+@click.argument("name")
+@pass_target
+def show(target: Target, name: str) -> None:
+    """One breaker in detail.
+
+    State, window, counters, probes in flight, live config overrides (and
+    which of them are ignored or out of BreakerConfig's bounds, and why), the
+    last transitions.
+
+    An unknown name exits 1.
+    """
+    target.require(name)
+    shape = target.window_shape(name)
+    s = target.snapshot(name)
+    keys = target.keys(name)
+    state = state_label(s)
+    if s["state"] == "open":
+        state += ", until cleared" if s["forced"] else f", retry after {_seconds(s['retry_after'])}"
+    if shape is None:
+        window_shape = "no window written yet"
+    else:
+        window_shape = f"{shape[0] * shape[1] / 1000:g} s in {shape[1]} buckets, as the workers last wrote it"
+    lines = [
+        f"{name}  ({target.where}, prefix {target.prefix!r})",
+        f"  state        {state}",
+        f"  epoch        {s['epoch']}",
+        f"  window       {s['window_failures']} failures / {s['window_calls']} calls "
+        f"({_rate(s['window_failures'], s['window_calls'])}), {s['window_slow']} slow; {window_shape}",
+        f"  consecutive  {s['consecutive_failures']} failures",
+        f"  probes       {s['probes_in_flight']} in flight, {s['half_open_successes']} succeeded "
+        f"(half_open); bulkhead slots in use {s['bulkhead_in_use']}",
+        f"  counters     calls {s['calls']} (successes {s['successes']}, failures {s['failures']}, "
+        f"ignored {s['ignored']}), slow {s['slow']}, stale {s['stale']}",
+        f"               rejected {s['rejected']}, would_reject {s['would_reject']}, trips {s['trips']}",
+        "",
+        f"config: the app's own, with these live overrides ({keys['config']}):",
+    ]
+    overrides = target.overrides(name)
+    width = max((len(f"{k} = {v}") for k, v in overrides.items()), default=0)
+    lines += [f"  {f'{k} = {v}'.ljust(width)}  {override_verdict(k, v)}" for k, v in overrides.items()]
+    if not overrides:
+        lines.append("  (none)")
+    lines += ["", f"last transitions, newest first ({keys['events']}):"]
+    history = target.transitions(name, TRANSITIONS_SHOWN)
+    lines += [f"  {transition_line(event)}" for event in reversed(history)] or ["  (none)"]
+    for line in lines:
+        click.echo(line)
+
+
+# -- switches --------------------------------------------------------------------
+
+SWITCHES = {
+    "open": ("force_open", "Force NAME open.\n\nEvery worker denies every call until `auto` or `reset`."),
+    "close": ("force_closed", "Force NAME closed.\n\nEvery call is admitted and counted; it never trips."),
+    "auto": ("clear_force", "Clear the force on NAME.\n\nBack to the rules: closed with a clean window."),
+    "reset": ("reset", "Reset NAME.\n\nClosed, clean window, no backoff or leases, force cleared."),
+}
+_CREATE_HELP = "Act on a name not known in Redis yet (it is added to the listing)."
+
+
+def _switch(command: str, method: str, help_text: str) -> click.Command:
+    @click.argument("name")
+    @click.option("--create", is_flag=True, help=_CREATE_HELP)
+    @pass_target
+    def switch(target: Target, name: str, create: bool) -> None:
+        target.require(name, create)
+        unforced = method == "clear_force" and not target.snapshot(name)["forced"]
+        getattr(target.breakers().get(name), method)()
+        after = target.snapshot(name)
+        note = " (it was not forced: unchanged)" if unforced else ""
+        click.echo(f"{name}: {state_label(after)}{note}")
+
+    switch.__doc__ = help_text + "\n\nEvery worker applies it before its next call. An unknown NAME exits 1."
+    return main.command(name=command)(switch)
+
+
+for _command, (_method, _help) in SWITCHES.items():
+    _switch(_command, _method, _help)
+
+
+# -- config ----------------------------------------------------------------------
+
+
+def _parse_settings(settings: Iterable[str], unset: Iterable[str]) -> dict[str, str | None]:
+    changes: dict[str, str | None] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="KEY=VALUE")
+        if not value:
+            raise click.BadParameter(f"{item!r} has no value; --unset {key} removes an override")
+        if key in changes:
+            raise click.BadParameter(f"{key} is given twice", param_hint="KEY=VALUE")
+        changes[key] = value
+    for key in unset:
+        if key in changes:
+            raise click.BadParameter(f"{key} is both set and unset", param_hint="--unset")
+        changes[key] = None
+    return changes
+
+
+@main.command("config")
+@click.argument("name")
+@click.argument("settings", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--unset", multiple=True, metavar="KEY", help="Remove a live override (repeatable).")
+@click.option("--create", is_flag=True, help=_CREATE_HELP)
+@pass_target
+def config_command(
+    target: Target, name: str, settings: tuple[str, ...], unset: tuple[str, ...], create: bool
+) -> None:
+    """Write (or print) live config overrides of NAME.
+
+    KEY is a BreakerConfig field; every worker applies the overrides at its
+    next call. Without KEY=VALUE or --unset, print the overrides in force.
+
+    Values are checked with BreakerConfig's rules, together with the overrides
+    already in force: a bad one exits 2 naming the field, and nothing is
+    written. An unknown NAME exits 1.
+    """
+    changes = _parse_settings(settings, unset)
+    setting = {key: value for key, value in changes.items() if value is not None}
+    try:  # before anything reaches Redis
+        validate_name(name)
+        parse_overrides({key: "1" for key, value in changes.items() if value is None})
+        BreakerConfig().with_overrides(setting)
+    except (ValueError, TypeError) as exc:
+        raise Invalid(str(exc)) from None
+    target.require(name, create)
+    current = target.overrides(name)
+    if not changes:
+        click.echo(f"{name}: {_overrides_text(current)}")
+        return
+    merged = {key: value for key, value in current.items() if _valid_alone(key, value)}
+    merged = {key: value for key, value in {**merged, **setting}.items() if key not in unset}
+    try:
+        BreakerConfig().with_overrides(merged)
+        in_force = target.breakers().configure(name, **changes)
+    except (ValueError, TypeError) as exc:
+        raise Invalid(f"{exc} (with the live overrides {_overrides_text(merged)})") from None
+    click.echo(f"{name}: {_overrides_text(dict(sorted(in_force.items())))}")
+
+
+def _valid_alone(key: str, value: str) -> bool:
+    try:
+        BreakerConfig().with_overrides({key: value})
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+# -- events ----------------------------------------------------------------------
+
+
+def event_line(message: Mapping[str, Any], target: Target, verbose: bool) -> str | None:
+    """A pub/sub message as a line (None: not shown)."""
+    kind, name = message.get("kind"), str(message.get("name"))
+    if kind == "transition":
+        return transition_line(message)
+    if kind == "config":
+        overrides = target.overrides(name)
+        return f"{_clock(message.get('at'))}  {name}  config written: {_overrides_text(overrides)}"
+    if kind == "armed":
+        if not verbose:
+            return None
+        return f"{_clock(message.get('at'))}  {name}  armed: every outcome is sent at once"
+    rest = {k: v for k, v in message.items() if k not in ("name", "kind", "at")}
+    return f"{_clock(message.get('at'))}  {name}  {kind} {json.dumps(rest, sort_keys=True)}"
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.option(
+    "--count",
+    "-n",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Transitions of history to print first (the streams keep 20 per breaker).",
+)
+@click.option("--follow", "-f", is_flag=True, help="Then print live events from pub/sub until Ctrl-C.")
+@click.option("--verbose", "-v", is_flag=True, help="With --follow, also when a breaker arms.")
+@click.option(
+    "--max-events", type=click.IntRange(min=1), default=None, help="With --follow, stop after N live events."
+)
+@pass_target
+def events(
+    target: Target, name: str | None, count: int, follow: bool, verbose: bool, max_events: int | None
+) -> None:
+    """Transition history, then live events with --follow.
+
+    The history of NAME (of every breaker without NAME) comes from the events
+    streams, oldest first; --follow then prints transitions and config writes
+    as they are published (PREFIX:events).
+
+    A NAME not known (yet) is not an error: it has no history.
+    """
+    if name is not None:
+        try:
+            validate_name(name)
+        except ValueError as exc:
+            raise Invalid(str(exc)) from None
+    pubsub = None
+    if follow:  # subscribed before the history is read: nothing falls in between
+        pubsub = target.client.pubsub()
+        pubsub.subscribe(f"{target.prefix}:events")
+        deadline = time.monotonic() + SOCKET_TIMEOUT
+        while (message := pubsub.get_message(timeout=0.1)) is None or message["type"] != "subscribe":
+            if time.monotonic() > deadline:
+                raise Failed(f"Redis at {target.where} did not confirm the subscription")
+    try:
+        names = [name] if name is not None else target.names()
+        history = [event for n in names for event in target.transitions(n, count)]
+        history.sort(key=lambda e: tuple(int(part) for part in e["id"].split("-")))
+        history = history[-count:] if count else []
+        for event in history:
+            click.echo(transition_line(event))
+        if pubsub is None:
+            return
+        seen = {(event["name"], str(event["epoch"])) for event in history}
+        click.echo(f"following {target.prefix}:events at {target.where} (Ctrl-C to stop)", err=True)
+        shown = 0
+        while max_events is None or shown < max_events:
+            message = pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message is None or message.get("type") != "message":
+                continue
+            try:
+                payload = json.loads(text(message["data"]))
+            except ValueError:
+                continue
+            if not isinstance(payload, dict) or (name is not None and payload.get("name") != name):
+                continue
+            key = (str(payload.get("name")), str(payload.get("epoch")))
+            if payload.get("kind") == "transition" and key in seen:
+                continue  # already printed from the stream
+            line = event_line(payload, target, verbose)
+            if line is not None:
+                click.echo(line)
+                shown += 1
+    except KeyboardInterrupt:
+        return
+    finally:
+        if pubsub is not None:
+            pubsub.close()
+
+
+if __name__ == "__main__":
+    main(prog_name="breaker-redis")
