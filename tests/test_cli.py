@@ -1,5 +1,5 @@
-"""The breaker-redis CLI, against the session's redis-server (and the
-embedded server where workers must hear a switch)."""
+"""The breaker-redis CLI and `flask breakers ...`, against the session's
+redis-server (and the embedded server where workers must hear a switch)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner, Result
+from flask import Flask
 
 from breaker_redis import BreakerConfig, Breakers, cli
+from breaker_redis.flask import FlaskBreakers
 from tests.redis_server import free_port, wait_until
 from tests.workers import admits, subscribed
 
@@ -512,3 +514,50 @@ def test_the_cli_never_imports_flask():
         "assert 'flask' not in sys.modules and 'werkzeug' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)
+
+
+# -- flask breakers ...----------------------------------------------------------------
+
+
+def test_flask_breakers_runs_the_same_commands_on_the_apps_redis_and_prefix(url, prefix, app_breakers):
+    app = Flask(__name__)
+    app.config.update(BREAKER_REDIS_URL=url, BREAKER_KEY_PREFIX=prefix)
+    extension = FlaskBreakers(app)
+    with app.app_context():
+        pay = extension.breaker("pay", trip="count", failure_threshold=2)
+        outcomes(pay, failures=2)
+    outcomes(app_breakers.get("other"), successes=1)  # same prefix, another process
+    elsewhere = Breakers.from_url(url, prefix + "x", listen=False)
+    outcomes(elsewhere.get("hidden"), successes=1)  # another prefix: not this app's
+    elsewhere.close()
+
+    runner = app.test_cli_runner()
+    result = runner.invoke(args=["breakers", "status"])
+    assert result.exit_code == 0, result.output
+    table = rows(result.stdout)
+    assert sorted(table) == ["other", "pay"]
+    assert table["pay"][:2] == ["open", "2/2"]
+
+    result = runner.invoke(args=["breakers", "reset", "pay"])
+    assert (result.exit_code, result.stdout) == (0, "pay: closed\n")
+    with app.app_context():
+        assert extension.breaker("pay").snapshot()["state"] == "closed"
+
+    result = runner.invoke(args=["breakers", "config", "pay", "failure_rate=2"])
+    assert result.exit_code == 2
+    assert "BreakerConfig.failure_rate" in result.stderr
+    result = runner.invoke(args=["breakers", "show", "nope"])
+    assert result.exit_code == 1
+    assert "unknown breaker 'nope'" in result.stderr
+    assert "Exit codes" in runner.invoke(args=["breakers", "--help"]).stdout
+    extension.breakers.close()
+
+
+def test_flask_breakers_with_redis_down_exits_1():
+    app = Flask(__name__)
+    app.config.update(BREAKER_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    FlaskBreakers(app)
+    result = app.test_cli_runner().invoke(args=["breakers", "status"])
+    assert result.exit_code == 1
+    assert "cannot reach Redis at 127.0.0.1:" in result.stderr
+    assert "Traceback" not in result.output

@@ -21,6 +21,7 @@ from ..breakers import Breakers
 from ..config import BreakerConfig
 from ..wrappers import MISSING
 from .admin import install_admin
+from .cli import breakers_group
 from .hooks import install_hooks, protected_view
 from .outbound import guarded_call
 from .routes import CONFIG_FIELDS, Classifier, make_spec, parse_routes
@@ -116,6 +117,7 @@ class FlaskBreakers:
         app.extensions[EXTENSION_KEY] = state
 
         install_hooks(app, state)
+        app.cli.add_command(breakers_group(), "breakers")  # flask breakers status | show NAME | ...
         if state.admin_token:
             install_admin(app, state, str(self.overrides.get("admin_path", "/_breakers")))
 
