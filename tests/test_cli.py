@@ -18,7 +18,7 @@ from flask import Flask
 
 from breaker_redis import BreakerConfig, Breakers, cli
 from breaker_redis.flask import FlaskBreakers
-from tests.redis_server import free_port, wait_until
+from tests.redis_server import RedisServer, free_port, wait_until
 from tests.workers import admits, subscribed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -404,6 +404,24 @@ def test_watch_stops_on_ctrl_c_with_exit_0(url, prefix, app_breakers, monkeypatc
     result = run(url, prefix, "watch")
     assert result.exit_code == 0
     assert "pay" in result.stdout
+
+
+def test_watch_goes_on_when_redis_stops_answering_after_the_first_refresh(monkeypatch, prefix):
+    server = RedisServer().start()
+    try:
+        workers = Breakers.from_url(server.url, prefix, listen=False, batch_successes=False)
+        outcomes(workers.get("pay", COUNT_3), successes=1)
+        workers.close()
+        monkeypatch.setattr(cli, "_sleep", lambda seconds: server.stop())
+        result = run(server.url, prefix, "watch", "--count", "3")
+    finally:
+        server.stop()
+    assert result.exit_code == 0, result.output
+    frames = result.stdout.split("breaker-redis watch: ")[1:]
+    assert "pay" in rows(frames[0].split("\n", 2)[2])
+    for frame in frames[1:]:
+        assert f"Redis at 127.0.0.1:{server.port}/0 does not answer" in frame
+        assert "retrying" in frame
 
 
 # -- events -----------------------------------------------------------------------
