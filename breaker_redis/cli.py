@@ -33,9 +33,9 @@ from typing import Any
 import click
 import redis
 
-from .breakers import Breakers
 from .config import LUA_FIELDS, MODES, TRIPS, BreakerConfig, parse_overrides
-from .scripts import KEY_SUFFIXES, breaker_keys, text, validate_name, validate_prefix
+from .reader import Reader
+from .scripts import text, validate_name, validate_prefix
 from .store import StoreUnavailable
 from .urls import client_from_url
 
@@ -73,41 +73,12 @@ def describe(client: Any) -> str:
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
 
 
-class Target:
-    """The Redis and key prefix the commands act on, and the readers built on them."""
+class Target(Reader):
+    """The Redis and key prefix the commands act on (a Reader), for messages too."""
 
     def __init__(self, client: Any, prefix: str, *, owns_client: bool = True) -> None:
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix, owns_client=owns_client)
         self.where = describe(client)
-        self._owns_client = owns_client
-        self._readers: dict[BreakerConfig, Breakers] = {}
-
-    def breakers(self, config: BreakerConfig | None = None) -> Breakers:
-        """Breakers whose default config is ``config``: one per window shape read.
-
-        Never listening (no subscription), and never falling back to a store
-        of its own: with Redis down, a read must fail, not show a fresh breaker.
-        """
-        config = config or BreakerConfig()
-        breakers = self._readers.get(config)
-        if breakers is None:
-            breakers = self._readers[config] = Breakers(
-                self.client, self.prefix, listen=False, on_store_error="deny", defaults=config
-            )
-        return breakers
-
-    def keys(self, name: str) -> dict[str, str]:
-        return dict(zip(KEY_SUFFIXES, breaker_keys(self.prefix, name), strict=True))
-
-    def names(self) -> list[str]:
-        return self.breakers().names()
-
-    def known(self, name: str) -> bool:
-        """In the names set, or with a state hash (the set is best effort)."""
-        if name in self.names():
-            return True
-        return bool(self.client.exists(self.keys(name)["state"]))
 
     def require(self, name: str, create: bool = False) -> str:
         """The name, if it is valid and known (or ``create``, which lists it)."""
@@ -123,61 +94,6 @@ class Target:
                 )
             self.breakers().register_name(name)
         return name
-
-    def window_shape(self, name: str) -> tuple[int, int] | None:
-        """(bucket ms, bucket count) as the workers last wrote the window; None: no window.
-
-        A window hash from before ``nb`` was written: the default bucket count.
-        """
-        bms, nb = self.client.hmget(self.keys(name)["window"], "bms", "nb")
-        try:
-            return int(bms), int(nb) if nb is not None else BreakerConfig().window_buckets
-        except (TypeError, ValueError):
-            return None
-
-    def window_config(self, name: str) -> BreakerConfig:
-        """A config whose window has the bucket width and count the workers last wrote.
-
-        With live overrides applied on top (the snapshot script does that) it
-        gives the same bucket width again, so the window reads as the workers
-        read it.
-        """
-        shape = self.window_shape(name)
-        if shape is None:
-            return BreakerConfig()
-        bucket_ms, buckets = shape
-        try:
-            return BreakerConfig(window_seconds=bucket_ms * buckets / 1000, window_buckets=buckets)
-        except ValueError:  # a shape no config could have written (the hash was edited)
-            return BreakerConfig()
-
-    def snapshot(self, name: str) -> dict[str, Any]:
-        return self.breakers(self.window_config(name)).get(name).snapshot()
-
-    def snapshots(self) -> list[dict[str, Any]]:
-        return [self.snapshot(name) for name in self.names()]
-
-    def overrides(self, name: str) -> dict[str, str]:
-        raw = self.client.hgetall(self.keys(name)["config"])
-        return {text(key): text(value) for key, value in sorted(raw.items())}
-
-    def transitions(self, name: str, count: int) -> list[dict[str, str]]:
-        """The last ``count`` transitions of one breaker, oldest first."""
-        if count <= 0:
-            return []
-        entries = self.client.xrevrange(self.keys(name)["events"], "+", "-", count=count)
-        out = []
-        for entry_id, fields in reversed(entries):
-            event = {text(key): text(value) for key, value in fields.items()}
-            event.update(name=name, id=text(entry_id), kind="transition")
-            out.append(event)
-        return out
-
-    def close(self) -> None:
-        for breakers in self._readers.values():
-            breakers.close()
-        if self._owns_client:
-            self.client.close()
 
 
 pass_target = click.make_pass_decorator(Target)

@@ -1,0 +1,107 @@
+"""Reading every breaker under one key prefix without knowing the apps' configs
+(the CLI, the Prometheus collector).
+
+The window is read with the bucket width and count the workers last wrote
+(``bms`` and ``nb`` in the window hash): a window read with another bucket
+width reads as empty. Reads never listen and never fall back to a store of
+their own: with Redis down a read fails rather than showing a fresh breaker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .breakers import Breakers
+from .config import BreakerConfig
+from .scripts import KEY_SUFFIXES, breaker_keys, text
+
+
+class Reader:
+    """Every breaker under one key prefix, read without knowing the apps' configs."""
+
+    def __init__(self, client: Any, prefix: str, *, owns_client: bool = True) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._owns_client = owns_client
+        self._readers: dict[BreakerConfig, Breakers] = {}
+
+    def breakers(self, config: BreakerConfig | None = None) -> Breakers:
+        """Breakers whose default config is ``config``: one per window shape read.
+
+        Never listening (no subscription), and never falling back to a store
+        of its own: with Redis down, a read must fail, not show a fresh breaker.
+        """
+        config = config or BreakerConfig()
+        breakers = self._readers.get(config)
+        if breakers is None:
+            breakers = self._readers[config] = Breakers(
+                self.client, self.prefix, listen=False, on_store_error="deny", defaults=config
+            )
+        return breakers
+
+    def keys(self, name: str) -> dict[str, str]:
+        return dict(zip(KEY_SUFFIXES, breaker_keys(self.prefix, name), strict=True))
+
+    def names(self) -> list[str]:
+        return self.breakers().names()
+
+    def known(self, name: str) -> bool:
+        """In the names set, or with a state hash (the set is best effort)."""
+        if name in self.names():
+            return True
+        return bool(self.client.exists(self.keys(name)["state"]))
+
+    def window_shape(self, name: str) -> tuple[int, int] | None:
+        """(bucket ms, bucket count) as the workers last wrote the window; None: no window.
+
+        A window hash from before ``nb`` was written: the default bucket count.
+        """
+        bms, nb = self.client.hmget(self.keys(name)["window"], "bms", "nb")
+        try:
+            return int(bms), int(nb) if nb is not None else BreakerConfig().window_buckets
+        except (TypeError, ValueError):
+            return None
+
+    def window_config(self, name: str) -> BreakerConfig:
+        """A config whose window has the bucket width and count the workers last wrote.
+
+        With live overrides applied on top (the snapshot script does that) it
+        gives the same bucket width again, so the window reads as the workers
+        read it.
+        """
+        shape = self.window_shape(name)
+        if shape is None:
+            return BreakerConfig()
+        bucket_ms, buckets = shape
+        try:
+            return BreakerConfig(window_seconds=bucket_ms * buckets / 1000, window_buckets=buckets)
+        except ValueError:  # a shape no config could have written (the hash was edited)
+            return BreakerConfig()
+
+    def snapshot(self, name: str) -> dict[str, Any]:
+        return self.breakers(self.window_config(name)).get(name).snapshot()
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        return [self.snapshot(name) for name in self.names()]
+
+    def overrides(self, name: str) -> dict[str, str]:
+        raw = self.client.hgetall(self.keys(name)["config"])
+        return {text(key): text(value) for key, value in sorted(raw.items())}
+
+    def transitions(self, name: str, count: int) -> list[dict[str, str]]:
+        """The last ``count`` transitions of one breaker, oldest first."""
+        if count <= 0:
+            return []
+        entries = self.client.xrevrange(self.keys(name)["events"], "+", "-", count=count)
+        out = []
+        for entry_id, fields in reversed(entries):
+            event = {text(key): text(value) for key, value in fields.items()}
+            event.update(name=name, id=text(entry_id), kind="transition")
+            out.append(event)
+        return out
+
+    def close(self) -> None:
+        for breakers in self._readers.values():
+            breakers.close()
+        if self._owns_client:
+            self.client.close()
