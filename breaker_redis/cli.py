@@ -605,5 +605,42 @@ def events(
             pubsub.close()
 
 
+@main.command()
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve the exposition at http://HOST:PORT/metrics until Ctrl-C, instead of printing it once.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to serve on, with --port.")
+@pass_target
+def metrics(target: Target, port: int | None, host: str) -> None:
+    """Prometheus metrics of every breaker, read from Redis (all workers of all hosts).
+
+    Names: breaker_redis_state, _forced, _calls_total, _slow_calls_total,
+    _rejected_total, _trips_total, _window_calls, _window_failures,
+    _retry_after_seconds (see breaker_redis.metrics).
+    """
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from .metrics import BreakerCollector, exposition
+
+    target.names()  # Redis unreachable: exit 1 now, not an exposition saying breaker_redis_up 0
+    if port is None:
+        click.echo(exposition(target.client, target.prefix).decode(), nl=False)
+        return
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BreakerCollector(target.client, target.prefix))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    click.echo(f"serving http://{host}:{port}/metrics (Ctrl-C stops)")
+    try:
+        while True:
+            _sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+
+
 if __name__ == "__main__":
     main(prog_name="breaker-redis")

@@ -1,0 +1,92 @@
+"""Prometheus metrics read from Redis: every breaker, as all workers of all
+hosts share it, with no multiprocess directory and nothing kept per process.
+
+``BreakerCollector(client, prefix)`` is a prometheus-client collector: register
+it on your own registry, or let the Flask extension serve it at
+``<admin path>/metrics`` (behind the token) or ``breaker-redis metrics`` print
+or serve it. Each scrape runs one snapshot script per breaker. The metric
+names are fixed (DESIGN section 7). When Redis cannot be read, a scrape shows
+``breaker_redis_up 0`` and nothing else, and says why once in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .reader import Reader
+
+log = logging.getLogger("breaker_redis")
+
+STATES = ("closed", "open", "half_open")
+OUTCOMES = {"success": "successes", "failure": "failures", "ignored": "ignored"}
+
+
+class BreakerCollector(Collector):
+    def __init__(self, client: Any, prefix: str = "breaker") -> None:
+        self._reader = Reader(client, prefix, owns_client=False)
+        self._failing = False
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("breaker_redis_up", "1 if the breakers' Redis could be read by this scrape")
+        try:
+            snapshots = self._reader.snapshots()
+        except Exception as exc:
+            if not self._failing:
+                log.warning("breaker_redis: metrics cannot read Redis (%s: %s)", type(exc).__name__, exc)
+            self._failing = True
+            up.add_metric([], 0)
+            yield up
+            return
+        self._failing = False
+        up.add_metric([], 1)
+        yield up
+        yield from _families(snapshots)
+
+
+def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=["breaker", *labels])
+
+
+def _counter(name: str, documentation: str, *labels: str) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, labels=["breaker", *labels])  # exposed as <name>_total
+
+
+def _families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
+    state = _gauge("breaker_redis_state", "1 for the breaker's current state, else 0", "state")
+    forced = _gauge("breaker_redis_forced", "1 while an operator forces the breaker")
+    calls = _counter("breaker_redis_calls", "Recorded outcomes", "outcome")
+    slow = _counter("breaker_redis_slow_calls", "Calls at or over slow_call_seconds")
+    rejected = _counter("breaker_redis_rejected", "Calls refused by the breaker")
+    trips = _counter("breaker_redis_trips", "Times the breaker opened")
+    window_calls = _gauge("breaker_redis_window_calls", "Calls in the sliding window")
+    window_failures = _gauge("breaker_redis_window_failures", "Failures in the sliding window")
+    retry_after = _gauge(
+        "breaker_redis_retry_after_seconds", "Seconds until an open breaker lets a probe through (0: none)"
+    )
+    for snap in snapshots:
+        name = str(snap["name"])
+        for each in STATES:
+            state.add_metric([name, each], 1 if snap["state"] == each else 0)
+        forced.add_metric([name], 1 if snap["forced"] else 0)
+        for outcome, field in OUTCOMES.items():
+            calls.add_metric([name, outcome], snap[field])
+        slow.add_metric([name], snap["slow"])
+        rejected.add_metric([name], snap["rejected"])
+        trips.add_metric([name], snap["trips"])
+        window_calls.add_metric([name], snap["window_calls"])
+        window_failures.add_metric([name], snap["window_failures"])
+        retry_after.add_metric([name], snap["retry_after"] or 0)
+    yield from (state, forced, calls, slow, rejected, trips, window_calls, window_failures, retry_after)
+
+
+def exposition(client: Any, prefix: str = "breaker") -> bytes:
+    """The text exposition of every breaker under prefix, for one scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BreakerCollector(client, prefix))
+    return generate_latest(registry)

@@ -1,0 +1,155 @@
+"""Prometheus metrics read from Redis (breaker_redis.metrics), parsed with
+prometheus_client's own parser: from the collector, the CLI and the Flask
+extension, across a trip and a recovery."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import fakeredis
+import pytest
+import requests
+from click.testing import CliRunner
+from flask import Flask
+from prometheus_client.parser import text_string_to_metric_families
+
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers, cli
+from breaker_redis.flask import FlaskBreakers
+from breaker_redis.metrics import exposition
+from tests.conftest import Clock
+from tests.redis_server import free_port, wait_until
+from tests.workers import TRIP_AT_3, fail
+
+ROOT = Path(__file__).resolve().parent.parent
+RECOVERS = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=10, half_open_successes=1)
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(sample name, sorted labels): value} of one exposition."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def of(found, metric: str, breaker: str, **labels: str) -> float:
+    return found[(metric, tuple(sorted({"breaker": breaker, **labels}.items())))]
+
+
+def states(found, breaker: str) -> list[float]:
+    """breaker_redis_state for closed, open, half_open."""
+    return [of(found, "breaker_redis_state", breaker, state=s) for s in ("closed", "open", "half_open")]
+
+
+def test_every_metric_across_a_trip_and_a_recovery(redis_server):
+    client = redis_server.client()
+    client.flushall()
+    seconds, micros = client.time()
+    clock = Clock(start=seconds * 1000 + micros // 1000)  # a scrape reads the window at Redis time
+    breakers = Breakers(client, clock=clock, listen=False)
+    pay, cart = breakers.get("pay", RECOVERS), breakers.get("cart", RECOVERS)
+    cart.acquire().success()
+    fail(pay, 3)
+    with pytest.raises(BreakerOpen):
+        pay.acquire()
+    pay.flush_batch()
+    found = samples(exposition(client).decode())
+    assert found[("breaker_redis_up", ())] == 1
+    assert states(found, "pay") == [0, 1, 0]
+    assert of(found, "breaker_redis_state", "cart", state="closed") == 1
+    assert of(found, "breaker_redis_calls_total", "pay", outcome="failure") == 3
+    assert of(found, "breaker_redis_calls_total", "cart", outcome="success") == 1
+    assert of(found, "breaker_redis_trips_total", "pay") == 1
+    assert of(found, "breaker_redis_rejected_total", "pay") == 1
+    assert of(found, "breaker_redis_window_failures", "pay") == 3
+    assert of(found, "breaker_redis_window_calls", "pay") == 3
+    assert of(found, "breaker_redis_slow_calls_total", "pay") == 0
+    assert of(found, "breaker_redis_forced", "pay") == 0
+    assert 0 < of(found, "breaker_redis_retry_after_seconds", "pay") <= 10
+
+    clock.advance(10_000)
+    pay.acquire().success()  # the probe closes it
+    found = samples(exposition(client).decode())
+    assert states(found, "pay") == [1, 0, 0]
+    assert of(found, "breaker_redis_calls_total", "pay", outcome="success") == 1
+    assert of(found, "breaker_redis_retry_after_seconds", "pay") == 0
+    pay.force_open()
+    found = samples(exposition(client).decode())
+    assert of(found, "breaker_redis_forced", "pay") == 1
+    breakers.close()
+
+
+def test_a_scrape_with_redis_down_says_so_instead_of_failing():
+    server = fakeredis.FakeServer()
+    client = fakeredis.FakeRedis(server=server)
+    Breakers(client, listen=False).get("pay").acquire().failure()
+    server.connected = False
+    found = samples(exposition(client).decode())
+    assert found == {("breaker_redis_up", ()): 0.0}
+
+
+def test_cli_prints_the_exposition_and_fails_without_redis(redis_server):
+    redis_server.client().flushall()
+    breakers = Breakers.from_url(redis_server.url, listen=False)
+    fail(breakers.get("pay", TRIP_AT_3), 3)
+    breakers.close()
+    result = CliRunner().invoke(cli.main, ["--url", redis_server.url, "metrics"])
+    assert result.exit_code == 0, result.output
+    assert of(samples(result.output), "breaker_redis_state", "pay", state="open") == 1
+    down = CliRunner().invoke(cli.main, ["--url", f"redis://127.0.0.1:{free_port()}/0", "metrics"])
+    assert down.exit_code == 1 and "cannot reach Redis" in down.output
+
+
+def test_cli_serves_metrics_on_a_port(redis_server):
+    redis_server.client().flushall()
+    breakers = Breakers.from_url(redis_server.url, listen=False)
+    fail(breakers.get("pay", TRIP_AT_3), 3)
+    breakers.close()
+    port = free_port()
+    argv = [sys.executable, "-m", "breaker_redis.cli", "--url", redis_server.url]
+    argv += ["metrics", "--port", str(port)]
+    process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+
+        def scraped() -> str | None:
+            try:
+                answer = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            except requests.ConnectionError:
+                return None
+            return answer.text if answer.status_code == 200 else None
+
+        text = wait_until(scraped, timeout=20, what="breaker-redis metrics --port to serve")
+        assert of(samples(text), "breaker_redis_trips_total", "pay") == 1
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+
+
+def test_flask_serves_metrics_behind_the_admin_token(clock):
+    app = Flask(__name__)
+    app.config["BREAKER_ADMIN_TOKEN"] = "s3cret"
+    server = fakeredis.FakeServer()
+    ext = FlaskBreakers(app, client=fakeredis.FakeRedis(server=server), clock=clock, listen=False)
+
+    @app.post("/pay")
+    @ext.protect("pay", trip="consecutive", failure_threshold=2)
+    def pay():
+        return "upstream down", 502
+
+    web = app.test_client()
+    for _ in range(3):
+        web.post("/pay")
+    assert web.get("/_breakers/metrics").status_code == 401
+    answer = web.get("/_breakers/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert answer.status_code == 200
+    assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    found = samples(answer.get_data(as_text=True))
+    assert of(found, "breaker_redis_state", "pay", state="open") == 1
+    assert of(found, "breaker_redis_calls_total", "pay", outcome="failure") == 2
+    assert of(found, "breaker_redis_rejected_total", "pay") == 1
+
+
