@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from demo_app import stack
 from tests.redis_server import wait_until
@@ -120,6 +121,29 @@ def upstream_url():
     child.remove_log()
 
 
+ADMIN_TOKEN = "e2e-admin-token"
+
+
+def scrape(s: Stack) -> dict[tuple[str, str, str], float]:
+    """<admin path>/metrics, parsed by prometheus_client: {(sample, breaker, state or outcome): value}."""
+    answer = requests.get(
+        s.app_url + "/_breakers/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+    )
+    assert answer.status_code == 200, answer.text
+    found = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            labels = sample.labels
+            key = (sample.name, labels.get("breaker", ""), labels.get("state") or labels.get("outcome", ""))
+            found[key] = sample.value
+    assert found[("breaker_redis_up", "", "")] == 1
+    return found
+
+
+def pay_states(found: dict[tuple[str, str, str], float]) -> list[float]:
+    return [found[("breaker_redis_state", "pay", state)] for state in ("closed", "open", "half_open")]
+
+
 def warm_up(s: Stack) -> None:
     """Every worker has used the pay breaker once and listens to its events."""
     s.reset_upstream()
@@ -157,6 +181,11 @@ def walk_through(s: Stack) -> None:
 
     wait_until(every_worker_refuses, timeout=OPEN_SECONDS * 0.6, interval=0.01,
                what="every worker to refuse while open")
+    metrics = scrape(s)  # read from Redis by whichever worker answers: the same for all
+    assert pay_states(metrics) == [0, 1, 0]
+    assert metrics[("breaker_redis_trips_total", "pay", "")] == 1
+    assert metrics[("breaker_redis_calls_total", "pay", "failure")] == 5
+    assert 0 < metrics[("breaker_redis_retry_after_seconds", "pay", "")] <= OPEN_SECONDS
     json_refusal = s.pay(headers={"Accept": "application/json"})
     assert json_refusal.status_code == 503
     assert json_refusal.json()["breaker"] == "pay" and json_refusal.json()["reason"] == "open"
@@ -190,6 +219,10 @@ def walk_through(s: Stack) -> None:
         return len(admitted) >= WORKERS
 
     wait_until(every_worker_admits, timeout=30, interval=0.01, what="every worker to admit again")
+    metrics = scrape(s)
+    assert pay_states(metrics) == [1, 0, 0]
+    assert metrics[("breaker_redis_trips_total", "pay", "")] == 1
+    assert metrics[("breaker_redis_retry_after_seconds", "pay", "")] == 0
     assert s.transitions() == [("closed", "open", "count"), ("open", "half_open", "open_elapsed"),
                                ("half_open", "closed", "probes_succeeded")]
     assert s.statuses[500] == 0, s.statuses
@@ -202,7 +235,7 @@ def walk_through(s: Stack) -> None:
     ids=["sync", "gthread", "preload"],
 )
 def test_every_worker_shares_one_breaker(redis_server, upstream_url, extra_args):
-    s, gunicorn = start_stack(redis_server, upstream_url, extra_args)
+    s, gunicorn = start_stack(redis_server, upstream_url, extra_args, BREAKER_ADMIN_TOKEN=ADMIN_TOKEN)
     try:
         warm_up(s)
         walk_through(s)
