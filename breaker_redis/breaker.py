@@ -324,6 +324,7 @@ class Breaker(Protects):
         self._admin("reset")
 
     def _admin(self, op: str) -> None:
+        self._shared.register_name(self.name)  # a breaker only ever forced is listed too
         gate, stamp = self._shared.gate, self._memory.stamp()
         raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), ["", self._memory.epoch_seen, op])
         self._learn(Reply.decode(raw), gate.generation, stamp)

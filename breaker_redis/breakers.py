@@ -114,6 +114,7 @@ class Breakers:
         args: list[str] = ["", "0"]
         for key, value in as_text.items():
             args += [key, value]
+        self.register_name(name)
         raw = self.gate.run_remote("configure", name, self.clock_ms(), args)
         self.barrier()  # every worker applies it at its next call
         return {key: text(value) for key, value in flat_pairs(raw).items()}

@@ -406,7 +406,10 @@ The stack keeps running; press Ctrl-C to stop it.
   curl {upstream_url}/_stats
   redis-cli -p {port} HGET '{prefix}:{{pay}}:state' state
   curl -H 'Authorization: Bearer {token}' {app_url}/_breakers
-  curl -X POST -H 'Authorization: Bearer {token}' {app_url}/_breakers/pay/open    # or close, auto, reset""")
+  curl -X POST -H 'Authorization: Bearer {token}' {app_url}/_breakers/pay/open    # or close, auto, reset
+  curl -H 'Authorization: Bearer {token}' {app_url}/_breakers/metrics             # Prometheus
+  .venv/bin/breaker-redis --url {redis_url} --prefix {prefix} status              # or watch, show pay,
+  .venv/bin/breaker-redis --url {redis_url} --prefix {prefix} events --follow     # open pay, metrics""")
     wait_forever: Callable[[], None] = getattr(signal, "pause", lambda: time.sleep(3600))
     while True:
         wait_forever()

@@ -331,6 +331,9 @@ def test_names_lists_breakers_used_by_any_worker(make_breakers):
     worker_a.get("pay").acquire().success()
     worker_b.get("cart").acquire().success()
     assert worker_a.names() == ["cart", "pay"]
+    worker_b.get("maintenance").force_open()  # only ever forced, never called
+    worker_b.configure("search", failure_threshold=3)  # only ever configured
+    assert worker_a.names() == ["cart", "maintenance", "pay", "search"]
 
 
 def test_key_prefix(make_breakers, store):
