@@ -32,7 +32,7 @@ from .invalidation import Invalidator
 from .knowledge import Knowledge, Memory, Reply, Verdict
 from .permit import Permit
 from .recorder import Recorder
-from .snapshot import snapshot_dict
+from .snapshot import OUTCOME_COUNTERS, snapshot_dict
 from .store import StoreGate, StoreUnavailable
 from .wrappers import Protects
 
@@ -41,7 +41,6 @@ log = logging.getLogger("breaker_redis")
 # Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
 FLUSH_SECONDS = 1.0
 _PENDING = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
-_COUNTER = {"success": "successes", "failure": "failures", "ignored": "ignored"}
 
 
 class State(str, Enum):
@@ -196,9 +195,8 @@ class Breaker(Protects):
             known = self._memory.known
             with self._lock:
                 if known is not None and known.epoch == permit.epoch:
-                    self._pending[_COUNTER[outcome]] += 1
-                    slow = outcome != "ignored" and known.slow_ms and duration_ms >= known.slow_ms
-                    self._pending["slow"] += bool(slow)
+                    self._pending[OUTCOME_COUNTERS[outcome]] += 1
+                    self._pending["slow"] += outcome != "ignored" and known.slow(duration_ms)
                     return
             # the breaker moved on since: the record script counts it as stale
         if outcome == "success" and permit.batchable and shared.batch_successes:
@@ -210,7 +208,7 @@ class Breaker(Protects):
                     and known.calm
                     and known.epoch == permit.epoch
                     and self._trusted(known)
-                    and not (known.slow_ms and duration_ms >= known.slow_ms)
+                    and not known.slow(duration_ms)
                     and (self._batch_count == 0 or self._batch_epoch == permit.epoch)
                 )
                 if joins:
@@ -285,7 +283,7 @@ class Breaker(Protects):
     def hint(self, payload: dict[str, Any]) -> None:
         """A pushed message about this breaker: if it is news, the next call asks
         Redis, and the batch goes now (the breaker may no longer be calm)."""
-        if self._memory.hint(payload) or self._memory.known is None:
+        if self._memory.hint(payload):
             self.flush_batch()
 
     def forget(self) -> None:

@@ -144,6 +144,10 @@ class Knowledge:
             return True
         return subscribed and time.monotonic() - self.learned_at < TRUST_SECONDS
 
+    def slow(self, duration_ms: int) -> bool:
+        """A call this long counts as slow (as lua/record.lua judges it)."""
+        return bool(self.slow_ms) and duration_ms >= self.slow_ms
+
     @property
     def calm(self) -> bool:
         """Closed with nothing a late success could change: successes may be batched."""

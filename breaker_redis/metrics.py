@@ -20,11 +20,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .reader import Reader
+from .snapshot import OUTCOME_COUNTERS
 
 log = logging.getLogger("breaker_redis")
 
 STATES = ("closed", "open", "half_open")
-OUTCOMES = {"success": "successes", "failure": "failures", "ignored": "ignored"}
 
 
 class BreakerCollector(Collector):
@@ -74,7 +74,7 @@ def _families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
         for each in STATES:
             state.add_metric([name, each], 1 if snap["state"] == each else 0)
         forced.add_metric([name], 1 if snap["forced"] else 0)
-        for outcome, field in OUTCOMES.items():
+        for outcome, field in OUTCOME_COUNTERS.items():
             calls.add_metric([name, outcome], snap[field])
         slow.add_metric([name], snap["slow"])
         rejected.add_metric([name], snap["rejected"])

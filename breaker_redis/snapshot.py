@@ -19,6 +19,8 @@ _INT_FIELDS = (
     "slots",
     "now",
 )
+# The cumulative counter of each outcome (lua/record.lua counts them the same way).
+OUTCOME_COUNTERS = {"success": "successes", "failure": "failures", "ignored": "ignored"}
 _STAT_FIELDS = (
     "calls",
     "successes",
