@@ -452,19 +452,25 @@ def test_events_history_of_one_and_of_all_breakers(url, prefix, app_breakers):
     assert (unknown.exit_code, unknown.stdout) == (0, "")
 
 
+def follow(tmp_path, url: str, prefix: str, *args: str) -> tuple[subprocess.Popen[str], Path]:
+    """The console script following events, once it says it has subscribed; its stderr file."""
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as err:
+        argv = [str(SCRIPT), "--url", url, "--prefix", prefix, *args]
+        follower = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        wait_until(lambda: "following" in stderr.read_text(), timeout=10, what="the follower to subscribe")
+    except BaseException:
+        follower.kill()
+        raise
+    return follower, stderr
+
+
 def test_events_follow_prints_history_then_live_events(url, prefix, app_breakers, tmp_path):
     pay = app_breakers.get("pay", BreakerConfig(trip="rate", minimum_calls=3, failure_rate=0.5))
     pay.force_open()
-    stderr = tmp_path / "stderr"
-    with stderr.open("w") as err:
-        follower = subprocess.Popen(
-            [str(SCRIPT), "--url", url, "--prefix", prefix, "events", "pay", "--follow", "--max-events", "3"],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
+    follower, stderr = follow(tmp_path, url, prefix, "events", "pay", "--follow", "--max-events", "3")
     try:
-        wait_until(lambda: "following" in stderr.read_text(), timeout=10, what="the follower to subscribe")
         pay.reset()  # a transition
         outcomes(pay, successes=1, failures=1)  # arms the rate rule: not shown without --verbose
         app_breakers.configure("pay", minimum_calls=10)  # a config write
@@ -487,16 +493,8 @@ def test_events_follow_prints_history_then_live_events(url, prefix, app_breakers
 def test_events_follow_verbose_shows_arming(url, prefix, app_breakers, tmp_path):
     pay = app_breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=5))
     outcomes(pay, successes=1)
-    stderr = tmp_path / "stderr"
-    with stderr.open("w") as err:
-        follower = subprocess.Popen(
-            [str(SCRIPT), "--url", url, "--prefix", prefix, "events", "-f", "-v", "--max-events", "1"],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
+    follower, _ = follow(tmp_path, url, prefix, "events", "-f", "-v", "--max-events", "1")
     try:
-        wait_until(lambda: "following" in stderr.read_text(), timeout=10, what="the follower to subscribe")
         outcomes(pay, failures=1)  # a failure arms the consecutive rule
         out, _ = follower.communicate(timeout=10)
     finally:
