@@ -97,6 +97,11 @@ class Breakers:
         """Whether scripts run on Redis now (False while on_store_error is in force)."""
         return self.gate.healthy
 
+    @property
+    def channel(self) -> str:
+        """The pub/sub channel every transition and switch is published on."""
+        return self._runner.channel
+
     def names(self) -> list[str]:
         """Every breaker name known to Redis under this prefix (from any worker)."""
         return sorted(text(n) for n in self.client.smembers(self._runner.names_key))

@@ -408,6 +408,7 @@ The stack keeps running; press Ctrl-C to stop it.
   curl -H 'Authorization: Bearer {token}' {app_url}/_breakers
   curl -X POST -H 'Authorization: Bearer {token}' {app_url}/_breakers/pay/open    # or close, auto, reset
   curl -H 'Authorization: Bearer {token}' {app_url}/_breakers/metrics             # Prometheus
+  open {app_url}/_breakers/ in a browser: the live dashboard (token: {token})
   .venv/bin/breaker-redis --url {redis_url} --prefix {prefix} status              # or watch, show pay,
   .venv/bin/breaker-redis --url {redis_url} --prefix {prefix} events --follow     # open pay, metrics""")
     wait_forever: Callable[[], None] = getattr(signal, "pause", lambda: time.sleep(3600))

@@ -633,6 +633,9 @@ def test_admin_endpoints_need_the_token(clock):
     assert client.post("/pay").status_code == 200
     assert client.post("/_breakers/pay/explode", headers=auth).status_code == 404
     assert client.post("/_breakers/pay/reset").status_code == 401
+    assert client.post("/_breakers/api/v1/pay/open", headers=auth).status_code == 404  # unknown: not made
+    with app.app_context():
+        ext.breaker("api/v1/pay")  # declared by the app: known from now on
     slashed = client.post("/_breakers/api/v1/pay/open", headers=auth).get_json()  # a name with slashes
     assert (slashed["name"], slashed["forced"]) == ("api/v1/pay", "open")
 

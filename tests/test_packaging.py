@@ -33,6 +33,8 @@ def test_wheel_ships_the_lua_and_runs_outside_the_checkout(tmp_path, redis_serve
         check=True,
     )
     assert (target / "breaker_redis" / "lua" / "record.lua").is_file()
+    for asset in ("dashboard.html", "dashboard.js", "dashboard.css"):  # the dashboard works offline
+        assert (target / "breaker_redis" / "flask" / "static" / asset).is_file(), asset
     program = f"""
 import breaker_redis, breaker_redis.scripts as s
 assert breaker_redis.__file__.startswith({str(target)!r}), breaker_redis.__file__

@@ -3,13 +3,22 @@
 ``GET {path}`` lists every breaker's snapshot; ``GET {path}/metrics`` is the
 Prometheus exposition of every breaker (breaker_redis.metrics); ``POST {path}/NAME/ACTION``
 forces one open or closed, hands it back to the state machine, or resets it.
+With ``BREAKER_DASHBOARD`` the live page is at ``{path}/`` (``dashboard``).
 Their endpoints are named ``breaker_redis.*``, which the hooks never put
 behind a breaker: the switch must work while everything else is refused.
+
+Authentication (RFC 6750): ``Authorization: Bearer TOKEN`` and nothing else
+(never a query string, never a cookie), compared in constant time; without
+it or with a wrong one the answer is 401 with ``WWW-Authenticate: Bearer``.
+An action on a name that neither Redis nor this app knows is a 404: an
+admin call never creates a breaker.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
@@ -18,46 +27,80 @@ from .state import AppState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # prometheus_client.CONTENT_TYPE_LATEST
 ACTIONS = {"open": "force_open", "close": "force_closed", "auto": "clear_force", "reset": "reset"}
+REALM = "breaker_redis"
 
 
-def install_admin(app: Flask, state: AppState, path: str) -> None:
+class Gate:
+    """The bearer-token check every admin and dashboard endpoint starts with."""
+
+    def __init__(self, token: str) -> None:
+        # Digests have one length whatever the token's: the comparison tells nothing of it.
+        self._digest = hashlib.sha256(token.encode()).digest()
+
+    def given(self) -> str | None:
+        """The token of the Authorization header; None when there is no bearer credential."""
+        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not credential.strip():
+            return None
+        return credential.strip()
+
+    def authorized(self) -> bool:
+        given = self.given()
+        digest = hashlib.sha256((given or "").encode()).digest()
+        return hmac.compare_digest(digest, self._digest) and given is not None
+
+    def denied(self, body: Any = None) -> Response:
+        """401 with the challenge RFC 6750 asks for (``invalid_token`` when one was given)."""
+        challenge = f'Bearer realm="{REALM}"'
+        if self.given() is not None:
+            challenge += ', error="invalid_token"'
+        response = body if isinstance(body, Response) else jsonify(error="unauthorized")
+        response.status_code = 401
+        response.headers["WWW-Authenticate"] = challenge
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def guard(self, view: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if not self.authorized():
+                return self.denied()
+            return view(*args, **kwargs)
+
+        guarded.__name__ = view.__name__
+        return guarded
+
+
+def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = False) -> None:
     """``GET {path}``: every breaker's snapshot; ``POST {path}/NAME/ACTION``
-    with ACTION open | close | auto | reset. ``Authorization: Bearer TOKEN``."""
-    token = str(state.admin_token).encode()
-
-    def authorized() -> bool:
-        header = request.headers.get("Authorization", "")
-        given = header[7:] if header.startswith("Bearer ") else ""
-        return hmac.compare_digest(given.encode(), token)
-
-    def denied() -> Any:
-        return jsonify(error="unauthorized"), 401, {"WWW-Authenticate": "Bearer"}
+    with ACTION open | close | auto | reset; ``GET {path}/metrics``; with
+    ``dashboard``, the page at ``{path}/``. ``Authorization: Bearer TOKEN``."""
+    gate = Gate(str(state.admin_token))
 
     def status() -> Any:
-        if not authorized():
-            return denied()
         names = set(state.breakers.names()) | set(state.declared) | set(state.route_configs)
         return jsonify(breakers=[state.breaker(n).snapshot() for n in sorted(names)])
 
     def metrics() -> Any:
-        if not authorized():
-            return denied()
         from ..metrics import exposition  # prometheus-client is imported only when scraped
 
         body = exposition(state.breakers.client, state.breakers.prefix)
         return Response(body, content_type=CONTENT_TYPE)
 
     def act(name: str, action: str) -> Any:
-        if not authorized():
-            return denied()
         if action not in ACTIONS:
             return jsonify(error=f"unknown action {action!r}", actions=sorted(ACTIONS)), 404
+        if not state.knows(name):
+            return jsonify(error=f"unknown breaker {name!r}: neither Redis nor this app knows it"), 404
         breaker = state.breaker(name)
         getattr(breaker, ACTIONS[action])()
         return jsonify(breaker.snapshot())
 
     base = path.rstrip("/")
-    app.add_url_rule(base, "breaker_redis.status", status, methods=["GET"])
-    app.add_url_rule(f"{base}/metrics", "breaker_redis.metrics", metrics, methods=["GET"])
+    app.add_url_rule(base, "breaker_redis.status", gate.guard(status), methods=["GET"])
+    app.add_url_rule(f"{base}/metrics", "breaker_redis.metrics", gate.guard(metrics), methods=["GET"])
     # path: names may hold slashes (api/v1/pay); the action is the last segment
-    app.add_url_rule(f"{base}/<path:name>/<action>", "breaker_redis.act", act, methods=["POST"])
+    app.add_url_rule(f"{base}/<path:name>/<action>", "breaker_redis.act", gate.guard(act), methods=["POST"])
+    if dashboard:
+        from .dashboard import install_dashboard
+
+        install_dashboard(app, state, base, gate)

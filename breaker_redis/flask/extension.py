@@ -38,6 +38,7 @@ CONFIG_KEYS: dict[str, tuple[str, Any]] = {
     "routes": ("BREAKER_ROUTES", None),
     "on_store_error": ("BREAKER_ON_STORE_ERROR", "local"),
     "admin_token": ("BREAKER_ADMIN_TOKEN", None),
+    "dashboard": ("BREAKER_DASHBOARD", False),
 }
 # Constructor arguments with no config key: objects, not settings.
 EXTRA_ARGUMENTS = ("client", "breakers", "clock", "listen", "key_ttl_seconds", "admin_path")
@@ -48,7 +49,7 @@ class FlaskBreakers:
 
     Keyword arguments override the app's config: ``redis_url``,
     ``key_prefix``, ``defaults``, ``routes``, ``on_store_error``,
-    ``admin_token`` (``BREAKER_*`` keys), plus ``client`` (a ready redis
+    ``admin_token``, ``dashboard`` (``BREAKER_*`` keys), plus ``client`` (a ready redis
     client), ``breakers`` (a ready Breakers), ``clock``, ``listen``,
     ``key_ttl_seconds`` and ``admin_path`` (default ``/_breakers``).
     """
@@ -99,6 +100,14 @@ class FlaskBreakers:
             raise TypeError("breakers= must be a breaker_redis.Breakers")
         routes, route_configs = parse_routes(self._setting(app, "routes"))
         token = self._setting(app, "admin_token")
+        dashboard = self._setting(app, "dashboard")
+        if not isinstance(dashboard, bool):
+            raise TypeError(f"BREAKER_DASHBOARD must be True or False, not {dashboard!r}")
+        if dashboard and not token:
+            raise ValueError(
+                "BREAKER_DASHBOARD is True but BREAKER_ADMIN_TOKEN is not set: "
+                "the dashboard is only served behind the admin token"
+            )
         state = AppState(
             breakers,
             defaults,
@@ -119,7 +128,8 @@ class FlaskBreakers:
         install_hooks(app, state)
         app.cli.add_command(breakers_group(), "breakers")  # flask breakers status | show NAME | ...
         if state.admin_token:
-            install_admin(app, state, str(self.overrides.get("admin_path", "/_breakers")))
+            path = str(self.overrides.get("admin_path", "/_breakers"))
+            install_admin(app, state, path, dashboard=dashboard)
 
     @staticmethod
     def _defaults(value: Any) -> BreakerConfig:

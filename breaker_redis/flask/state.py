@@ -17,6 +17,8 @@ from typing import Any
 from ..breaker import Breaker
 from ..breakers import Breakers
 from ..config import BreakerConfig
+from ..reader import Reader
+from ..scripts import validate_name
 from .routes import RouteSpec
 
 log = logging.getLogger("breaker_redis")
@@ -57,6 +59,26 @@ class AppState:
     warnings: Warnings
     resolved: dict[str, Breaker] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _reader: Reader | None = None
+
+    def reader(self) -> Reader:
+        """Every breaker under the app's prefix, read the way the CLI reads them
+        (the window as the workers last wrote it), on the app's client."""
+        if self._reader is None:
+            with self.lock:
+                if self._reader is None:
+                    self._reader = Reader(self.breakers.client, self.breakers.prefix, owns_client=False)
+        return self._reader
+
+    def knows(self, name: str) -> bool:
+        """Declared by this app, or known in Redis (an admin call never creates a breaker)."""
+        try:
+            validate_name(name)
+        except ValueError:
+            return False
+        if name in self.declared or name in self.route_configs or name in self.resolved:
+            return True
+        return self.reader().known(name)
 
     def breaker(self, name: str) -> Breaker:
         """The Breaker called name, built on first use from its declared config

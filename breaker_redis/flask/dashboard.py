@@ -1,0 +1,136 @@
+"""The live dashboard at ``<admin path>/`` (``BREAKER_DASHBOARD = True``).
+
+- ``GET {base}/``: the page shell. It holds no data; without the token it is
+  still sent (as the body of a 401 with the Bearer challenge), so a browser
+  shows the form that asks for the token.
+- ``GET {base}/static/<file>``: its script and style sheet, shipped in the
+  package (no CDN, works offline); no data either, so no token.
+- ``GET {base}/stream``: server-sent events, behind the token. Browsers
+  cannot add a header to ``EventSource``, so the page reads this stream with
+  ``fetch`` and ``Authorization: Bearer``: the token never travels in a URL
+  and never sits in a cookie. Each ``snapshot`` event carries every breaker
+  under the app's prefix, read as the CLI reads them, plus its last
+  transitions; one is sent every second and at once when a transition or
+  a switch is published on the breakers' channel.
+- The buttons POST to the admin actions (``{base}/NAME/ACTION``), with the token.
+
+A stream ends after ``STREAM_SECONDS`` and the page reconnects at once: a
+sync gunicorn worker serving it stays free of the worker timeout, and is
+busy for at most that long per open page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import redis
+from flask import Flask, Response, abort
+
+from ..store import StoreUnavailable
+from .admin import Gate
+from .state import AppState
+
+STREAM_SECONDS = 15.0
+FRAME_SECONDS = 1.0
+TRANSITIONS_SHOWN = 5
+STATIC_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+_REDIS_DOWN = (redis.exceptions.RedisError, StoreUnavailable, OSError)
+HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+PAGE_HEADERS = {
+    **HEADERS,
+    # Only the package's own files; no inline script, no frame around the page.
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+}
+
+
+def _asset(name: str) -> str:
+    return resources.files("breaker_redis.flask").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def frame(state: AppState) -> dict[str, Any]:
+    """Every breaker under the app's prefix with its last transitions, and Redis's clock."""
+    reader = state.reader()
+    seconds, micros = reader.client.time()
+    breakers = []
+    for name in reader.names():
+        snapshot = reader.snapshot(name)
+        snapshot["transitions"] = reader.transitions(name, TRANSITIONS_SHOWN)
+        breakers.append(snapshot)
+    return {"now": int(seconds) * 1000 + int(micros) // 1000, "breakers": breakers}
+
+
+def event(kind: str, data: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def stream_events(state: AppState, seconds: float | None = None) -> Iterator[str]:
+    """A snapshot now, then one a second and one right after each published change,
+    for ``seconds`` (``STREAM_SECONDS``)."""
+    client, channel = state.breakers.client, state.breakers.channel
+    yield "retry: 1000\n\n"
+    pubsub: Any = None
+    ends = time.monotonic() + (STREAM_SECONDS if seconds is None else seconds)
+    try:
+        while True:
+            try:
+                if pubsub is None:
+                    pubsub = client.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(channel)
+                yield event("snapshot", frame(state))
+            except _REDIS_DOWN as exc:
+                if pubsub is not None:
+                    pubsub.close()
+                    pubsub = None
+                yield event("problem", {"error": f"Redis does not answer: {exc}"})
+            left = ends - time.monotonic()
+            if left <= 0:
+                return
+            wait = min(FRAME_SECONDS, left)
+            if pubsub is None:
+                time.sleep(wait)
+                continue
+            try:
+                if pubsub.get_message(timeout=wait) is not None:
+                    while pubsub.get_message(timeout=0) is not None:  # one frame for a burst
+                        pass
+            except _REDIS_DOWN:
+                pubsub.close()
+                pubsub = None
+    finally:
+        if pubsub is not None:
+            pubsub.close()
+
+
+def install_dashboard(app: Flask, state: AppState, base: str, gate: Gate) -> None:
+    page = _asset("dashboard.html").replace("{{base}}", html.escape(base, quote=True))
+
+    def dashboard() -> Response:
+        response = Response(page, content_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+        return response if gate.authorized() else gate.denied(response)
+
+    def static(filename: str) -> Response:
+        if filename not in STATIC_TYPES:
+            abort(404)
+        return Response(_asset(filename), content_type=f"{STATIC_TYPES[filename]}; charset=utf-8",
+                        headers=HEADERS)
+
+    def stream() -> Response:
+        return Response(
+            stream_events(state),
+            content_type="text/event-stream",
+            headers={**HEADERS, "X-Accel-Buffering": "no"},  # nginx: pass each event on at once
+        )
+
+    app.add_url_rule(f"{base}/", "breaker_redis.dashboard", dashboard, methods=["GET"])
+    app.add_url_rule(f"{base}/static/<filename>", "breaker_redis.dashboard_static", static, methods=["GET"])
+    app.add_url_rule(f"{base}/stream", "breaker_redis.dashboard_stream", gate.guard(stream), methods=["GET"])
