@@ -394,9 +394,10 @@ def show(target: Target, name: str) -> None:
         f"ignored {s['ignored']}), slow {s['slow']}, stale {s['stale']}",
         f"               rejected {s['rejected']}, would_reject {s['would_reject']}, trips {s['trips']}",
         "",
-        f"config: the app's own, with these live overrides ({keys['config']}):",
     ]
     overrides = target.overrides(name)
+    lines += _config_lines(target.stored_config(name), s.get("config"), overrides)
+    lines += ["", f"live overrides ({keys['config']}):"]
     width = max((len(f"{k} = {v}") for k, v in overrides.items()), default=0)
     lines += [f"  {f'{k} = {v}'.ljust(width)}  {override_verdict(k, v)}" for k, v in overrides.items()]
     if not overrides:
@@ -406,6 +407,36 @@ def show(target: Target, name: str) -> None:
     lines += [f"  {transition_line(event)}" for event in reversed(history)] or ["  (none)"]
     for line in lines:
         click.echo(line)
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _config_lines(
+    stored: BreakerConfig | None, in_force: Mapping[str, Any] | None, overrides: Mapping[str, str]
+) -> list[str]:
+    """The config the scripts decide by, field by field, each change by a live override marked."""
+    if stored is None or not in_force:
+        return [
+            "config in force: no worker has written its config yet (it is written with the state);",
+            "  the live overrides below apply on top of each app's own config",
+        ]
+    lines = ["config in force (the config of the last worker to write the state, with the live overrides):"]
+    width = max(len(key) for key in LUA_FIELDS)
+    for key in LUA_FIELDS:
+        own, now = _value(getattr(stored, key)), _value(in_force.get(key))
+        note = ""
+        if key in overrides and _scripts_apply(key, overrides[key]):
+            note = f"live override (the worker's own: {own})"
+        elif own != now:
+            note = f"follows the live overrides (the worker's own: {own})"
+        lines.append(f"  {key.ljust(width)}  {now.ljust(8)}  {note}".rstrip())
+    return lines
 
 
 # -- switches --------------------------------------------------------------------

@@ -206,6 +206,26 @@ class BreakerConfig:
         }
         return json.dumps(values, separators=(",", ":")).encode()
 
+    @classmethod
+    def from_lua(cls, raw: str | bytes) -> BreakerConfig:
+        """The config a worker gave the scripts (``to_lua``), read back from Redis.
+
+        Plain JSON, never evaluated; a value out of bounds (the hash was
+        edited) raises ValueError, as the constructor does.
+        """
+        given = json.loads(raw)
+        if not isinstance(given, dict):
+            raise ValueError(f"not a config: {raw!r}")
+        try:
+            values = fields_from_lua(given)
+        except KeyError as exc:
+            raise ValueError(f"config without {exc}") from None
+        if not given.get("open_set"):  # derived from the other one, as the worker's was
+            del values["open_seconds"]
+        if not given.get("cap_set"):
+            del values["max_open_seconds"]
+        return cls(**values)
+
     def with_overrides(self, overrides: Mapping[str, str]) -> BreakerConfig:
         """This config with live overrides (strings, as stored in Redis) applied."""
         return replace(self, **parse_overrides(overrides))
@@ -239,6 +259,34 @@ _FIELD_TYPES: dict[str, str] = {
     "max_concurrent_calls": "optint",
     "slow_call_seconds": "optfloat",
 }
+
+
+def fields_from_lua(values: Mapping[str, Any]) -> dict[str, Any]:
+    """BreakerConfig's live fields from the scripts' config (``to_lua``, or what
+    snapshot.lua says it applies), seconds again; no validation."""
+
+    def seconds(key: str) -> float:
+        return float(values[key]) / 1000
+
+    buckets = values["buckets"]
+    return {
+        "trip": values["trip"],
+        "mode": values["mode"],
+        "failure_threshold": values["threshold"],
+        "failure_rate": values["rate"],
+        "minimum_calls": values["min_calls"],
+        "slow_call_seconds": seconds("slow_ms") if values["slow_ms"] else None,
+        "slow_call_rate": values["slow_rate"],
+        "window_seconds": float(values["bucket_ms"]) * float(buckets) / 1000,
+        "window_buckets": buckets,
+        "open_seconds": seconds("open_ms"),
+        "open_backoff": values["backoff"],
+        "max_open_seconds": seconds("max_open_ms"),
+        "half_open_max_calls": values["ho_max"],
+        "half_open_successes": values["ho_successes"],
+        "probe_timeout_seconds": seconds("probe_ms"),
+        "max_concurrent_calls": values["max_conc"] or None,
+    }
 
 
 def parse_overrides(overrides: Mapping[str, str]) -> dict[str, Any]:

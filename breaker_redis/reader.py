@@ -78,8 +78,22 @@ class Reader:
         except ValueError:  # a shape no config could have written (the hash was edited)
             return BreakerConfig()
 
+    def stored_config(self, name: str) -> BreakerConfig | None:
+        """The config of the last worker that wrote the state (its ``cfg`` field);
+        None when none is written or it does not make a valid config."""
+        raw = self.client.hget(self.keys(name)["state"], "cfg")
+        if not raw:
+            return None
+        try:
+            return BreakerConfig.from_lua(raw)
+        except (ValueError, TypeError):
+            return None
+
     def snapshot(self, name: str) -> dict[str, Any]:
-        return self.breakers(self.window_config(name)).get(name).snapshot()
+        """Read with the workers' own config when one is written (so its "config"
+        is the one in force), else with their window shape."""
+        config = self.stored_config(name) or self.window_config(name)
+        return self.breakers(config).get(name).snapshot()
 
     def snapshots(self) -> list[dict[str, Any]]:
         return [self.snapshot(name) for name in self.names()]

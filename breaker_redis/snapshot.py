@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from .config import fields_from_lua
 from .scripts import flat_pairs, text
 
 _INT_FIELDS = (
@@ -62,7 +64,17 @@ def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
         "overrides": overrides,
         "store": store,
     }
+    snapshot["config"] = _config_in_force(fields.get("config"))
     for key in _STAT_FIELDS:
         snapshot[key] = stats.get(key, 0)
     snapshot["calls"] = snapshot["successes"] + snapshot["failures"] + snapshot["ignored"]
     return snapshot
+
+
+def _config_in_force(raw: Any) -> dict[str, Any] | None:
+    """The config the scripts decide by (the caller's with the live overrides
+    applied), in BreakerConfig's names and units; None if it cannot be read."""
+    try:
+        return fields_from_lua(json.loads(text(raw))) if raw else None
+    except (ValueError, TypeError, KeyError):
+        return None

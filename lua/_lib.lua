@@ -8,7 +8,8 @@
 --   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq,
 --                   ttl_at (last TTL refresh), ovr ('1' while live overrides exist),
 --                   born (the epoch this hash was created with), armed ('1' while a
---                   late success could change a decision), arms (how often it armed)
+--                   late success could change a decision), arms (how often it armed),
+--                   cfg (the config JSON of the last acquire/record that wrote the state)
 --   2 window HASH   head, bms (bucket ms), nb (buckets), tc/tf/ts (totals), c<id>/f<id>/s<id> per
 --                   bucket; bms and nb let a reader without the config (the CLI) read the window
 --   3 leases ZSET   'p:<epoch>:<seq>' probe leases, 'b:<seq>' bulkhead slots; score = expiry ms
@@ -119,9 +120,13 @@ local function save_state(s)
     for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], TTL) end
   end
   if not s.dirty then return end
-  redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
+  local fields = {'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
     'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq,
-    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms)
+    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms}
+  -- the caller's config, for readers that have none (the CLI's `show`): written
+  -- with the state, so at least at every TTL refresh while a worker runs
+  if ARGV[5] ~= '' then fields[#fields + 1], fields[#fields + 2] = 'cfg', ARGV[5] end
+  redis.call('HSET', K_STATE, unpack(fields))
   redis.call('PEXPIRE', K_STATE, TTL)
 end
 

@@ -7,7 +7,9 @@
 -- Reads : state, window, leases, config, stats.  Writes: stats (flush only).
 -- Returns a flat field, value list: state fields, window totals as of now,
 --         probes in flight, now, then 'stats' and the stats hash, then
---         'overrides' and the config hash.
+--         'overrides' and the config hash, then 'config': the config the scripts
+--         apply (ARGV 5 with the live overrides), as JSON in the units of ARGV 5
+--         ('' if it cannot be encoded).
 local s = load_state()
 local cfg = load_config(s)
 flush_pending(7)
@@ -22,4 +24,7 @@ out[#out + 1] = 'stats'
 out[#out + 1] = redis.call('HGETALL', K_STATS)
 out[#out + 1] = 'overrides'
 out[#out + 1] = redis.call('HGETALL', K_CONFIG)
+out[#out + 1] = 'config'
+local encoded, config_json = pcall(cjson.encode, cfg)  -- '' if an override made it unencodable (inf)
+out[#out + 1] = encoded and config_json or ''
 return out

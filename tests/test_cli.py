@@ -158,6 +158,14 @@ def test_show_an_override_and_the_last_transitions(url, prefix, app_breakers, cl
     assert "IGNORED by the scripts" in lines["open_seconds"]
     assert "BreakerConfig.open_seconds must be a number" in lines["open_seconds"]
     assert "in force, but BreakerConfig refuses it" in lines["failure_rate"]
+    # the config in force: the worker's own (written with the state) and what the overrides change
+    table = {line.split()[0]: line for line in out.splitlines()
+             if line.startswith("  ") and " = " not in line}
+    assert table["failure_threshold"].split(None, 1)[1] == "4         live override (the worker's own: 3)"
+    assert table["failure_rate"].split()[1] == "1.5" and "live override" in table["failure_rate"]
+    assert table["open_seconds"].split()[1:] == ["30"]  # 'soon' is skipped: the worker's own stays
+    assert table["trip"].split()[1:] == ["count"]
+    assert pay.snapshot()["config"]["failure_threshold"] == 4  # the same from the API
     transitions = [line for line in out.splitlines() if " -> " in line]
     assert len(transitions) == 7
     assert "closed -> closed  cause=reset" in transitions[0]  # newest first
@@ -170,6 +178,14 @@ def test_show_keeps_to_the_last_ten_transitions(url, prefix, app_breakers):
         pay.reset()
     out = run(url, prefix, "show", "pay").stdout
     assert len([line for line in out.splitlines() if " -> " in line]) == 10
+
+
+def test_show_says_when_no_worker_has_written_its_config(url, prefix, client):
+    assert run(url, prefix, "reset", "fresh", "--create").exit_code == 0  # listed, never called
+    out = run(url, prefix, "show", "fresh").stdout
+    assert "config in force: no worker has written its config yet" in out
+    client.hset(f"{prefix}:{{fresh}}:state", "cfg", "not json")  # a corrupted one reads the same way
+    assert "no worker has written its config yet" in run(url, prefix, "show", "fresh").stdout
 
 
 def test_show_an_unknown_breaker_exits_1(url, prefix):
