@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import fakeredis
 import pytest
@@ -213,8 +214,14 @@ def test_the_stream_sends_every_breaker_with_its_last_transitions(one_frame):
 
 
 def test_a_published_change_sends_a_snapshot_at_once(redis_server, monkeypatch):
-    """The next frame after a trip shows it, though the periodic frame is 60 s away."""
-    monkeypatch.setattr(dashboard_module, "FRAME_SECONDS", 60.0)
+    """The frame after a trip shows it, though the periodic frame is an hour away.
+
+    Each change is made before the next frame is asked for, so its message is
+    already in the stream's socket: a correct stream answers at once, a broken
+    one (not subscribed, or woken by something else) only after an hour, and
+    the 30 s deadline fails it.
+    """
+    monkeypatch.setattr(dashboard_module, "FRAME_SECONDS", 3600.0)
     client = redis_server.client()
     prefix = "dashpush"
     app = Flask(__name__)
@@ -223,27 +230,99 @@ def test_a_published_change_sends_a_snapshot_at_once(redis_server, monkeypatch):
     worker = Breakers(redis_server.client(), prefix)  # another process, as far as Redis can tell
     pay = worker.get("pay", BreakerConfig(**SEED))
     pay.reset()
-    frames = stream_events(app.extensions[EXTENSION_KEY], seconds=120)
+    frames = stream_events(app.extensions[EXTENSION_KEY], seconds=7200)
+    pool = ThreadPoolExecutor(max_workers=1)
+
+    def next_frame() -> dict:
+        ((_, found),) = events(pool.submit(next, frames).result(timeout=30))
+        return {b["name"]: b for b in found["breakers"]}
+
     try:
-        assert next(frames) == "retry: 1000\n\n"
-        ((_, first),) = events(next(frames))  # subscribed before this frame was read
-        assert [b["state"] for b in first["breakers"] if b["name"] == "pay"] == ["closed"]
+        assert pool.submit(next, frames).result(timeout=30) == "retry: 0\n\n"
+        assert next_frame()["pay"]["state"] == "closed"  # subscribed (and confirmed) before this frame
         for _ in range(5):
             pay.acquire().failure()
-        ((_, after),) = events(next(frames))
-        assert [b["state"] for b in after["breakers"] if b["name"] == "pay"] == ["open"]
+        assert next_frame()["pay"]["state"] == "open"
         pay.force_closed()
-        ((_, forced),) = events(next(frames))
-        assert [(b["state"], b["forced"]) for b in forced["breakers"] if b["name"] == "pay"] == [
-            ("closed", "closed")]
-    finally:
+        assert (next_frame()["pay"]["forced"]) == "closed"
         frames.close()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
         worker.close()
 
     def unsubscribed() -> bool:  # Redis drops a closed connection's subscription when it reads the close
         return int(dict(client.pubsub_numsub(f"{prefix}:events"))[f"{prefix}:events".encode()]) == 0
 
     wait_until(unsubscribed, timeout=10, what="the stream's subscription to end")
+
+
+def test_a_single_threaded_server_gets_one_frame_per_request_and_a_threaded_one_a_stream(monkeypatch):
+    app, _ext, _client = make_app()
+    client = app.test_client()
+    client.post("/pay")
+    polled = client.get("/_breakers/stream", headers=AUTH)  # the test client: wsgi.multithread is false
+    body = polled.get_data(as_text=True)
+    assert body.startswith("retry: 1000\n\n") and [kind for kind, _ in events(body)] == ["snapshot"]
+    monkeypatch.setattr(dashboard_module, "STREAM_SECONDS", 0)
+    streamed = client.get("/_breakers/stream", headers=AUTH, environ_overrides={"wsgi.multithread": True})
+    assert streamed.get_data(as_text=True).startswith("retry: 0\n\n")
+
+
+def test_declared_breakers_have_a_tile_before_their_first_call(one_frame):
+    app, ext, redis_client = make_app()
+    with app.app_context():
+        ext.breaker("inventory")
+    answer = app.test_client().get("/_breakers/stream", headers=AUTH)
+    ((_, frame),) = events(answer.get_data(as_text=True))
+    assert [(b["name"], b["state"], b["calls"]) for b in frame["breakers"]] == [
+        ("inventory", "closed", 0), ("pay", "closed", 0)]
+    assert redis_client.keys() == []  # showing them wrote nothing
+
+
+@pytest.mark.parametrize("name", ["/", "/a", "a/", "..", ".", "a/../b", "api/v1/pay", "caf\u00e9"])
+def test_any_valid_name_can_be_switched_by_the_json_action(name):
+    app, ext, _client = make_app()
+    with app.app_context():
+        ext.breaker(name)
+        ext.breaker("b")
+        ext.breaker("a")
+    client = app.test_client()
+    answer = client.post("/_breakers/actions", headers=AUTH, json={"breaker": name, "action": "open"})
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    assert (answer.get_json()["name"], answer.get_json()["forced"]) == (name, "open")
+    with app.app_context():
+        assert ext.breaker(name).snapshot()["forced"] == "open"
+        others = {other: ext.breaker(other).snapshot()["forced"] for other in ("a", "b") if other != name}
+    assert set(others.values()) == {None}  # no other breaker was touched
+
+
+def test_the_json_action_refuses_what_it_cannot_do():
+    app, _ext, redis_client = make_app()
+    client = app.test_client()
+    client.post("/pay")
+    before = sorted(redis_client.keys())
+    assert client.post("/_breakers/actions", json={"breaker": "pay", "action": "open"}).status_code == 401
+    for body in (None, [], {"action": "open"}, {"breaker": 3, "action": "open"}):
+        assert client.post("/_breakers/actions", headers=AUTH, json=body).status_code == 400, body
+    for body in ({"breaker": "pay", "action": "x"}, {"breaker": "new", "action": "open"}):
+        assert client.post("/_breakers/actions", headers=AUTH, json=body).status_code == 404, body
+    assert sorted(redis_client.keys()) == before
+
+
+def test_the_path_action_never_folds_slashes_into_another_name():
+    """Werkzeug's path converter takes no leading "/" (that name needs the JSON
+    action), and with slash merging off nothing is redirected to another name."""
+    app, ext, _client = make_app()
+    with app.app_context():
+        for name in ("/a", "a", "a//b", "a/b"):
+            ext.breaker(name)
+    client = app.test_client()
+    assert client.post("/_breakers//a/open", headers=AUTH).status_code == 404  # not a 308 to "a"
+    answer = client.post("/_breakers/a//b/open", headers=AUTH)
+    assert answer.status_code == 200 and answer.get_json()["name"] == "a//b"
+    with app.app_context():
+        assert [ext.breaker(n).snapshot()["forced"] for n in ("/a", "a", "a//b", "a/b")] == [
+            None, None, "open", None]
 
 
 def test_the_stream_reports_redis_down_and_keeps_the_page_served(one_frame):
@@ -254,7 +333,8 @@ def test_the_stream_reports_redis_down_and_keeps_the_page_served(one_frame):
     app, _ext, _client = make_app(client=dead)
     client = app.test_client()
     assert client.get("/_breakers/", headers=AUTH).status_code == 200
-    answer = client.get("/_breakers/stream", headers=AUTH)
-    assert answer.status_code == 200
-    ((kind, problem),) = events(answer.get_data(as_text=True))
-    assert kind == "problem" and problem["error"].startswith("Redis does not answer")
+    for environ in ({}, {"wsgi.multithread": True}):  # one frame, and a stream (of one frame here)
+        answer = client.get("/_breakers/stream", headers=AUTH, environ_overrides=environ)
+        assert answer.status_code == 200
+        ((kind, problem),) = events(answer.get_data(as_text=True))
+        assert kind == "problem" and problem["error"].startswith("Redis does not answer")

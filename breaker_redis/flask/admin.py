@@ -2,7 +2,9 @@
 
 ``GET {path}`` lists every breaker's snapshot; ``GET {path}/metrics`` is the
 Prometheus exposition of every breaker (breaker_redis.metrics); ``POST {path}/NAME/ACTION``
-forces one open or closed, hands it back to the state machine, or resets it.
+forces one open or closed, hands it back to the state machine, or resets it;
+``POST {path}/actions`` does the same with ``{"breaker": NAME, "action": ACTION}``
+(any valid name: a URL path normalises ``..`` segments away).
 With ``BREAKER_DASHBOARD`` the live page is at ``{path}/`` (``dashboard``).
 Their endpoints are named ``breaker_redis.*``, which the hooks never put
 behind a breaker: the switch must work while everything else is refused.
@@ -86,6 +88,14 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
         body = exposition(state.breakers.client, state.breakers.prefix)
         return Response(body, content_type=CONTENT_TYPE)
 
+    def act_on_body() -> Any:
+        """The same with the name in a JSON body: any valid name, ``..`` and a
+        leading ``/`` included, which a URL path cannot carry unchanged."""
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict) or not isinstance(body.get("breaker"), str):
+            return jsonify(error='expected a JSON body {"breaker": NAME, "action": ACTION}'), 400
+        return act(body["breaker"], str(body.get("action")))
+
     def act(name: str, action: str) -> Any:
         if action not in ACTIONS:
             return jsonify(error=f"unknown action {action!r}", actions=sorted(ACTIONS)), 404
@@ -98,8 +108,13 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
     base = path.rstrip("/")
     app.add_url_rule(base, "breaker_redis.status", gate.guard(status), methods=["GET"])
     app.add_url_rule(f"{base}/metrics", "breaker_redis.metrics", gate.guard(metrics), methods=["GET"])
-    # path: names may hold slashes (api/v1/pay); the action is the last segment
-    app.add_url_rule(f"{base}/<path:name>/<action>", "breaker_redis.act", gate.guard(act), methods=["POST"])
+    app.add_url_rule(f"{base}/actions", "breaker_redis.act_on_body", gate.guard(act_on_body),
+                     methods=["POST"])
+    # path: names may hold slashes (api/v1/pay); the action is the last segment. No slash
+    # merging: "a//b" reaches the view as it is, never redirected to "a/b". A name that
+    # starts with "/" (or holds "." or ".." segments) needs the JSON action above
+    app.add_url_rule(f"{base}/<path:name>/<action>", "breaker_redis.act", gate.guard(act),
+                     methods=["POST"], merge_slashes=False)
     if dashboard:
         from .dashboard import install_dashboard
 

@@ -12,11 +12,14 @@
   under the app's prefix, read as the CLI reads them, plus its last
   transitions; one is sent every second and at once when a transition or
   a switch is published on the breakers' channel.
-- The buttons POST to the admin actions (``{base}/NAME/ACTION``), with the token.
+- The buttons POST to ``{base}/actions`` (admin.py), with the token.
 
-A stream ends after ``STREAM_SECONDS`` and the page reconnects at once: a
-sync gunicorn worker serving it stays free of the worker timeout, and is
-busy for at most that long per open page.
+On a threaded server (gunicorn's gthread worker, ``flask run``) a stream
+lasts ``STREAM_SECONDS`` and the page reconnects at once. On a server with
+one request per process at a time (gunicorn's sync worker: the WSGI
+environ's ``wsgi.multithread`` is false) each request gets one frame and the
+page asks again a second later: an open page never holds such a worker, nor
+runs into its timeout; a change then shows within a second.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from importlib import resources
 from typing import Any
 
 import redis
-from flask import Flask, Response, abort
+from flask import Flask, Response, abort, request
 
 from ..store import StoreUnavailable
 from .admin import Gate
 from .state import AppState
 
 STREAM_SECONDS = 15.0
+POLL_MS = 1000  # single-threaded servers: one frame per request, the page asks every second
 FRAME_SECONDS = 1.0
 TRANSITIONS_SHOWN = 5
 STATIC_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -58,12 +62,14 @@ def _asset(name: str) -> str:
 
 
 def frame(state: AppState) -> dict[str, Any]:
-    """Every breaker under the app's prefix with its last transitions, and Redis's clock."""
+    """Every breaker under the app's prefix (and those the app declared, before their
+    first call) with its last transitions, and Redis's clock."""
     reader = state.reader()
     seconds, micros = reader.client.time()
+    names = set(reader.names()) | set(state.declared) | set(state.route_configs) | set(state.resolved)
     breakers = []
-    for name in reader.names():
-        snapshot = reader.snapshot(name)
+    for name in sorted(names):
+        snapshot = reader.snapshot(name)  # reads only: a declared name gets no keys from it
         snapshot["transitions"] = reader.transitions(name, TRANSITIONS_SHOWN)
         breakers.append(snapshot)
     return {"now": int(seconds) * 1000 + int(micros) // 1000, "breakers": breakers}
@@ -73,19 +79,48 @@ def event(kind: str, data: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def stream_events(state: AppState, seconds: float | None = None) -> Iterator[str]:
+def _subscribe(client: Any, channel: str) -> Any:
+    """A subscription in force when this returns: Redis has confirmed it, so a
+    change published after the next frame is read cannot be missed."""
+    pubsub = client.pubsub()
+    try:
+        pubsub.subscribe(channel)
+        ends = time.monotonic() + 2
+        while time.monotonic() < ends:
+            message = pubsub.get_message(timeout=max(0.0, ends - time.monotonic()))
+            if message is not None and message["type"] == "subscribe":
+                return pubsub
+        raise redis.exceptions.TimeoutError("no confirmation of the subscription")
+    except BaseException:
+        pubsub.close()
+        raise
+
+
+def _wait_for_change(pubsub: Any, seconds: float) -> None:
+    """Until a message is published on the channel (then every one already
+    received: one frame for a burst) or ``seconds`` have passed."""
+    ends = time.monotonic() + seconds
+    while (left := ends - time.monotonic()) > 0:
+        message = pubsub.get_message(timeout=left)
+        if message is not None and message["type"] == "message":
+            while pubsub.get_message(timeout=0) is not None:
+                pass
+            return
+
+
+def stream_events(state: AppState, seconds: float | None = None, retry_ms: int = 0) -> Iterator[str]:
     """A snapshot now, then one a second and one right after each published change,
-    for ``seconds`` (``STREAM_SECONDS``)."""
+    for ``seconds`` (``STREAM_SECONDS``); ``retry_ms`` tells the page how long to
+    wait before it asks again once the stream ends."""
     client, channel = state.breakers.client, state.breakers.channel
-    yield "retry: 1000\n\n"
+    yield f"retry: {retry_ms}\n\n"
     pubsub: Any = None
     ends = time.monotonic() + (STREAM_SECONDS if seconds is None else seconds)
     try:
         while True:
             try:
-                if pubsub is None:
-                    pubsub = client.pubsub(ignore_subscribe_messages=True)
-                    pubsub.subscribe(channel)
+                if pubsub is None and seconds != 0:
+                    pubsub = _subscribe(client, channel)
                 yield event("snapshot", frame(state))
             except _REDIS_DOWN as exc:
                 if pubsub is not None:
@@ -96,13 +131,11 @@ def stream_events(state: AppState, seconds: float | None = None) -> Iterator[str
             if left <= 0:
                 return
             wait = min(FRAME_SECONDS, left)
-            if pubsub is None:
-                time.sleep(wait)
-                continue
             try:
-                if pubsub.get_message(timeout=wait) is not None:
-                    while pubsub.get_message(timeout=0) is not None:  # one frame for a burst
-                        pass
+                if pubsub is None:
+                    time.sleep(wait)
+                else:
+                    _wait_for_change(pubsub, wait)
             except _REDIS_DOWN:
                 pubsub.close()
                 pubsub = None
@@ -125,8 +158,15 @@ def install_dashboard(app: Flask, state: AppState, base: str, gate: Gate) -> Non
                         headers=HEADERS)
 
     def stream() -> Response:
+        # A server with one request per process at a time (gunicorn's sync worker)
+        # sends one frame and the page asks again a second later: an open page
+        # never holds such a worker, nor runs into its timeout.
+        if request.environ.get("wsgi.multithread"):
+            events = stream_events(state)
+        else:
+            events = stream_events(state, seconds=0, retry_ms=POLL_MS)
         return Response(
-            stream_events(state),
+            events,
             content_type="text/event-stream",
             headers={**HEADERS, "X-Accel-Buffering": "no"},  # nginx: pass each event on at once
         )

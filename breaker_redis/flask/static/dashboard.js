@@ -54,7 +54,7 @@
     $("login").hidden = true;
     $("login-error").textContent = "";
     $("forget").hidden = false;
-    setConnection("connecting", "connecting…");
+    if ($("connection").dataset.status !== "live") setConnection("connecting", "connecting…");
     let response;
     try {
       response = await fetch(base + "/stream", {
@@ -78,6 +78,7 @@
     setConnection("live", "live");
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
+    const stream = { retry: 1000, frames: 0 };
     let buffer = "";
     let ended = false;
     try {
@@ -87,43 +88,61 @@
           ended = true;
           break;
         }
-        buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
+        buffer += decoder.decode(value, { stream: true }); // the server never sends CR
         let cut;
         while ((cut = buffer.indexOf("\n\n")) >= 0) {
           const block = buffer.slice(0, cut);
           buffer = buffer.slice(cut + 2);
-          if (mine === generation) dispatch(block);
+          if (mine === generation) dispatch(block, stream);
         }
       }
     } catch (error) {
       // aborted (a newer connection, or the token was forgotten) or dropped
     }
-    // The server ends each stream after a few seconds: reconnect at once then.
-    if (mine === generation) reconnect(mine, ended ? 0 : 1000, "reconnecting…");
+    // The server ends each stream: a threaded one after a few seconds (retry 0:
+    // reconnect at once), a single-threaded one after each frame (retry 1000: poll).
+    // A stream that ended without a frame (a proxy's page?) backs off instead.
+    if (mine === generation) {
+      const delay = ended && stream.frames ? stream.retry : Math.max(1000, stream.retry);
+      reconnect(mine, delay, ended ? "live" : "reconnecting…");
+    }
   }
 
   function reconnect(mine, delay, why) {
-    setConnection(delay ? "down" : "connecting", why);
+    if (why !== "live") setConnection("down", why);
     setTimeout(() => {
       if (mine === generation && token) connect();
     }, delay);
   }
 
-  function dispatch(block) {
+  function dispatch(block, stream) {
     let kind = "message";
     const data = [];
     for (const line of block.split("\n")) {
       if (line.startsWith("event:")) kind = line.slice(6).trim();
       else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      else if (line.startsWith("retry:") && /^\d+$/.test(line.slice(6).trim())) {
+        stream.retry = Number(line.slice(6).trim());
+      }
     }
     if (!data.length) return;
-    const payload = JSON.parse(data.join("\n"));
-    if (kind === "snapshot") render(payload);
-    else if (kind === "problem") {
-      $("problem").textContent = payload.error;
-      $("problem").hidden = false;
-      setConnection("down", "Redis does not answer");
+    try {
+      const payload = JSON.parse(data.join("\n"));
+      if (kind === "snapshot") {
+        stream.frames += 1;
+        render(payload);
+      } else if (kind === "problem") {
+        showProblem(payload.error);
+        setConnection("down", "Redis does not answer");
+      }
+    } catch (error) {
+      showProblem("cannot show this update: " + error);
     }
+  }
+
+  function showProblem(text) {
+    $("problem").textContent = text;
+    $("problem").hidden = false;
   }
 
   function render(frame) {
@@ -310,13 +329,14 @@
   }
 
   async function act(tile, action, button) {
-    const path = tile.name.split("/").map(encodeURIComponent).join("/");
     button.disabled = true;
     tile.notice.textContent = action + "…";
     try {
-      const response = await fetch(base + "/" + path + "/" + action, {
+      // the name in the body: a URL path would fold "..", "." or a leading "/" away
+      const response = await fetch(base + "/actions", {
         method: "POST",
-        headers: { Authorization: "Bearer " + token },
+        headers: { Authorization: "Bearer " + token, "Content-Type": "application/json" },
+        body: JSON.stringify({ breaker: tile.name, action }),
         cache: "no-store",
       });
       if (response.status === 401) {
