@@ -37,6 +37,7 @@ from .store import StoreGate, StoreUnavailable
 from .wrappers import Protects
 
 log = logging.getLogger("breaker_redis")
+_listing_clock = time.monotonic  # the tests replace it to step past a quarter of the TTL
 
 # Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
 FLUSH_SECONDS = 1.0
@@ -80,7 +81,7 @@ class Breaker(Protects):
         self.config = config
         self._lua_config = config.to_lua()
         self._config_slow_ms = round((config.slow_call_seconds or 0) * 1000)
-        self._registered_pid = 0
+        self._listed_pid, self._listed_at = 0, 0.0
         self.after_fork()
 
     def after_fork(self) -> None:
@@ -110,9 +111,6 @@ class Breaker(Protects):
                 if permit is not None:
                     return permit
             pending = self._take_pending()
-        if self._registered_pid != shared.pid and shared.gate.healthy:
-            self._registered_pid = shared.pid
-            shared.register_name(self.name)
         try:
             reply, generation, stamp = self._run("acquire", pending)
         except StoreUnavailable:
@@ -273,12 +271,34 @@ class Breaker(Protects):
         """Learn from a reply (knowledge.Memory); after a change, the barrier."""
         shared = self._shared
         shared.observe_clock(reply.now)
+        if reply.repaired:
+            self._log_repair(reply.repaired)
+        if generation == shared.gate.generation and shared.gate.healthy:
+            self._keep_listed()
         own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
         known = self._memory.learn(reply, generation, stamp, own)
         if reply.events and generation == shared.gate.generation and shared.gate.healthy:
             shared.barrier()
             shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
         return known
+
+    def _keep_listed(self) -> None:
+        """The names set (CLI, metrics, dashboard) keeps this breaker while it is
+        in use: listed again every quarter of the key TTL, as the scripts renew
+        the breaker's own keys, and once by each new process."""
+        shared, now = self._shared, _listing_clock()
+        if self._listed_pid == shared.pid and now - self._listed_at < shared.gate.remote.ttl_ms / 4000:
+            return
+        self._listed_pid, self._listed_at = shared.pid, now
+        shared.register_name(self.name)
+
+    def _log_repair(self, keys: str) -> None:
+        """A key edited into something the scripts cannot read was repaired by the
+        call that found it: one line per repair, naming the keys."""
+        prefix = self._shared.gate.remote.prefix
+        names = ", ".join(f"{prefix}:{{{self.name}}}:{key}" for key in keys.split(","))
+        log.warning("breaker_redis: breaker %r: corrupted %s repaired (a field that does not parse "
+                    "was reset; the breaker went on deciding)", self.name, names)
 
     def hint(self, payload: dict[str, Any]) -> None:
         """A pushed message about this breaker: if it is news, the next call asks

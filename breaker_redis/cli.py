@@ -24,7 +24,6 @@ same commands on ``flask`` with ``command_group``.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -33,7 +32,7 @@ from typing import Any
 import click
 import redis
 
-from .config import LUA_FIELDS, MODES, TRIPS, BreakerConfig, parse_overrides
+from .config import LUA_FIELDS, BreakerConfig, live_value, parse_overrides
 from .reader import Reader
 from .scripts import text, validate_name, validate_prefix
 from .store import StoreUnavailable
@@ -47,8 +46,6 @@ SOCKET_TIMEOUT = 5.0
 TRANSITIONS_SHOWN = 10  # by `show`
 HIGHLIGHT_SECONDS = 10.0  # `watch` keeps a state change highlighted this long
 STATE_COLOURS = {"closed": "green", "open": "red", "half_open": "yellow"}
-# Fields the scripts turn off with '', 'none' or 'off' (lua/_lib.lua, apply_overrides).
-_OFF_FIELDS = ("slow_call_seconds", "max_concurrent_calls")
 
 _sleep = time.sleep  # the tests replace it to act between two refreshes of `watch`
 
@@ -328,33 +325,21 @@ def watch(target: Target, interval: float, count: int | None) -> None:
 
 def _scripts_apply(key: str, value: str) -> bool:
     """Whether the scripts apply this stored override (lua/_lib.lua, apply_overrides)."""
-    if key == "trip":
-        return value in TRIPS
-    if key == "mode":
-        return value in MODES
-    if key not in LUA_FIELDS:
-        return False
-    if key in _OFF_FIELDS and value in ("", "none", "off"):
-        return True
-    try:
-        number = float(value)
-    except ValueError:
-        return False
-    return math.isfinite(number) and number > 0
+    return live_value(key, value)[0] is not None
 
 
 def override_verdict(key: str, value: str) -> str:
-    """How a stored override is treated: in force, ignored by the scripts, or in
-    force though BreakerConfig's rules refuse it (written by hand, e.g. redis-cli)."""
+    """How a stored override is treated: in force, clamped, ignored by the
+    scripts (and why), or in force though BreakerConfig's rules refuse it."""
+    applied, why = live_value(key, value)
+    if applied is None:
+        return f"IGNORED by the scripts: {why}"
+    if why:
+        return f"live override, {why}"
     try:
         BreakerConfig().with_overrides({key: value})
-        why = ""
     except (ValueError, TypeError) as exc:
-        why = str(exc)
-    if not _scripts_apply(key, value):
-        return f"IGNORED by the scripts: {why or 'not a value they accept'}"
-    if why:
-        return f"in force, but BreakerConfig refuses it: {why}"
+        return f"in force, but BreakerConfig refuses it: {exc}"
     return "live override"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -50,6 +51,60 @@ OPEN_SECONDS = 30.0  # lua/_lib.lua (apply_overrides) applies the same two numbe
 MAX_OPEN_SECONDS_FLOOR = 300.0
 
 
+# BreakerConfig's bounds: (lowest, lowest excluded, highest, integer). The
+# scripts apply the same to live values written to the config hash
+# (lua/_lib.lua BOUNDS; tests/test_live_config.py keeps the two equal): they
+# skip a value that is not a number, not an integer where one is due, or
+# below the lowest; they clamp one above the highest.
+BOUNDS: dict[str, tuple[float, bool, float, bool]] = {
+    "failure_threshold": (1, False, 1_000_000, True),
+    "failure_rate": (0, True, 1, False),
+    "minimum_calls": (1, False, 1_000_000, True),
+    "slow_call_seconds": (0, True, 3600, False),
+    "slow_call_rate": (0, True, 1, False),
+    "window_seconds": (0, True, 86400, False),
+    "window_buckets": (1, False, 600, True),
+    "open_seconds": (0, True, 86400, False),
+    "open_backoff": (1, False, 100, False),
+    "max_open_seconds": (0, True, 86400, False),
+    "half_open_max_calls": (1, False, 10_000, True),
+    "half_open_successes": (1, False, 10_000, True),
+    "probe_timeout_seconds": (0, True, 3600, False),
+    "max_concurrent_calls": (1, False, 1_000_000, True),
+}
+# Fields a live value of '', 'none' or 'off' turns off.
+OFF_FIELDS = ("slow_call_seconds", "max_concurrent_calls")
+OFF_VALUES = ("", "none", "off")
+_DECIMAL = re.compile(r"[0-9.eE+-]+")  # what the scripts parse: no hex, inf, nan, spaces or underscores
+
+
+def live_value(key: str, raw: str) -> tuple[Any, str]:
+    """What the scripts make of a live value written to the config hash: (the
+    value applied, or None when skipped; why it was skipped or clamped, or '').
+    The same rules as apply_overrides in lua/_lib.lua."""
+    if key in ("trip", "mode"):
+        allowed = TRIPS if key == "trip" else MODES
+        return (raw, "") if raw in allowed else (None, f"must be one of {', '.join(allowed)}")
+    if key not in BOUNDS:
+        return None, f"unknown config field {key!r}"
+    if key in OFF_FIELDS and raw in OFF_VALUES:
+        return "off", ""
+    low, low_open, high, integer = BOUNDS[key]
+    try:
+        if not _DECIMAL.fullmatch(raw):
+            raise ValueError(raw)
+        number = float(raw)
+    except ValueError:
+        return None, "not a number"
+    if integer and math.isfinite(number) and number != math.floor(number):
+        return None, "must be an integer"
+    if number < low or (low_open and number == low):
+        return None, f"must be {'>' if low_open else '>='} {low:g}"
+    if number > high:
+        return high, f"clamped to {high:g}, the highest BreakerConfig allows"
+    return number, ""
+
+
 class _Derived(float):
     """A duration the user did not set, derived from the other one.
 
@@ -67,21 +122,21 @@ def _fail(field: str, why: str, value: object) -> ValueError:
     return ValueError(f"BreakerConfig.{field} {why} (got {value!r})")
 
 
-def _int(field: str, value: object, minimum: int) -> None:
+def _int(field: str, value: object) -> None:
+    low, _, high, _ = BOUNDS[field]
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(field, "must be an integer", value)
-    if value < minimum:
-        raise _fail(field, f"must be >= {minimum}", value)
+    if value < low or value > high:
+        raise _fail(field, f"must be >= {low:g} and <= {high:g}", value)
 
 
-def _number(field: str, value: object, low: float, *, low_open: bool, high: float = math.inf) -> None:
+def _number(field: str, value: object) -> None:
+    low, low_open, high, _ = BOUNDS[field]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _fail(field, "must be a finite number", value)
     if value < low or (low_open and value == low) or value > high:
-        bound = f"> {low}" if low_open else f">= {low}"
-        if high != math.inf:
-            bound += f" and <= {high}"
-        raise _fail(field, f"must be {bound}", value)
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        raise _fail(field, f"must be {bound} and <= {high:g}", value)
 
 
 @dataclass(frozen=True)
@@ -127,25 +182,23 @@ class BreakerConfig:
             raise _fail("trip", f"must be one of {', '.join(TRIPS)}", self.trip)
         if self.mode not in MODES:
             raise _fail("mode", f"must be one of {', '.join(MODES)}", self.mode)
-        _int("failure_threshold", self.failure_threshold, 1)
-        _number("failure_rate", self.failure_rate, 0.0, low_open=True, high=1.0)
-        _int("minimum_calls", self.minimum_calls, 1)
+        _int("failure_threshold", self.failure_threshold)
+        _number("failure_rate", self.failure_rate)
+        _int("minimum_calls", self.minimum_calls)
         if self.slow_call_seconds is not None:
-            _number("slow_call_seconds", self.slow_call_seconds, 0.0, low_open=True)
-        _number("slow_call_rate", self.slow_call_rate, 0.0, low_open=True, high=1.0)
-        _number("window_seconds", self.window_seconds, 0.0, low_open=True)
-        _int("window_buckets", self.window_buckets, 1)
-        if self.window_buckets > 600:
-            raise _fail("window_buckets", "must be <= 600", self.window_buckets)
+            _number("slow_call_seconds", self.slow_call_seconds)
+        _number("slow_call_rate", self.slow_call_rate)
+        _number("window_seconds", self.window_seconds)
+        _int("window_buckets", self.window_buckets)
         if self.window_seconds * 1000 < self.window_buckets:
             raise _fail("window_seconds", "must give each bucket at least 1 ms", self.window_seconds)
         self._resolve_open_period()
-        _number("open_backoff", self.open_backoff, 1.0, low_open=False)
-        _int("half_open_max_calls", self.half_open_max_calls, 1)
-        _int("half_open_successes", self.half_open_successes, 1)
-        _number("probe_timeout_seconds", self.probe_timeout_seconds, 0.0, low_open=True)
+        _number("open_backoff", self.open_backoff)
+        _int("half_open_max_calls", self.half_open_max_calls)
+        _int("half_open_successes", self.half_open_successes)
+        _number("probe_timeout_seconds", self.probe_timeout_seconds)
         if self.max_concurrent_calls is not None:
-            _int("max_concurrent_calls", self.max_concurrent_calls, 1)
+            _int("max_concurrent_calls", self.max_concurrent_calls)
         for field in ("record_exceptions", "ignore_exceptions"):
             value = getattr(self, field)
             if not isinstance(value, tuple) or not all(
@@ -160,9 +213,9 @@ class BreakerConfig:
         open_set = not isinstance(self.open_seconds, _Derived)
         cap_set = not isinstance(self.max_open_seconds, _Derived)
         if open_set:
-            _number("open_seconds", self.open_seconds, 0.0, low_open=True)
+            _number("open_seconds", self.open_seconds)
         if cap_set:
-            _number("max_open_seconds", self.max_open_seconds, 0.0, low_open=True)
+            _number("max_open_seconds", self.max_open_seconds)
         if open_set and cap_set:
             if self.max_open_seconds < self.open_seconds:
                 why = f"must be >= open_seconds ({self.open_seconds!r})"

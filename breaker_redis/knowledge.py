@@ -57,6 +57,7 @@ class Reply:
     armed: bool
     arms: int
     born: int  # the epoch the state hash was created with: one per incarnation of the keys
+    repaired: str = ""  # keys of the breaker this call found corrupted and repaired ("stats,window")
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
@@ -76,6 +77,7 @@ class Reply:
             bool(int(raw[12])),
             int(raw[13]),
             int(raw[14]),
+            text(raw[15]) if len(raw) > 15 else "",
         )
 
 

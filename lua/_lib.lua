@@ -6,7 +6,7 @@
 --
 -- KEYS (every script, one hash tag {NAME} so one slot):
 --   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq,
---                   ttl_at (last TTL refresh), ovr ('1' while live overrides exist),
+--                   ttl_at (last TTL refresh),
 --                   born (the epoch this hash was created with), armed ('1' while a
 --                   late success could change a decision), arms (how often it armed),
 --                   cfg (the config JSON of the last acquire/record that wrote the state)
@@ -28,7 +28,9 @@
 local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local NAME, CHANNEL, TTL, FLOOR = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[6]) or 0
-local TTL_REFRESH_MS = 60000  -- keys get their TTL renewed at most this often, and when created
+-- Keys get their TTL renewed this often while in use (and when created): a
+-- quarter of the TTL, at most once a minute.
+local TTL_REFRESH_MS = math.min(60000, math.floor(TTL / 4))
 
 local NOW
 if ARGV[3] ~= '' then
@@ -38,50 +40,87 @@ else
   NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Live overrides (written by configure.lua in BreakerConfig names and units)
--- replace the caller's values; one that does not parse is skipped, never fatal.
--- Read only while the state's ovr flag says there are some: this prelude runs
--- on every call and Redis garbage-collects whatever a call allocates.
-local function apply_overrides(c)
-  local rules = {
-    failure_threshold = {'threshold', 1}, failure_rate = {'rate', 1}, minimum_calls = {'min_calls', 1},
-    slow_call_seconds = {'slow_ms', 1000}, slow_call_rate = {'slow_rate', 1},
-    window_seconds = {'window_ms', 1000}, window_buckets = {'buckets', 1},
-    open_seconds = {'open_ms', 1000}, open_backoff = {'backoff', 1}, max_open_seconds = {'max_open_ms', 1000},
-    half_open_max_calls = {'ho_max', 1}, half_open_successes = {'ho_successes', 1},
-    probe_timeout_seconds = {'probe_ms', 1000}, max_concurrent_calls = {'max_conc', 1},
-  }
-  local enums = {trip = {consecutive = true, count = true, rate = true}, mode = {enforce = true, observe = true}}
-  local o = redis.call('HGETALL', K_CONFIG)
+-- Keys found corrupted (a field that does not parse) and repaired by this call,
+-- for the reply: the worker logs them, once each.
+local REPAIRED = ''
+local function repaired(key)
+  if not string.find(',' .. REPAIRED .. ',', ',' .. key .. ',', 1, true) then
+    REPAIRED = REPAIRED .. (REPAIRED == '' and '' or ',') .. key
+  end
+end
+
+-- Live overrides: the config hash, in BreakerConfig names and units, written
+-- by configure.lua or by hand (redis-cli HSET). Each value is checked against
+-- BreakerConfig's own bounds (breaker_redis/config.py BOUNDS; a test keeps the
+-- two equal): one that does not parse, is not an integer where one is due, or
+-- is below the lowest allowed is skipped (the caller's value stays); one above
+-- the highest allowed is clamped to it. Never fatal, never unbounded.
+--   field = {config key, unit, lowest, lowest excluded, highest, integer}
+local BOUNDS = {
+  failure_threshold = {'threshold', 1, 1, false, 1000000, true},
+  failure_rate = {'rate', 1, 0, true, 1, false},
+  minimum_calls = {'min_calls', 1, 1, false, 1000000, true},
+  slow_call_seconds = {'slow_ms', 1000, 0, true, 3600, false},
+  slow_call_rate = {'slow_rate', 1, 0, true, 1, false},
+  window_seconds = {'window_ms', 1000, 0, true, 86400, false},
+  window_buckets = {'buckets', 1, 1, false, 600, true},
+  open_seconds = {'open_ms', 1000, 0, true, 86400, false},
+  open_backoff = {'backoff', 1, 1, false, 100, false},
+  max_open_seconds = {'max_open_ms', 1000, 0, true, 86400, false},
+  half_open_max_calls = {'ho_max', 1, 1, false, 10000, true},
+  half_open_successes = {'ho_successes', 1, 1, false, 10000, true},
+  probe_timeout_seconds = {'probe_ms', 1000, 0, true, 3600, false},
+  max_concurrent_calls = {'max_conc', 1, 1, false, 1000000, true},
+}
+local ENUMS = {trip = {consecutive = true, count = true, rate = true}, mode = {enforce = true, observe = true}}
+local OFF = {[''] = true, none = true, off = true}  -- turns off slow_call_seconds, max_concurrent_calls
+
+-- A live value within bounds (in the field's own unit), or nil to skip it.
+local function bounded(b, v)
+  if string.find(v, '[^%d%.eE+-]') then return nil end  -- decimal only: no hex, inf, nan, spaces
+  local n = tonumber(v)
+  if n == nil then return nil end
+  if b[6] and n > -math.huge and n < math.huge and n ~= math.floor(n) then return nil end
+  if n < b[3] or (b[4] and n == b[3]) then return nil end
+  if n > b[5] then return b[5] end
+  return n
+end
+
+local function apply_overrides(c, o)
   local window_ms = c.bucket_ms * c.buckets
   local open_set, cap_set = c.open_set == 1, c.cap_set == 1
   for i = 1, #o, 2 do
     local f, v = o[i], o[i + 1]
-    local rule, n = rules[f], tonumber(v)
-    if enums[f] then
-      if enums[f][v] then c[f] = v end
-    elseif rule and (v == '' or v == 'none' or v == 'off') and (rule[1] == 'slow_ms' or rule[1] == 'max_conc') then
-      c[rule[1]] = 0
-    elseif rule and n and n > 0 then
-      n = n * rule[2]
-      if rule[1] == 'window_ms' then window_ms = n else c[rule[1]] = n end
-      if f == 'open_seconds' then open_set = true elseif f == 'max_open_seconds' then cap_set = true end
+    local b = BOUNDS[f]
+    if ENUMS[f] then
+      if ENUMS[f][v] then c[f] = v end
+    elseif b and OFF[v] and (f == 'slow_call_seconds' or f == 'max_concurrent_calls') then
+      c[b[1]] = 0
+    elseif b then
+      local n = bounded(b, v)
+      if n then
+        n = n * b[2]
+        if f == 'window_seconds' then window_ms = n else c[b[1]] = n end
+        if f == 'open_seconds' then open_set = true elseif f == 'max_open_seconds' then cap_set = true end
+      end
     end
   end
   -- the one of open_seconds / max_open_seconds left unset follows the other
   -- (breaker_redis/config.py): cap = max(300 s, open), open = min(30 s, cap)
   if open_set and not cap_set then c.max_open_ms = math.max(300000, c.open_ms) end
   if cap_set and not open_set then c.open_ms = math.min(30000, c.max_open_ms) end
-  c.buckets = math.max(1, math.floor(c.buckets))
   c.bucket_ms = math.max(1, math.floor(window_ms / c.buckets))
-  c.backoff = math.max(1, c.backoff)
   c.max_open_ms = math.max(c.max_open_ms, c.open_ms)
   return c
 end
 
-local function load_config(s)
+-- The caller's config (ARGV 5) with the live overrides applied. The config
+-- hash is read on every call, so a value written with redis-cli holds from
+-- the next script any worker runs (an empty hash costs one short command).
+local function load_config()
   local c = cjson.decode(ARGV[5])
-  if s.ovr == '1' then return apply_overrides(c) end
+  local o = redis.call('HGETALL', K_CONFIG)
+  if #o > 0 then return apply_overrides(c, o) end
   return c
 end
 
@@ -90,16 +129,25 @@ end
 -- never mistakes the new breaker's results for old ones or the reverse.
 local function load_state()
   local v = redis.call('HMGET', K_STATE, 'state', 'epoch', 'open_until', 'forced',
-    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'ovr', 'born', 'armed', 'arms')
+    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'born', 'armed', 'arms')
   local s = {state = v[1], epoch = tonumber(v[2]) or 0, open_until = tonumber(v[3]) or 0,
     forced = v[4] or '', consec = tonumber(v[5]) or 0, open_ms = tonumber(v[6]) or 0,
     ho_ok = tonumber(v[7]) or 0, seq = tonumber(v[8]) or 0, ttl_at = tonumber(v[9]) or 0,
-    ovr = v[10], born = tonumber(v[11]) or 0, armed = v[12] == '1', arms = tonumber(v[13]) or 0,
+    born = tonumber(v[10]) or 0, armed = v[11] == '1', arms = tonumber(v[12]) or 0,
     dirty = false}
-  if s.state ~= 'closed' and s.state ~= 'open' and s.state ~= 'half_open' then
+  -- a field that is there but not a finite number: the hash was edited; start afresh
+  local corrupted = false
+  for _, i in pairs({2, 3, 5, 6, 7, 8, 10, 12}) do
+    local n = tonumber(v[i])
+    if v[i] and (n == nil or n ~= n or n == math.huge or n == -math.huge) then corrupted = true end
+  end
+  if corrupted or (v[1] and v[1] ~= 'closed' and v[1] ~= 'open' and v[1] ~= 'half_open') then
+    repaired('state')
+  end
+  if corrupted or (s.state ~= 'closed' and s.state ~= 'open' and s.state ~= 'half_open') then
     s.epoch = math.max(NOW, FLOOR + 1, s.epoch + 1)
     s.state, s.born, s.armed, s.dirty = 'closed', s.epoch, false, true
-    if redis.call('EXISTS', K_CONFIG) == 1 then s.ovr = '1' end
+    s.open_until, s.consec, s.open_ms, s.ho_ok, s.seq, s.arms, s.forced = 0, 0, 0, 0, 0, 0, ''
   end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
   return s
@@ -131,10 +179,16 @@ local function save_state(s)
 end
 
 -- A counter that reaches `by` was just created: give a new stats key its TTL.
+-- A counter that does not parse (the hash was edited) starts again from `by`.
 local function stat(field, by)
-  if by ~= 0 and redis.call('HINCRBY', K_STATS, field, by) == by then
-    redis.call('PEXPIRE', K_STATS, TTL)
+  if by == 0 then return end
+  local n = redis.pcall('HINCRBY', K_STATS, field, by)
+  if type(n) == 'table' and n.err then
+    repaired('stats')
+    redis.call('HSET', K_STATS, field, by)
+    n = by
   end
+  if n == by then redis.call('PEXPIRE', K_STATS, TTL) end
 end
 
 -- What a worker counted in memory arrives here in batches, from ARGV[from]
@@ -228,7 +282,12 @@ local function window_read(c)
   local cur = math.floor(NOW / c.bucket_ms)
   local w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. cur, 'f' .. cur, 's' .. cur)
   local head, tc, tf, ts = tonumber(w[1]), tonumber(w[3]) or 0, tonumber(w[4]) or 0, tonumber(w[5]) or 0
-  if head == nil or tonumber(w[2]) ~= c.bucket_ms or tc < 0 or tf < 0 or ts < 0 or cur - c.buckets >= head then
+  -- a head more than a day ahead of the clock was not written by a worker (a clock
+  -- step back counts into the head bucket, below): the window would never slide
+  local edited = (w[1] and not head) or (head and (head - cur) * c.bucket_ms > 86400000)
+  if edited then repaired('window') end
+  if head == nil or edited or tonumber(w[2]) ~= c.bucket_ms or tc < 0 or tf < 0 or ts < 0
+    or cur - c.buckets >= head then
     return {cur = cur, tc = 0, tf = 0, ts = 0, bc = 0, bf = 0, bs = 0, reset = true}
   end
   if cur < head then -- a clock step back counts into the head bucket
@@ -293,10 +352,10 @@ end
 
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
 -- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
---  armed (0/1), arms, born}
+--  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated)}
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
-    s.born}
+    s.born, REPAIRED}
 end

@@ -11,7 +11,7 @@
 --         denied, go anyway) or 0 (denied, reason open | half_open_full |
 --         forced_open | bulkhead); lease is the id to hand back to record.lua.
 local s = load_state()
-local cfg = load_config(s)
+local cfg = load_config()
 flush_pending(7)
 
 local allowed, reason, lease = 0, '', ''

@@ -6,7 +6,8 @@
 --   force_closed admit every call, keep counting, never trip until cleared
 --   clear_force  back to automatic, closed with a clean window (no-op if not forced)
 --   reset        closed, clean window, backoff and leases dropped, force cleared;
---                cumulative stats are kept (they are counters, e.g. for Prometheus)
+--                cumulative stats are kept (they are counters, e.g. for Prometheus),
+--                but one that does not parse is zeroed: a reset repairs every key
 -- Reads : state.  Writes: state, window, leases, events; publishes the change.
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
 local s, op = load_state(), ARGV[7]
@@ -29,6 +30,14 @@ elseif op == 'clear_force' then
   if s.forced == '' then return reply(s, 1, 'unchanged', '', nil) end
   clean('', 'force_cleared')
 elseif op == 'reset' then
+  -- a counter edited into something that does not parse starts again from 0
+  local counters = redis.call('HGETALL', K_STATS)
+  for i = 1, #counters, 2 do
+    if not string.find(counters[i + 1], '^%-?%d+$') then
+      redis.call('HSET', K_STATS, counters[i], 0)
+      repaired('stats')
+    end
+  end
   clean('', 'reset')
 else
   return redis.error_reply('unknown admin op ' .. tostring(op))

@@ -5,7 +5,8 @@
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
 -- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override).
 --         The caller validated them (breaker_redis.config.parse_overrides).
--- Reads : config.  Writes: config, the state's ovr flag; publishes {"kind":"config"}.
+-- Reads : config.  Writes: config; publishes {"kind":"config"}. A value written with
+--         redis-cli instead holds as well, from the next script (unannounced).
 -- Returns the overrides now in force as a flat field, value list.
 for i = 7, #ARGV, 2 do
   if ARGV[i + 1] == '' then
@@ -15,12 +16,6 @@ for i = 7, #ARGV, 2 do
   end
 end
 local overrides = redis.call('HGETALL', K_CONFIG)
-if #overrides > 0 then
-  redis.call('PEXPIRE', K_CONFIG, TTL)
-  redis.call('HSET', K_STATE, 'ovr', '1')
-  redis.call('PEXPIRE', K_STATE, TTL)
-else
-  redis.call('HDEL', K_STATE, 'ovr')
-end
+if #overrides > 0 then redis.call('PEXPIRE', K_CONFIG, TTL) end
 redis.call('PUBLISH', CHANNEL, cjson.encode({name = NAME, kind = 'config', at = NOW}))
 return overrides

@@ -18,7 +18,7 @@
 --         (closed), state (consecutive count, armed flag, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
 local s = load_state()
-local cfg = load_config(s)
+local cfg = load_config()
 flush_pending(11)
 local epoch, outcome, duration = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]) or 0
 local batch_epoch, batch = tonumber(ARGV[17]), tonumber(ARGV[18]) or 0

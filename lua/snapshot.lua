@@ -11,7 +11,7 @@
 --         apply (ARGV 5 with the live overrides), as JSON in the units of ARGV 5
 --         ('' if it cannot be encoded).
 local s = load_state()
-local cfg = load_config(s)
+local cfg = load_config()
 flush_pending(7)
 local w = window_read(cfg)
 local probes = #probe_ids()

@@ -1,0 +1,234 @@
+"""Hostile or careless data in Redis: live config written by hand, corrupted
+fields, keys that must outlive a short TTL.
+
+- A value written with redis-cli (no configure() call, no flag) holds from the
+  next script, also after the state hash is rebuilt.
+- Live values are held to BreakerConfig's own bounds inside Lua: skipped when
+  they do not parse, are not integers where one is due or are below the
+  lowest, clamped when above the highest. The Python reading of a value
+  (config.live_value, used by the CLI) and the Lua one agree on any string
+  (hypothesis), and the two bound tables are equal.
+- A field that does not parse in the state, stats or window hash is repaired by
+  the call that finds it, with one log line naming the key; the breaker keeps
+  deciding; reset repairs a counter too.
+- TTLs are renewed every quarter of the TTL; the names set is renewed by
+  running workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from breaker_redis import BreakerConfig, BreakerOpen
+from breaker_redis.config import BOUNDS, LUA_FIELDS, live_value
+from breaker_redis.scripts import script_source
+from tests.workers import admits, fail
+
+COUNT_5 = BreakerConfig(trip="count", failure_threshold=5, window_seconds=60, open_seconds=30)
+CONFIG = "breaker:{pay}:config"
+STATE = "breaker:{pay}:state"
+
+
+def in_force(breaker) -> dict:
+    return breaker.snapshot()["config"]
+
+
+def test_the_lua_bounds_are_breakerconfigs_bounds(store):
+    source = script_source("snapshot").split("\nlocal s = load_state()")[0] + "\nreturn cjson.encode(BOUNDS)"
+    lua = json.loads(store.eval(source, 6, *[f"k{i}" for i in range(6)], "n", "c", "", 1000, "", 0))
+    assert set(lua) == set(BOUNDS) == set(LUA_FIELDS) - {"trip", "mode"}
+    for field, (low, low_open, high, integer) in BOUNDS.items():
+        assert lua[field][2:] == [low, low_open, high, integer], field
+
+
+def test_a_value_written_with_redis_cli_holds_from_the_next_call(make_breakers, store):
+    pay = make_breakers().get("pay", COUNT_5)
+    fail(pay, 2)
+    store.hset(CONFIG, "failure_threshold", "3")  # by hand: no configure(), no message
+    fail(pay)
+    assert not admits(pay)  # the third failure tripped it
+    assert in_force(pay)["failure_threshold"] == 3
+
+
+def test_a_hand_written_value_survives_the_state_hash_being_rebuilt(make_breakers, store):
+    pay = make_breakers().get("pay", COUNT_5)
+    pay.acquire().success()
+    store.hset(CONFIG, "failure_threshold", "2")
+    store.delete(STATE)  # evicted, or deleted by hand
+    fail(pay, 2)
+    assert not admits(pay)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("window_buckets", "1e6", 600),  # measured before: blocked Redis 3.8 s in one call
+        ("open_seconds", "1e999", 86400.0),  # measured before: open with a negative open_until
+        ("half_open_successes", "1e999", 10000),  # measured before: half-open for ever
+        ("failure_threshold", "0.01", 5),  # measured before: tripped on the first failure; now skipped
+        ("failure_threshold", "0", 5),
+        ("failure_threshold", "-3", 5),
+        ("failure_rate", "1.5", 1),
+        ("open_backoff", "nan", 2.0),
+        ("probe_timeout_seconds", "0x10", 30.0),
+        ("minimum_calls", " 7", 20),
+        ("minimum_calls", "7", 7),
+        ("slow_call_seconds", "off", None),
+        ("trip", "sometimes", "count"),
+        ("mode", "observe", "observe"),
+    ],
+)
+def test_hostile_live_values_are_skipped_or_clamped(make_breakers, store, field, value, expected):
+    pay = make_breakers().get("pay", COUNT_5)
+    store.hset(CONFIG, field, value)
+    assert in_force(pay)[field] == expected
+
+
+def test_a_huge_open_period_is_clamped_not_negative(make_breakers, store, clock):
+    pay = make_breakers().get("pay", COUNT_5)
+    store.hset(CONFIG, "open_seconds", "1e999")
+    fail(pay, 5)
+    snap = pay.snapshot()
+    assert snap["state"] == "open"
+    assert snap["open_until_ms"] == clock.now + 86400 * 1000
+    with pytest.raises(BreakerOpen) as refused:
+        pay.acquire()
+    assert refused.value.retry_after == 86400
+
+
+def test_a_huge_window_bucket_count_costs_600_buckets(make_breakers, store, clock):
+    pay = make_breakers().get("pay", COUNT_5)
+    store.hset(CONFIG, "window_buckets", "1e6")
+    for _ in range(3):
+        fail(pay)
+        clock.advance(60_000)  # every bucket slides out: the most work a call can do
+    assert int(store.hget("breaker:{pay}:window", "nb")) == 600
+    assert store.hlen("breaker:{pay}:window") <= 6 + 3 * 3
+
+
+# the characters a careless hand might type, and whole values worth trying
+_VALUES = st.one_of(
+    st.text(alphabet="0123456789.eE+-", max_size=8),
+    st.sampled_from(["1e999", "-1e999", "inf", "nan", "0x10", " 5", "5 ", "1_0", "", "off", "none",
+                     "consecutive", "rate", "observe", "1e-999", "0.0", "600", "601", "3.0"]),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.integers(min_value=-10, max_value=2_000_000).map(str),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(LUA_FIELDS), value=_VALUES)
+def test_python_reads_a_live_value_as_the_scripts_do(make_breakers, store, field, value):
+    store.flushall()
+    base = BreakerConfig(trip="rate", window_seconds=10, window_buckets=10, open_seconds=20)
+    pay = make_breakers().get("pay", base)
+    own = in_force(pay)
+    store.hset(CONFIG, field, value)
+    got = in_force(pay)[field]
+    applied, why = live_value(field, value)
+    if applied is None:
+        assert got == own[field], (field, value, why)
+    elif applied == "off":
+        assert got is None
+    elif field == "window_seconds":  # buckets of whole milliseconds, at least 1
+        assert got == max(1, math.floor(applied * 1000 / 10)) * 10 / 1000
+    elif field == "max_open_seconds":  # never below the open period in force
+        assert got == max(applied, own["open_seconds"])
+    else:
+        assert got == pytest.approx(applied), (field, value)
+
+
+# -- corrupted fields ----------------------------------------------------------------------
+
+
+def test_a_corrupted_counter_is_repaired_with_one_log_line(make_breakers, store, caplog):
+    pay = make_breakers().get("pay", COUNT_5)
+    fail(pay)
+    store.hset("breaker:{pay}:stats", "failures", "abc")
+    with caplog.at_level(logging.WARNING, logger="breaker_redis"):
+        fail(pay, 4)  # keeps deciding: the fifth failure in the window trips it
+    assert not admits(pay)
+    repairs = [r.getMessage() for r in caplog.records if "corrupted" in r.getMessage()]
+    assert len(repairs) == 1 and "breaker:{pay}:stats" in repairs[0]
+    assert int(store.hget("breaker:{pay}:stats", "failures")) == 4  # counted again from the repair
+
+
+def test_reset_repairs_a_corrupted_counter(make_breakers, store, caplog):
+    pay = make_breakers().get("pay", COUNT_5)
+    pay.acquire().success()
+    store.hset("breaker:{pay}:stats", mapping={"rejected": "many", "trips": "1.5"})
+    with caplog.at_level(logging.WARNING, logger="breaker_redis"):
+        pay.reset()
+    assert store.hmget("breaker:{pay}:stats", "rejected", "trips") == [b"0", b"0"]
+    assert "breaker:{pay}:stats" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("epoch", "abc"), ("open_until", "soon"), ("consec", "inf"), ("state", "ajar"), ("born", "nan")],
+)
+def test_a_corrupted_state_field_starts_a_fresh_breaker_with_a_newer_epoch(make_breakers, store, caplog,
+                                                                           field, value):
+    pay = make_breakers().get("pay", COUNT_5)
+    fail(pay, 5)
+    epoch = pay.snapshot()["epoch"]
+    store.hset(STATE, field, value)
+    with caplog.at_level(logging.WARNING, logger="breaker_redis"):
+        assert admits(pay)  # a fresh closed breaker; no exception reaches the caller
+    assert "breaker:{pay}:state" in caplog.text
+    snap = pay.snapshot()
+    assert snap["state"] == "closed" and snap["epoch"] > epoch  # epochs never go backwards
+    pay.acquire().failure()  # the window kept its failures: this one trips it again
+    assert not admits(pay)
+
+
+def test_a_window_head_far_in_the_future_is_repaired(make_breakers, store, caplog):
+    pay = make_breakers().get("pay", COUNT_5)
+    fail(pay, 2)
+    store.hset("breaker:{pay}:window", "head", "99999999999999")  # the window would never slide
+    with caplog.at_level(logging.WARNING, logger="breaker_redis"):
+        fail(pay)
+    assert "breaker:{pay}:window" in caplog.text
+    assert pay.snapshot()["window_failures"] == 1  # a fresh window
+    fail(pay, 4)
+    assert not admits(pay)
+
+
+# -- TTLs and the names set ----------------------------------------------------------------------
+
+
+def test_keys_are_renewed_every_quarter_of_the_ttl(make_breakers, store, clock):
+    pay = make_breakers(key_ttl_seconds=8).get("pay", COUNT_5)
+    fail(pay)
+    created = int(store.hget(STATE, "ttl_at"))
+    clock.advance(1_999)
+    fail(pay)
+    assert int(store.hget(STATE, "ttl_at")) == created  # not yet
+    clock.advance(1)
+    fail(pay)
+    assert int(store.hget(STATE, "ttl_at")) == created + 2_000  # a quarter of 8 s
+    for key in ("state", "window", "stats"):
+        assert 7_000 < store.pttl(f"breaker:{{pay}}:{key}") <= 8_000
+
+
+def test_running_workers_keep_the_names_set(make_breakers, store, monkeypatch):
+    import breaker_redis.breaker as breaker_module
+
+    now = [1000.0]
+    monkeypatch.setattr(breaker_module, "_listing_clock", lambda: now[0])
+    pay = make_breakers(key_ttl_seconds=8).get("pay", COUNT_5)
+    pay.acquire().success()
+    assert store.smembers("breaker:names") == {b"pay"}
+    store.delete("breaker:names")  # expired while the worker ran on
+    now[0] += 1.9
+    pay.acquire().failure()
+    assert store.smembers("breaker:names") == set()  # listed again only every quarter TTL
+    now[0] += 0.1
+    pay.acquire().failure()
+    assert store.smembers("breaker:names") == {b"pay"}
