@@ -9,6 +9,15 @@ backoff. Changes are logged once each, never once per call.
 The ``local`` fallback runs the very same Lua scripts on an embedded fakeredis
 server, so a worker keeps a full breaker of the same config while Redis is
 away; its state is per process and is dropped when Redis is back.
+
+"Back" means Redis runs a script that writes, not merely that it answers
+PING: a server out of memory, a replica left read-only after a failover or
+one busy with a long script answers PING but refuses the breaker's scripts.
+A Redis that comes back only briefly (it failed again within
+``STEADY_SECONDS``) finds the same local store and the same probe backoff as
+before, so a flapping server neither resets the local breakers nor turns
+into a warning per switch: after the first round trip, one line per change
+of health, at most one a minute while it flaps.
 """
 
 from __future__ import annotations
@@ -27,23 +36,22 @@ log = logging.getLogger("breaker_redis")
 
 POLICIES = ("local", "allow", "deny")
 
-# Errors that say "the store cannot answer now": connection refused or reset,
-# timeouts, a replica that cannot write, a server still loading, OOM.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ClusterError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.MasterDownError,
-    redis.exceptions.OutOfMemoryError,
-    OSError,
-)
+# Errors that say "the store cannot run the scripts now": connection refused
+# or reset, timeouts, a replica that cannot write, a server still loading, out
+# of memory or busy with a script, a cluster in trouble, and any other error
+# reply a script gets (after the WRONGTYPE repair below). Whatever Redis
+# answers, the caller gets a decision from the fallback, never the error.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
 
 
 class StoreUnavailable(Exception):
     """Redis is down and the policy is ``allow`` or ``deny``: nothing ran."""
+
+
+STEADY_SECONDS = 60.0  # Redis healthy this long: the next outage starts afresh
+# A script that writes, as the breaker's scripts do: refused by a read-only
+# replica, by a server out of memory (noeviction) and by one busy with a script.
+_PROBE_SCRIPT = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)"
 
 
 def _make_local_runner(prefix: str, ttl_ms: int) -> ScriptRunner:
@@ -79,6 +87,10 @@ class StoreGate:
         self._on_switch = on_switch
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._up_since: float | None = None  # when Redis last came back
+        self._delay = min_backoff  # the probe backoff, kept while Redis flaps
+        self._flaps = 0  # switches back to Redis that did not last STEADY_SECONDS
+        self._last_flap_log = -1e18
         self._local: ScriptRunner | None = None
         self._prober: threading.Thread | None = None
         self._stop = threading.Event()
@@ -138,15 +150,34 @@ class StoreGate:
         with self._lock:
             if self._down_since is not None or self.generation != seen_generation:
                 return
-            self._down_since = time.monotonic()
+            now = time.monotonic()
+            flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
+            self._down_since = now
             self.generation += 1
-            self._local = None
-            log.warning(
-                "breaker_redis: Redis unavailable (%s: %s); on_store_error=%s until it answers again",
-                type(exc).__name__,
-                exc,
-                self.policy,
-            )
+            if flapping:  # keep what the local breakers learned, and the backoff
+                self._flaps += 1
+            else:
+                self._local, self._delay, self._flaps = None, self._min_backoff, 0
+            if not flapping:
+                log.warning(
+                    "breaker_redis: Redis unavailable (%s: %s); on_store_error=%s until it runs a "
+                    "script again",
+                    type(exc).__name__,
+                    exc,
+                    self.policy,
+                )
+            elif now - self._last_flap_log >= STEADY_SECONDS:
+                self._last_flap_log = now
+                log.warning(
+                    "breaker_redis: Redis failed again (%s: %s) %.1fs after it came back; keeping "
+                    "on_store_error=%s and its local state (%d such returns; this is logged once a "
+                    "minute while it lasts)",
+                    type(exc).__name__,
+                    exc,
+                    now - (self._up_since or now),
+                    self.policy,
+                    self._flaps,
+                )
             self._start_prober()
         if self._on_switch:
             self._on_switch()
@@ -157,20 +188,27 @@ class StoreGate:
         self._prober = threading.Thread(target=self._probe_loop, name="breaker-redis-probe", daemon=True)
         self._prober.start()
 
+    def _probe(self) -> None:
+        """Raises unless Redis runs a script that writes (see the module's docstring)."""
+        key = f"{self.remote.prefix}:health"
+        self.remote.client.eval(_PROBE_SCRIPT, 1, key, str(time.time()))
+
     def _probe_loop(self) -> None:
-        delay = self._min_backoff
-        while not self._stop.wait(delay):
+        while not self._stop.wait(self._delay):
             try:
-                self.remote.client.ping()
+                self._probe()
             except Exception:
-                delay = min(delay * 2, self._max_backoff)
+                self._delay = min(self._delay * 2, self._max_backoff)
                 continue
             with self._lock:
-                down_for = time.monotonic() - (self._down_since or time.monotonic())
+                now = time.monotonic()
+                down_for = now - (self._down_since or now)
                 self._down_since = None
+                self._up_since = now
                 self.generation += 1
-                self._local = None
-            log.warning("breaker_redis: Redis answers again after %.1fs; back to shared state", down_for)
+                flapping = self._flaps > 0
+            if not flapping:
+                log.warning("breaker_redis: Redis answers again after %.1fs; back to shared state", down_for)
             if self._on_switch:
                 self._on_switch()
             return
