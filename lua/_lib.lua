@@ -10,8 +10,9 @@
 --                   born (the epoch this hash was created with), armed ('1' while a
 --                   late success could change a decision), arms (how often it armed),
 --                   cfg (the config JSON of the last acquire/record that wrote the state)
---   2 window HASH   head, bms (bucket ms), nb (buckets), tc/tf/ts (totals), c<id>/f<id>/s<id> per
---                   bucket; bms and nb let a reader without the config (the CLI) read the window
+--   2 window HASH   head, bms (bucket ms), nb (buckets), sat (when a caller of this shape last
+--                   wrote it), tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket; bms and nb let a
+--                   reader without the config (the CLI) read the window
 --   3 leases ZSET   'p:<epoch>:<seq>' probe leases, 'b:<seq>' bulkhead slots; score = expiry ms
 --   4 config HASH   live overrides of BreakerConfig fields (strings, seconds)
 --   5 stats  HASH   cumulative counters (calls is derived: successes + failures + ignored)
@@ -275,20 +276,44 @@ local function take_lease(s, kind, ttl_ms)
   return id
 end
 
--- Window: buckets of c.bucket_ms; bucket ids in (head - buckets, head] are live.
+-- Window: buckets of bms ms; bucket ids in (head - nb, head] are live.
+-- Its shape (bms, nb) is the caller's, or, while two configs overlap (a
+-- rolling deploy), the shape it already has: a caller with another shape
+-- adopts the stored one as long as a caller of that shape wrote it in the
+-- last WINDOW_CLAIM_MS (sat: when), so the window is kept rather than wiped
+-- by each config in turn; once no one claims it, the next caller's shape
+-- replaces it (one reset). Every caller applies its own thresholds to it.
 -- Returns the totals as of NOW, the current bucket's counters, the ids that
--- slid out (for the writer to drop) and whether the hash starts afresh.
+-- slid out (for the writer to drop), the shape in use and whether the hash
+-- starts afresh.
+local WINDOW_CLAIM_MS = 60000
 local function window_read(c)
-  local cur = math.floor(NOW / c.bucket_ms)
-  local w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. cur, 'f' .. cur, 's' .. cur)
+  local bms, nb = c.bucket_ms, c.buckets
+  local cur = math.floor(NOW / bms)
+  local w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. cur, 'f' .. cur, 's' .. cur,
+    'nb', 'sat')
   local head, tc, tf, ts = tonumber(w[1]), tonumber(w[3]) or 0, tonumber(w[4]) or 0, tonumber(w[5]) or 0
+  local sbms, snb = tonumber(w[2]), tonumber(w[9]) or nb  -- a hash from before nb was written: ours
+  local adopted = false
+  if head and (sbms ~= bms or snb ~= nb) then
+    local sane = sbms and sbms >= 1 and sbms == math.floor(sbms) and snb >= 1 and snb <= 600
+      and snb == math.floor(snb)
+    local claimed = (tonumber(w[10]) or -math.huge) > NOW - WINDOW_CLAIM_MS
+    if sane and claimed then
+      bms, nb, adopted = sbms, snb, true
+      cur = math.floor(NOW / bms)
+      local b = redis.call('HMGET', K_WINDOW, 'c' .. cur, 'f' .. cur, 's' .. cur)
+      w[6], w[7], w[8] = b[1], b[2], b[3]
+    end
+  end
   -- a head more than a day ahead of the clock was not written by a worker (a clock
   -- step back counts into the head bucket, below): the window would never slide
-  local edited = (w[1] and not head) or (head and (head - cur) * c.bucket_ms > 86400000)
+  local edited = (w[1] and not head) or (head and (head - cur) * bms > 86400000)
   if edited then repaired('window') end
-  if head == nil or edited or tonumber(w[2]) ~= c.bucket_ms or tc < 0 or tf < 0 or ts < 0
-    or cur - c.buckets >= head then
-    return {cur = cur, tc = 0, tf = 0, ts = 0, bc = 0, bf = 0, bs = 0, reset = true}
+  if head == nil or edited or (not adopted and (sbms ~= bms or snb ~= nb)) or tc < 0 or tf < 0 or ts < 0
+    or cur - nb >= head then
+    return {cur = cur, tc = 0, tf = 0, ts = 0, bc = 0, bf = 0, bs = 0, bms = c.bucket_ms, nb = c.buckets,
+      adopted = false, reset = true}
   end
   if cur < head then -- a clock step back counts into the head bucket
     cur = head
@@ -296,14 +321,15 @@ local function window_read(c)
     w[6], w[7], w[8] = b[1], b[2], b[3]
   end
   local gone = nil
-  for id = head - c.buckets + 1, cur - c.buckets do
+  for id = head - nb + 1, cur - nb do
     local b = redis.call('HMGET', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id)
     tc, tf, ts = tc - (tonumber(b[1]) or 0), tf - (tonumber(b[2]) or 0), ts - (tonumber(b[3]) or 0)
     gone = gone or {}
     gone[#gone + 1] = id
   end
   return {cur = cur, tc = math.max(tc, 0), tf = math.max(tf, 0), ts = math.max(ts, 0),
-    bc = tonumber(w[6]) or 0, bf = tonumber(w[7]) or 0, bs = tonumber(w[8]) or 0, gone = gone, reset = false}
+    bc = tonumber(w[6]) or 0, bf = tonumber(w[7]) or 0, bs = tonumber(w[8]) or 0, gone = gone,
+    bms = bms, nb = nb, adopted = adopted, reset = false}
 end
 
 local function window_add(c, calls, failures, slows)
@@ -312,9 +338,10 @@ local function window_add(c, calls, failures, slows)
   for _, id in ipairs(w.gone or {}) do redis.call('HDEL', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id) end
   local id = w.cur
   w.tc, w.tf, w.ts = w.tc + calls, w.tf + failures, w.ts + slows
-  redis.call('HSET', K_WINDOW, 'head', id, 'bms', c.bucket_ms, 'nb', c.buckets,
-    'tc', w.tc, 'tf', w.tf, 'ts', w.ts,
-    'c' .. id, w.bc + calls, 'f' .. id, w.bf + failures, 's' .. id, w.bs + slows)
+  local fields = {'head', id, 'bms', w.bms, 'nb', w.nb, 'tc', w.tc, 'tf', w.tf, 'ts', w.ts,
+    'c' .. id, w.bc + calls, 'f' .. id, w.bf + failures, 's' .. id, w.bs + slows}
+  if not w.adopted then fields[#fields + 1], fields[#fields + 2] = 'sat', NOW end  -- shape claimed
+  redis.call('HSET', K_WINDOW, unpack(fields))
   if w.reset then redis.call('PEXPIRE', K_WINDOW, TTL) end
   return w
 end

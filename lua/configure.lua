@@ -5,10 +5,12 @@
 -- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
 -- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override).
 --         The caller validated them (breaker_redis.config.parse_overrides).
--- Reads : config.  Writes: config; publishes {"kind":"config"}. A value written with
+-- Reads : config.  Writes: config, and drops the window when its shape is set; publishes {"kind":"config"}. A value written with
 --         redis-cli instead holds as well, from the next script (unannounced).
 -- Returns the overrides now in force as a flat field, value list.
 for i = 7, #ARGV, 2 do
+  -- a new window shape holds at once: the old window is not kept for it (see window_read)
+  if ARGV[i] == 'window_seconds' or ARGV[i] == 'window_buckets' then redis.call('DEL', K_WINDOW) end
   if ARGV[i + 1] == '' then
     redis.call('HDEL', K_CONFIG, ARGV[i])
   else

@@ -232,3 +232,37 @@ def test_running_workers_keep_the_names_set(make_breakers, store, monkeypatch):
     now[0] += 0.1
     pay.acquire().failure()
     assert store.smembers("breaker:names") == {b"pay"}
+
+
+# -- a rolling deploy: two configs for one breaker ---------------------------------------------
+
+
+OLD = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30)
+NEW = BreakerConfig(trip="count", failure_threshold=5, window_seconds=30, open_seconds=30)
+
+
+def test_two_window_sizes_share_one_window_during_a_rolling_deploy(make_breakers, store, clock):
+    """Old workers (10 s window) and new ones (30 s) alternate: before, each wiped the
+    other's window, so it could not trip during the overlap. Now the window keeps the
+    shape it has while a caller of that shape still writes it."""
+    old, new = make_breakers().get("pay", OLD), make_breakers().get("pay", NEW)
+    for n in range(4):
+        fail(old if n % 2 == 0 else new)
+        clock.advance(500)
+    assert store.hmget("breaker:{pay}:window", "bms", "tf") == [b"1000", b"4"]  # the old shape, kept
+    fail(new)  # the fifth failure, by the new config's rule on the shared window
+    assert not admits(old) and not admits(new)
+
+
+def test_the_new_shape_takes_over_when_no_worker_claims_the_old_one(make_breakers, store, clock):
+    old, new = make_breakers().get("pay", OLD), make_breakers().get("pay", NEW)
+    fail(old)
+    start = clock.now
+    shapes = []
+    for _ in range(12):  # the old workers are gone; a new one fails every 5 s
+        clock.advance(5_000)
+        fail(new)
+        shapes.append((clock.now - start, int(store.hget("breaker:{pay}:window", "bms"))))
+    # adopted while the old shape's claim is younger than 60 s, then one reset to the new shape
+    assert shapes == [(5_000 * n, 1000) for n in range(1, 12)] + [(60_000, 3000)]
+    assert int(store.hget("breaker:{pay}:window", "tf")) == 1  # the reset started a fresh window

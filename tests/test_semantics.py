@@ -85,9 +85,12 @@ def test_the_window_hash_records_its_bucket_width_and_count(make_breakers, store
     fail(pay, 2)
     bms, nb = store.hmget("breaker:{pay}:window", "bms", "nb")
     assert (int(bms), int(nb)) == (10_000, 6)
-    store.hset("breaker:{pay}:config", mapping={"window_buckets": "3"})
-    store.hset("breaker:{pay}:state", "ovr", "1")
-    fail(pay)  # a live override of the bucket count starts a window of the new shape
+    store.hset("breaker:{pay}:config", mapping={"window_buckets": "3"})  # by hand
+    fail(pay)  # the window keeps the shape a caller claimed in the last minute
+    assert [int(v) for v in store.hmget("breaker:{pay}:window", "bms", "nb", "tf")] == [10_000, 6, 3]
+    pay_breakers = make_breakers()
+    pay_breakers.configure("pay", window_buckets=3)  # configure() drops the window: the new shape now
+    fail(pay)
     assert [int(v) for v in store.hmget("breaker:{pay}:window", "bms", "nb", "tf")] == [20_000, 3, 1]
 
 
