@@ -79,9 +79,9 @@ class Reader:
             return BreakerConfig()
 
     def stored_config(self, name: str) -> BreakerConfig | None:
-        """The config of the last worker that wrote the state (its ``cfg`` field);
+        """The config of the last worker that wrote the state (the ``cfg`` key);
         None when none is written or it does not make a valid config."""
-        raw = self.client.hget(self.keys(name)["state"], "cfg")
+        raw = self.client.get(self.keys(name)["cfg"])
         if not raw:
             return None
         try:

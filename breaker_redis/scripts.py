@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot")
-KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events")
+KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
 
 # A name becomes part of a key (prefix:{NAME}:suffix), of the names SET and of
 # the JSON messages the scripts publish (encoded there with cjson), so it may
@@ -69,7 +69,7 @@ def validate_prefix(prefix: object) -> str:
 
 
 def breaker_keys(prefix: str, name: str) -> list[str]:
-    """The six keys of one breaker, in the order the scripts expect (KEYS[1..6])."""
+    """The seven keys of one breaker, in the order the scripts expect (KEYS[1..7])."""
     return [f"{prefix}:{{{name}}}:{suffix}" for suffix in KEY_SUFFIXES]
 
 

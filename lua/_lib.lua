@@ -8,8 +8,8 @@
 --   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq,
 --                   ttl_at (last TTL refresh),
 --                   born (the epoch this hash was created with), armed ('1' while a
---                   late success could change a decision), arms (how often it armed),
---                   cfg (the config JSON of the last acquire/record that wrote the state)
+--                   late success could change a decision), arms (how often it armed)
+
 --   2 window HASH   head, bms (bucket ms), nb (buckets), sat (when a caller of this shape last
 --                   wrote it), tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket; bms and nb let a
 --                   reader without the config (the CLI) read the window
@@ -17,6 +17,8 @@
 --   4 config HASH   live overrides of BreakerConfig fields (strings, seconds)
 --   5 stats  HASH   cumulative counters (calls is derived: successes + failures + ignored)
 --   6 events STREAM capped transition history
+--   7 cfg    STRING the config JSON (ARGV 5) of the last acquire/record that wrote the state,
+--                   for readers without the apps' configs (the CLI's `show`)
 -- ARGV (every script):
 --   1 name  2 pub/sub channel  3 now_ms ('' = Redis TIME; tests only)  4 key TTL ms
 --   5 config: JSON from breaker_redis/config.py (to_lua_json), times in ms:
@@ -26,8 +28,8 @@
 --     anew (keys evicted, flushed, expired or repaired) starts above it and above
 --     the Redis time in ms, so epochs never go backwards
 
-local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local NAME, CHANNEL, TTL, FLOOR = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[6]) or 0
 -- Keys get their TTL renewed this often while in use (and when created): a
 -- quarter of the TTL, at most once a minute.
@@ -57,24 +59,24 @@ end
 -- is below the lowest allowed is skipped (the caller's value stays); one above
 -- the highest allowed is clamped to it. Never fatal, never unbounded.
 --   field = {config key, unit, lowest, lowest excluded, highest, integer}
-local BOUNDS = {
-  failure_threshold = {'threshold', 1, 1, false, 1000000, true},
-  failure_rate = {'rate', 1, 0, true, 1, false},
-  minimum_calls = {'min_calls', 1, 1, false, 1000000, true},
-  slow_call_seconds = {'slow_ms', 1000, 0, true, 3600, false},
-  slow_call_rate = {'slow_rate', 1, 0, true, 1, false},
-  window_seconds = {'window_ms', 1000, 0, true, 86400, false},
-  window_buckets = {'buckets', 1, 1, false, 600, true},
-  open_seconds = {'open_ms', 1000, 0, true, 86400, false},
-  open_backoff = {'backoff', 1, 1, false, 100, false},
-  max_open_seconds = {'max_open_ms', 1000, 0, true, 86400, false},
-  half_open_max_calls = {'ho_max', 1, 1, false, 10000, true},
-  half_open_successes = {'ho_successes', 1, 1, false, 10000, true},
-  probe_timeout_seconds = {'probe_ms', 1000, 0, true, 3600, false},
-  max_concurrent_calls = {'max_conc', 1, 1, false, 1000000, true},
-}
-local ENUMS = {trip = {consecutive = true, count = true, rate = true}, mode = {enforce = true, observe = true}}
-local OFF = {[''] = true, none = true, off = true}  -- turns off slow_call_seconds, max_concurrent_calls
+local function bounds()  -- built only when there are overrides: this prelude runs every call
+  return {
+    failure_threshold = {'threshold', 1, 1, false, 1000000, true},
+    failure_rate = {'rate', 1, 0, true, 1, false},
+    minimum_calls = {'min_calls', 1, 1, false, 1000000, true},
+    slow_call_seconds = {'slow_ms', 1000, 0, true, 3600, false},
+    slow_call_rate = {'slow_rate', 1, 0, true, 1, false},
+    window_seconds = {'window_ms', 1000, 0, true, 86400, false},
+    window_buckets = {'buckets', 1, 1, false, 600, true},
+    open_seconds = {'open_ms', 1000, 0, true, 86400, false},
+    open_backoff = {'backoff', 1, 1, false, 100, false},
+    max_open_seconds = {'max_open_ms', 1000, 0, true, 86400, false},
+    half_open_max_calls = {'ho_max', 1, 1, false, 10000, true},
+    half_open_successes = {'ho_successes', 1, 1, false, 10000, true},
+    probe_timeout_seconds = {'probe_ms', 1000, 0, true, 3600, false},
+    max_concurrent_calls = {'max_conc', 1, 1, false, 1000000, true},
+  }
+end
 
 -- A live value within bounds (in the field's own unit), or nil to skip it.
 local function bounded(b, v)
@@ -88,6 +90,9 @@ local function bounded(b, v)
 end
 
 local function apply_overrides(c, o)
+  local BOUNDS = bounds()
+  local ENUMS = {trip = {consecutive = true, count = true, rate = true}, mode = {enforce = true, observe = true}}
+  local OFF = {[''] = true, none = true, off = true}  -- turns off slow_call_seconds, max_concurrent_calls
   local window_ms = c.bucket_ms * c.buckets
   local open_set, cap_set = c.open_set == 1, c.cap_set == 1
   for i = 1, #o, 2 do
@@ -166,17 +171,17 @@ end
 local function save_state(s)
   if NOW - s.ttl_at >= TTL_REFRESH_MS or NOW < s.ttl_at then
     s.ttl_at, s.dirty = NOW, true
-    for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], TTL) end
+    for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], TTL) end  -- cfg: rewritten below
   end
   if not s.dirty then return end
-  local fields = {'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
+  redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
     'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq,
-    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms}
-  -- the caller's config, for readers that have none (the CLI's `show`): written
-  -- with the state, so at least at every TTL refresh while a worker runs
-  if ARGV[5] ~= '' then fields[#fields + 1], fields[#fields + 2] = 'cfg', ARGV[5] end
-  redis.call('HSET', K_STATE, unpack(fields))
+    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms)
   redis.call('PEXPIRE', K_STATE, TTL)
+  -- the caller's config, for readers that have none (the CLI's `show`): written with
+  -- the state, so at least at every TTL refresh while a worker runs. A key of its own:
+  -- in the state hash, a value this long would make Redis store the hash less compactly
+  if ARGV[5] ~= '' then redis.call('SET', K_CFG, ARGV[5], 'PX', TTL) end
 end
 
 -- A counter that reaches `by` was just created: give a new stats key its TTL.

@@ -2,7 +2,7 @@
 -- what it already knows: first use, open period elapsed, half_open, bulkhead,
 -- or knowledge too old.
 --
--- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
+-- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5: config, 6: epoch floor); 7-12 what the worker counted in
 --         memory since its last flush (see flush_pending)
 -- Reads : state (with its armed flag, which the reply carries), config, leases.  Writes: state (transitions, lease seq),

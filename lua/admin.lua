@@ -1,6 +1,6 @@
 -- admin.lua: an operator's word on a breaker; it always wins over the rules.
 --
--- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
+-- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5 unused: ''); 7 op:
 --   force_open   deny every call until cleared (state open, retry_after unknown)
 --   force_closed admit every call, keep counting, never trip until cleared

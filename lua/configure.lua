@@ -2,7 +2,7 @@
 -- applies them at its next script call (the scripts merge this hash over the
 -- worker's own config) and drops what it knew on the pub/sub message.
 --
--- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
+-- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override).
 --         The caller validated them (breaker_redis.config.parse_overrides).
 -- Reads : config.  Writes: config, and drops the window when its shape is set; publishes {"kind":"config"}. A value written with

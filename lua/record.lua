@@ -8,7 +8,7 @@
 -- a whole, and never resets the consecutive count: its successes happened
 -- before the failure that armed the breaker, or while nothing could trip it.
 --
--- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
+-- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 epoch the permit was issued under;
 --         8 outcome (success | failure | ignored, or '' for a batch alone);
 --         9 duration ms; 10 lease ids ('' or space-separated, from acquire.lua);

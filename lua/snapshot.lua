@@ -2,7 +2,7 @@
 -- and metrics. Changes no state (transitions happen only in acquire/record);
 -- it does flush the caller's pending rejection counts so they show at once.
 --
--- KEYS  : state, window, leases, config, stats, events (see _lib.lua)
+-- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5: config); 7-12 what the worker counted in memory (see flush_pending)
 -- Reads : state, window, leases, config, stats.  Writes: stats (flush only).
 -- Returns a flat field, value list: state fields, window totals as of now,

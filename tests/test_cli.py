@@ -184,7 +184,7 @@ def test_show_says_when_no_worker_has_written_its_config(url, prefix, client):
     assert run(url, prefix, "reset", "fresh", "--create").exit_code == 0  # listed, never called
     out = run(url, prefix, "show", "fresh").stdout
     assert "config in force: no worker has written its config yet" in out
-    client.hset(f"{prefix}:{{fresh}}:state", "cfg", "not json")  # a corrupted one reads the same way
+    client.set(f"{prefix}:{{fresh}}:cfg", "not json")  # a corrupted one reads the same way
     assert "no worker has written its config yet" in run(url, prefix, "show", "fresh").stdout
 
 

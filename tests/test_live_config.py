@@ -40,8 +40,9 @@ def in_force(breaker) -> dict:
 
 
 def test_the_lua_bounds_are_breakerconfigs_bounds(store):
-    source = script_source("snapshot").split("\nlocal s = load_state()")[0] + "\nreturn cjson.encode(BOUNDS)"
-    lua = json.loads(store.eval(source, 6, *[f"k{i}" for i in range(6)], "n", "c", "", 1000, "", 0))
+    prelude = script_source("snapshot").split("\nlocal s = load_state()")[0]
+    source = prelude + "\nreturn cjson.encode(bounds())"
+    lua = json.loads(store.eval(source, 7, *[f"k{i}" for i in range(7)], "n", "c", "", 1000, "", 0))
     assert set(lua) == set(BOUNDS) == set(LUA_FIELDS) - {"trip", "mode"}
     for field, (low, low_open, high, integer) in BOUNDS.items():
         assert lua[field][2:] == [low, low_open, high, integer], field
