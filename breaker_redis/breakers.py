@@ -59,6 +59,12 @@ class Breakers:
         self._breakers: dict[str, Breaker] = {}
         self._transition_callbacks: list[TransitionCallback] = []
         self._lock = threading.Lock()
+        # On Redis Cluster a message published by a script on one master reaches a
+        # subscription held on another only after the script's reply: a worker deciding
+        # from memory could admit the call right after a trip. So it never does there:
+        # no subscription, and every call runs the acquire script (exact, one round trip).
+        if _is_cluster(client):
+            listen = False
         self._listen = listen
         self.invalidator: Invalidator | None = None
         if listen:
@@ -222,3 +228,9 @@ def _after_fork(ref: weakref.ReferenceType[Breakers]) -> None:
     breakers = ref()
     if breakers is not None:
         breakers._after_fork()
+
+
+def _is_cluster(client: Any) -> bool:
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)

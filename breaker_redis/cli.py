@@ -64,7 +64,14 @@ class Invalid(click.ClickException):
 
 def describe(client: Any) -> str:
     """Where a client points, for messages (never its password)."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
+    nodes = getattr(client, "get_nodes", None)
+    if callable(nodes):  # Redis Cluster
+        return "cluster " + ",".join(sorted(f"{n.host}:{n.port}" for n in nodes()))
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service:  # a Sentinel master
+        return f"sentinel service {service!r}"
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
     if "path" in kwargs:
         return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
@@ -121,7 +128,7 @@ def _where(ctx: click.Context) -> str:
     default=DEFAULT_URL,
     show_default=True,
     show_envvar=True,
-    help="Redis URL (redis://, rediss:// or unix://).",
+    help="Redis URL: redis://, rediss://, unix://, redis+cluster://h:p,h:p, redis+sentinel://h:p,h:p/SERVICE[/DB].",
 )
 @click.option(
     "--prefix",
@@ -146,6 +153,9 @@ def main(ctx: click.Context, url: str, prefix: str) -> None:
         client = client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--url") from None
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:  # a cluster
+        # client reads its slot map as it is made
+        raise Failed(f"cannot reach Redis at {url.rsplit('@', 1)[-1]}: {exc}") from None
     ctx.obj = target = Target(client, prefix)
     ctx.call_on_close(target.close)
 

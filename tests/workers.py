@@ -39,3 +39,16 @@ def snapshot(url: str, name: str, config: BreakerConfig) -> dict[str, Any]:
         return breakers.get(name, config).snapshot()
     finally:
         breakers.close()
+
+
+def trips_at_3(breaker: Any) -> dict[str, Any]:
+    """A success, then 3 failures trip a TRIP_AT_3 breaker: the next call is refused
+    (reason open). Returns the snapshot after the trip."""
+    import pytest
+
+    breaker.acquire().success()
+    fail(breaker, 3)
+    with pytest.raises(BreakerOpen) as info:
+        breaker.acquire()
+    assert info.value.reason == "open"
+    return dict(breaker.snapshot())
