@@ -367,7 +367,8 @@ def show(target: Target, name: str) -> None:
     """
     target.require(name)
     shape = target.window_shape(name)
-    s = target.snapshot(name)
+    stored = target.stored_config(name)
+    s = target.snapshot(name, stored)
     keys = target.keys(name)
     state = state_label(s)
     if s["state"] == "open":
@@ -391,7 +392,7 @@ def show(target: Target, name: str) -> None:
         "",
     ]
     overrides = target.overrides(name)
-    lines += _config_lines(target.stored_config(name), s.get("config"), overrides)
+    lines += _config_lines(stored, s.get("config"), overrides)
     lines += ["", f"live overrides ({keys['config']}):"]
     width = max((len(f"{k} = {v}") for k, v in overrides.items()), default=0)
     lines += [f"  {f'{k} = {v}'.ljust(width)}  {override_verdict(k, v)}" for k, v in overrides.items()]

@@ -89,10 +89,10 @@ class Reader:
         except (ValueError, TypeError):
             return None
 
-    def snapshot(self, name: str) -> dict[str, Any]:
+    def snapshot(self, name: str, stored: BreakerConfig | None = None) -> dict[str, Any]:
         """Read with the workers' own config when one is written (so its "config"
-        is the one in force), else with their window shape."""
-        config = self.stored_config(name) or self.window_config(name)
+        is the one in force; ``stored``: already read), else with their window shape."""
+        config = stored or self.stored_config(name) or self.window_config(name)
         return self.breakers(config).get(name).snapshot()
 
     def snapshots(self) -> list[dict[str, Any]]:

@@ -154,11 +154,8 @@ class StoreGate:
             flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
             self._down_since = now
             self.generation += 1
-            if flapping:  # keep what the local breakers learned, and the backoff
-                self._flaps += 1
-            else:
+            if not flapping:  # a fresh outage: a fresh local store and backoff
                 self._local, self._delay, self._flaps = None, self._min_backoff, 0
-            if not flapping:
                 log.warning(
                     "breaker_redis: Redis unavailable (%s: %s); on_store_error=%s until it runs a "
                     "script again",
@@ -166,18 +163,20 @@ class StoreGate:
                     exc,
                     self.policy,
                 )
-            elif now - self._last_flap_log >= STEADY_SECONDS:
-                self._last_flap_log = now
-                log.warning(
-                    "breaker_redis: Redis failed again (%s: %s) %.1fs after it came back; keeping "
-                    "on_store_error=%s and its local state (%d such returns; this is logged once a "
-                    "minute while it lasts)",
-                    type(exc).__name__,
-                    exc,
-                    now - (self._up_since or now),
-                    self.policy,
-                    self._flaps,
-                )
+            else:  # keep what the local breakers learned, and the backoff
+                self._flaps += 1
+                if now - self._last_flap_log >= STEADY_SECONDS:
+                    self._last_flap_log = now
+                    log.warning(
+                        "breaker_redis: Redis failed again (%s: %s) %.1fs after it came back; keeping "
+                        "on_store_error=%s and its local state (%d such returns; this is logged once "
+                        "a minute while it lasts)",
+                        type(exc).__name__,
+                        exc,
+                        now - (self._up_since or now),
+                        self.policy,
+                        self._flaps,
+                    )
             self._start_prober()
         if self._on_switch:
             self._on_switch()

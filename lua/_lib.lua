@@ -9,7 +9,6 @@
 --                   ttl_at (last TTL refresh),
 --                   born (the epoch this hash was created with), armed ('1' while a
 --                   late success could change a decision), arms (how often it armed)
-
 --   2 window HASH   head, bms (bucket ms), nb (buckets), sat (when a caller of this shape last
 --                   wrote it), tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket; bms and nb let a
 --                   reader without the config (the CLI) read the window
@@ -141,12 +140,14 @@ local function load_state()
     ho_ok = tonumber(v[7]) or 0, seq = tonumber(v[8]) or 0, ttl_at = tonumber(v[9]) or 0,
     born = tonumber(v[10]) or 0, armed = v[11] == '1', arms = tonumber(v[12]) or 0,
     dirty = false}
-  -- a field that is there but not a finite number: the hash was edited; start afresh
-  local corrupted = false
-  for _, i in pairs({2, 3, 5, 6, 7, 8, 10, 12}) do
-    local n = tonumber(v[i])
-    if v[i] and (n == nil or n ~= n or n == math.huge or n == -math.huge) then corrupted = true end
+  -- a numeric field that is there but not a finite number: the hash was edited; start afresh
+  local function unparsable(x)  -- a missing field reads as false, not nil
+    if not x then return false end
+    local n = tonumber(x)
+    return n == nil or n ~= n or n == math.huge or n == -math.huge
   end
+  local corrupted = unparsable(v[2]) or unparsable(v[3]) or unparsable(v[5]) or unparsable(v[6])
+    or unparsable(v[7]) or unparsable(v[8]) or unparsable(v[10]) or unparsable(v[12])
   if corrupted or (v[1] and v[1] ~= 'closed' and v[1] ~= 'open' and v[1] ~= 'half_open') then
     repaired('state')
   end

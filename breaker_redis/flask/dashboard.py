@@ -66,7 +66,7 @@ def frame(state: AppState) -> dict[str, Any]:
     first call) with its last transitions, and Redis's clock."""
     reader = state.reader()
     seconds, micros = reader.client.time()
-    names = set(reader.names()) | set(state.declared) | set(state.route_configs) | set(state.resolved)
+    names = set(reader.names()) | state.app_names()
     breakers = []
     for name in sorted(names):
         snapshot = reader.snapshot(name)  # reads only: a declared name gets no keys from it

@@ -70,15 +70,17 @@ class AppState:
                     self._reader = Reader(self.breakers.client, self.breakers.prefix, owns_client=False)
         return self._reader
 
+    def app_names(self) -> set[str]:
+        """The breakers this app declared or built, whether or not Redis has them yet."""
+        return set(self.declared) | set(self.route_configs) | set(self.resolved)
+
     def knows(self, name: str) -> bool:
         """Declared by this app, or known in Redis (an admin call never creates a breaker)."""
         try:
             validate_name(name)
         except ValueError:
             return False
-        if name in self.declared or name in self.route_configs or name in self.resolved:
-            return True
-        return self.reader().known(name)
+        return name in self.app_names() or self.reader().known(name)
 
     def breaker(self, name: str) -> Breaker:
         """The Breaker called name, built on first use from its declared config
