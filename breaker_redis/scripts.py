@@ -2,9 +2,10 @@
 
 Each script is sent as the shared prelude (``_lib.lua``) followed by the
 script's own file. Scripts are registered once per client with
-``register_script``, whose EVALSHA falls back to SCRIPT LOAD on NOSCRIPT, so a
-flushed script cache or a restarted server costs one extra round trip and
-nothing else.
+``register_script`` (for their SHA) and run with EVALSHA; on NOSCRIPT (a
+flushed script cache, a restarted server) the call is sent again as EVAL,
+which loads and runs the body in one command: one extra round trip and
+nothing else, even when the cache is flushed again meanwhile.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import redis
 
 OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot")
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
@@ -117,7 +120,15 @@ class ScriptRunner:
         keys = self._keys.get(name)
         if keys is None:
             keys = self._keys[name] = breaker_keys(self.prefix, name)
-        return self._scripts[operation](keys=keys, args=argv)
+        script = self._scripts[operation]
+        try:
+            return self.client.evalsha(script.sha, len(keys), *keys, *argv)
+        except redis.exceptions.NoScriptError:
+            # A flushed script cache or a restarted server: EVAL sends the body
+            # and runs it in one command, so a second SCRIPT FLUSH landing
+            # between a SCRIPT LOAD and the EVALSHA that follows (redis-py's
+            # own retry) cannot fail the call. EVAL caches the script again.
+            return self.client.eval(script.script, len(keys), *keys, *argv)
 
     def drop_keys(self, name: str) -> None:
         self.client.delete(*breaker_keys(self.prefix, name))

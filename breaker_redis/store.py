@@ -74,7 +74,7 @@ class StoreGate:
         policy: str = "local",
         *,
         min_backoff: float = 0.25,
-        max_backoff: float = 5.0,
+        max_backoff: float = 2.0,
         on_switch: Callable[[], None] | None = None,
     ) -> None:
         if policy not in POLICIES:

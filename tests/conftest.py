@@ -8,6 +8,7 @@ import pytest
 
 from breaker_redis import Breakers
 from breaker_redis.embedded import EmbeddedServer
+from demo_app import stack
 from tests.redis_server import RedisServer
 
 
@@ -16,6 +17,15 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def upstream_url() -> Iterator[str]:
+    """The demo's flaky upstream (demo_app.upstream) in its own process."""
+    url, child = stack.start_upstream()
+    yield url
+    child.stop()
+    child.remove_log()
 
 
 @pytest.fixture(scope="session")

@@ -113,14 +113,6 @@ def start_stack(redis_server, upstream_url: str, extra_args: list[str], **env):
     return Stack(app_url, upstream_url, redis_server.client(), prefix), child
 
 
-@pytest.fixture(scope="module")
-def upstream_url():
-    url, child = stack.start_upstream()
-    yield url
-    child.stop()
-    child.remove_log()
-
-
 ADMIN_TOKEN = "e2e-admin-token"
 
 

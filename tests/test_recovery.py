@@ -29,6 +29,26 @@ def test_script_flush_between_calls_changes_nothing(make_breakers, store):
     assert (snap["state"], snap["failures"], snap["trips"]) == ("open", 3, 1)
 
 
+def test_a_flush_between_script_load_and_evalsha_changes_nothing(make_breakers, store, monkeypatch):
+    """Another SCRIPT FLUSH right after a reload (several under traffic): the call
+    still runs on Redis, it neither fails nor sends the worker to its local store."""
+    b = make_breakers().get("pay", TRIP_AT_3)
+    fail(b, 2)
+    real_load = store.script_load
+
+    def load_then_flush(script):
+        sha = real_load(script)
+        store.script_flush()
+        return sha
+
+    monkeypatch.setattr(store, "script_load", load_then_flush)
+    store.script_flush()
+    fail(b)
+    assert b.snapshot()["store"] == "redis"
+    with pytest.raises(BreakerOpen):
+        b.acquire()
+
+
 class CountingRunner:
     """Wraps the remote script runner to count what reaches Redis."""
 
