@@ -233,4 +233,6 @@ def _after_fork(ref: weakref.ReferenceType[Breakers]) -> None:
 def _is_cluster(client: Any) -> bool:
     from redis.cluster import RedisCluster
 
-    return isinstance(client, RedisCluster)
+    from .urls import LazyCluster
+
+    return isinstance(client, (RedisCluster, LazyCluster))

@@ -1,15 +1,16 @@
 """Finds lua/*.lua, registers them on a client and calls them.
 
 Each script is sent as the shared prelude (``_lib.lua``) followed by the
-script's own file. Scripts are registered once per client with
-``register_script`` (for their SHA) and run with EVALSHA; on NOSCRIPT (a
-flushed script cache, a restarted server) the call is sent again as EVAL,
-which loads and runs the body in one command: one extra round trip and
-nothing else, even when the cache is flushed again meanwhile.
+script's own file, run with EVALSHA (the SHA1 of that text, computed here:
+nothing is sent before the first call); on NOSCRIPT (a flushed script cache,
+a restarted server) the call is sent again as EVAL, which loads and runs the
+body in one command: one extra round trip and nothing else, even when the
+cache is flushed again meanwhile.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -91,6 +92,10 @@ def script_source(operation: str) -> str:
     return (folder / "_lib.lua").read_text("utf-8") + "\n" + (folder / f"{operation}.lua").read_text("utf-8")
 
 
+def _with_sha(source: str) -> tuple[str, str]:
+    return hashlib.sha1(source.encode("utf-8")).hexdigest(), source
+
+
 def text(value: Any) -> str:
     """Decode a reply element, whatever decode_responses the client was built with."""
     if isinstance(value, bytes):
@@ -111,7 +116,7 @@ class ScriptRunner:
         self.channel = f"{prefix}:events"
         self.names_key = f"{prefix}:names"
         self.ttl_ms = ttl_ms
-        self._scripts = {op: client.register_script(script_source(op)) for op in OPERATIONS}
+        self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
 
     def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
@@ -120,15 +125,15 @@ class ScriptRunner:
         keys = self._keys.get(name)
         if keys is None:
             keys = self._keys[name] = breaker_keys(self.prefix, name)
-        script = self._scripts[operation]
+        sha, source = self._scripts[operation]
         try:
-            return self.client.evalsha(script.sha, len(keys), *keys, *argv)
+            return self.client.evalsha(sha, len(keys), *keys, *argv)
         except redis.exceptions.NoScriptError:
             # A flushed script cache or a restarted server: EVAL sends the body
             # and runs it in one command, so a second SCRIPT FLUSH landing
             # between a SCRIPT LOAD and the EVALSHA that follows (redis-py's
             # own retry) cannot fail the call. EVAL caches the script again.
-            return self.client.eval(script.script, len(keys), *keys, *argv)
+            return self.client.eval(source, len(keys), *keys, *argv)
 
     def drop_keys(self, name: str) -> None:
         self.client.delete(*breaker_keys(self.prefix, name))

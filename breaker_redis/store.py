@@ -41,7 +41,11 @@ POLICIES = ("local", "allow", "deny")
 # of memory or busy with a script, a cluster in trouble, and any other error
 # reply a script gets (after the WRONGTYPE repair below). Whatever Redis
 # answers, the caller gets a decision from the fallback, never the error.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    redis.exceptions.RedisError,
+    redis.exceptions.RedisClusterException,  # not a RedisError: "Cluster down", no slot map
+    OSError,
+)
 
 
 class StoreUnavailable(Exception):

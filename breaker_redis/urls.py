@@ -31,14 +31,18 @@ Keyword overrides (``client_from_url(url, socket_timeout=2)``, as the CLI does)
 go to every connection's options, the sentinels' timeouts included, and are
 not checked: code that passes them knows what it asks for.
 
-A Redis Cluster client connects when it is made (redis-py reads the slot map
-in its constructor); the others connect at first use.
+Every client connects at first use. redis-py's RedisCluster reads the slot
+map in its constructor, so a ``redis+cluster://`` URL gives a ``LazyCluster``
+that builds it at the first command: an app starts while its cluster is down
+(its breakers decide locally until the cluster answers) instead of failing
+at import.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import threading
+from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, unquote
 
 import redis
@@ -60,7 +64,7 @@ CERT_REQS = ("none", "optional", "required")
 _BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 _RETRY_OPTIONS = ("retry", "retry_on_timeout", "retry_on_error", "cluster_error_retry_attempts")
 
-RedisClient = redis.Redis | RedisCluster
+RedisClient: TypeAlias = "redis.Redis | RedisCluster | LazyCluster"
 
 
 def no_retry() -> Retry:
@@ -103,18 +107,63 @@ def _connection_options(parsed: ParsedURL, overrides: dict[str, Any]) -> dict[st
     return options
 
 
-def _cluster(parsed: ParsedURL, overrides: dict[str, Any]) -> RedisCluster:
+def _cluster(parsed: ParsedURL, overrides: dict[str, Any]) -> LazyCluster:
     """RedisCluster over every node listed. redis-py gives each node connection
     no retry of its own; its cluster-level loop (10 attempts with backoff by
     default, each reloading the slot map) gets none either: one failed
     command is one error, and the gate takes over."""
     options = _connection_options(parsed, overrides)
     retry = options.pop("retry")  # the cluster's own loop; node connections get Retry(NoBackoff(), 0)
-    return RedisCluster(
+    return LazyCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],  # type: ignore[no-untyped-call]
         retry=retry,
         **options,
     )
+
+
+class LazyCluster:
+    """A RedisCluster made at its first use, with the arguments given here.
+
+    Until a node answers, every use raises ``redis.exceptions.ConnectionError``
+    (a RedisError, which the store gate counts as Redis unavailable; redis-py's
+    own RedisClusterException is not one), and the next use tries again.
+    Attributes are the cluster client's once it exists.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._client: RedisCluster | None = None
+        self._lock = threading.Lock()
+
+    def connected(self) -> RedisCluster:
+        """The cluster client, made now if it is not yet."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                client = self._client
+                if client is None:
+                    try:
+                        client = RedisCluster(**self._kwargs)
+                    except redis.exceptions.RedisClusterException as exc:
+                        nodes = ", ".join(f"{n.host}:{n.port}" for n in self._kwargs["startup_nodes"])
+                        raise redis.exceptions.ConnectionError(
+                            f"Redis Cluster not reachable at {nodes}: {exc}"
+                        ) from exc
+                    self._client = client
+        return client
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.connected(), name)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __repr__(self) -> str:
+        state = "connected" if self._client is not None else "not connected yet"
+        return f"<LazyCluster {state}>"
 
 
 def _sentinel_master(parsed: ParsedURL, overrides: dict[str, Any]) -> redis.Redis:

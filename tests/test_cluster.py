@@ -10,6 +10,8 @@ boundary stays exact.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 
@@ -18,6 +20,7 @@ from redis.cluster import RedisCluster, key_slot
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
+from tests.redis_server import wait_until
 from tests.topologies import ClusterGroup, started
 from tests.workers import TRIP_AT_3, admits, fail, trips_at_3
 
@@ -58,7 +61,7 @@ def made(cluster: ClusterGroup) -> Iterator[list[Breakers]]:
 
 
 def test_the_url_gives_a_cluster_client_with_breaker_timeouts_and_no_retry(cluster):
-    client = client_from_url(cluster.url)
+    client = client_from_url(cluster.url).connected()
     assert isinstance(client, RedisCluster)
     assert sorted(node.port for node in client.startup_nodes) == sorted(cluster.ports)
     assert client.retry._retries == 0  # redis-py's default: 10 attempts with backoff
@@ -168,3 +171,28 @@ def test_a_dead_master_never_makes_a_call_wait(made):
                 stores.add(breakers.gate.kind)
             time.sleep(0.02)
         assert "local" in stores
+
+
+def test_an_app_starts_while_its_cluster_is_down_and_joins_it_when_it_answers(made):
+    """The client reads the slot map at its first use, not when the app starts: with
+    every node hung, making the Breakers succeeds, calls decide on the local store
+    (which trips), and once the nodes answer the gate moves every call to the cluster."""
+    with started(ClusterGroup()) as group:
+        pids = [child.pid for child in group.children]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            made.append(breakers := Breakers.from_url(group.url, listen=False))  # no I/O
+            pay = breakers.get("pay", TRIP_AT_3)
+            fail(pay, 3)  # the first call finds the cluster down; the local breaker trips
+            assert breakers.gate.kind == "local"
+            with pytest.raises(BreakerOpen):
+                pay.acquire()
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: breakers.store_healthy, timeout=30, what="the gate to reach the cluster")
+        assert admits(pay)  # the cluster's breaker: closed, the local trip stays local
+        fail(pay, 3)
+        owner = group.node(group.owner(slot_of("pay")))
+        assert owner.hget("breaker:{pay}:state", "state") == b"open"

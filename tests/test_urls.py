@@ -215,7 +215,7 @@ def test_rediss_sentinel_speaks_tls_to_the_sentinels_and_the_master(tls_files):
         assert_breaker_timeouts(kwargs)
 
 
-# -- redis+cluster:// (RedisCluster reads the slot map when made: recorded here) -------------
+# -- redis+cluster:// (a LazyCluster; the RedisCluster it makes is recorded here) ------------
 
 
 class RecordedCluster:
@@ -229,7 +229,9 @@ def recorded(monkeypatch) -> None:
 
 
 def test_cluster_url_lists_every_startup_node_and_never_retries(recorded):
-    made = client_from_url(f"redis+cluster://:{SECRET}@n1:7000,n2:7001,[::1]:7002,n4")
+    lazy = client_from_url(f"redis+cluster://:{SECRET}@n1:7000,n2:7001,[::1]:7002,n4")
+    assert isinstance(lazy, urls.LazyCluster)
+    made = lazy.connected()
     assert isinstance(made, RecordedCluster)
     kwargs = made.kwargs
     assert [(node.host, node.port) for node in kwargs["startup_nodes"]] == [
@@ -262,10 +264,15 @@ def test_cluster_overrides(recorded):
     assert_no_retry(kwargs["retry"])
 
 
-def test_a_real_cluster_client_gets_no_retry_when_no_node_answers():
-    """No cluster at all: RedisCluster fails in its constructor, after one attempt per node."""
-    with pytest.raises(redis.exceptions.RedisClusterException, match="cannot be connected"):
-        client_from_url("redis+cluster://127.0.0.1:1,127.0.0.1:2")
+def test_a_cluster_client_connects_at_first_use_and_says_which_nodes_failed():
+    """No cluster at all: making the client costs nothing (an app starts, its
+    breakers decide locally); each use is one ConnectionError naming the nodes."""
+    client = client_from_url("redis+cluster://127.0.0.1:1,127.0.0.1:2")
+    assert repr(client) == "<LazyCluster not connected yet>"
+    for _ in range(2):  # and the next use tries again
+        with pytest.raises(redis.exceptions.ConnectionError, match=r"127\.0\.0\.1:1, 127\.0\.0\.1:2"):
+            client.ping()
+    client.close()
 
 
 # -- errors ----------------------------------------------------------------------------------
