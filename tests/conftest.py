@@ -2,14 +2,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import pytest
 
 from breaker_redis import Breakers
 from breaker_redis.embedded import EmbeddedServer
+from breaker_redis.urls import client_from_url
 from demo_app import stack
 from tests.redis_server import RedisServer
+from tests.topologies import ClusterGroup, started
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +20,13 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ClusterGroup]:
+    """Three Redis Cluster masters (tests/topologies.py), started once per session."""
+    with started(ClusterGroup()) as group:
+        yield group
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +67,27 @@ def clock() -> Clock:
 _prefixes = itertools.count()
 
 
-@pytest.fixture(params=["fake", "real"])
-def store(request: pytest.FixtureRequest):
-    """A Redis client: fakeredis[lua] or the session's real redis-server, emptied."""
+STORES = ["fake", "real"]
+
+
+def make_store(request: pytest.FixtureRequest) -> Any:
+    """fakeredis[lua], the session's real redis-server or its Redis Cluster, emptied."""
     if request.param == "fake":
-        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    else:
-        client = request.getfixturevalue("redis_server").client()
-        client.flushall()
+        return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    if request.param == "cluster":
+        group: ClusterGroup = request.getfixturevalue("cluster")
+        group.flushall()
+        return client_from_url(group.url).connected()
+    client = request.getfixturevalue("redis_server").client()
+    client.flushall()
+    return client
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest):
+    """A Redis client: fakeredis[lua] or the session's real redis-server, emptied.
+    A module can widen it with its own ``store`` fixture over ``STORES + ["cluster"]``."""
+    client = make_store(request)
     yield client
     client.close()
 

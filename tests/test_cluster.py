@@ -25,12 +25,6 @@ from tests.topologies import ClusterGroup, started
 from tests.workers import TRIP_AT_3, admits, fail, trips_at_3
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ClusterGroup]:
-    with started(ClusterGroup()) as group:
-        yield group
-
-
 def slot_of(name: str) -> int:
     return int(key_slot(f"{{{name}}}".encode()))
 

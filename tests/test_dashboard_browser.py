@@ -29,7 +29,6 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.redis_server import wait_until
 from tests.test_e2e_gunicorn import WORKERS, Stack, start_stack
-from tests.test_e2e_gunicorn import upstream_url as upstream_url  # the module's fixture
 
 pytestmark = [pytest.mark.real, pytest.mark.multiprocess]
 

@@ -1,5 +1,6 @@
-"""Several processes on one real redis-server, as gunicorn workers are: no lost
-count, exactly N probes, exactly one transition event."""
+"""Several processes on one real redis-server, and on a 3-master Redis Cluster,
+as gunicorn workers are: no lost count, exactly N probes, exactly one
+transition event."""
 
 from __future__ import annotations
 
@@ -7,17 +8,46 @@ import json
 import multiprocessing
 
 import pytest
+from redis.cluster import key_slot
 
 from breaker_redis import BreakerConfig, Breakers
+from breaker_redis.urls import client_from_url
 from tests import mp_workers
 from tests.workers import snapshot
 
 PROCESSES = 8
 
 
+class Target:
+    """Where the processes meet: the URL, and a client that reads any key and
+    receives the breakers' published events."""
+
+    def __init__(self, url: str, client, publisher) -> None:
+        self.url = url
+        self.client = client
+        self.publisher = publisher  # publishes on the node the scripts of `name` publish on
+
+
+@pytest.fixture(params=["real", "cluster"])
+def target(request):
+    if request.param == "real":
+        server = request.getfixturevalue("redis_server")
+        server.client().flushall()
+        client = server.client()
+        yield Target(server.url, client, lambda name: client)
+    else:
+        group = request.getfixturevalue("cluster")
+        group.flushall()
+        client = client_from_url(group.url).connected()
+        def owner(name: str):
+            return group.node(group.owner(key_slot(f"{{{name}}}".encode())))
+
+        yield Target(group.url, client, owner)
+    client.close()
+
+
 @pytest.fixture
-def spawn(redis_server):
-    redis_server.client().flushall()
+def spawn():
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(PROCESSES) as pool:
         yield ctx, pool
@@ -30,18 +60,18 @@ def run_all(spawn, fn, *args):
     return [r.get(timeout=120) for r in results]
 
 
-def test_eight_processes_lose_no_count(spawn, redis_server):
+def test_eight_processes_lose_no_count(spawn, target):
     cfg = BreakerConfig(trip="count", failure_threshold=1_000_000, window_seconds=600)
-    done = run_all(spawn, mp_workers.record_outcomes, redis_server.url, "count", cfg, 200)
+    done = run_all(spawn, mp_workers.record_outcomes, target.url, "count", cfg, 200)
     assert sum(done) == 1600
-    snap = snapshot(redis_server.url, "count", cfg)
+    snap = snapshot(target.url, "count", cfg)
     assert (snap["window_failures"], snap["failures"], snap["successes"]) == (1600, 1600, 1600)
     assert (snap["window_calls"], snap["calls"]) == (3200, 3200)
     assert snap["state"] == "closed"
 
 
 @pytest.mark.parametrize("max_calls", [1, 3])
-def test_processes_racing_into_half_open_get_exactly_n_probes(spawn, redis_server, max_calls):
+def test_processes_racing_into_half_open_get_exactly_n_probes(spawn, target, max_calls):
     cfg = BreakerConfig(
         trip="consecutive",
         failure_threshold=1,
@@ -50,23 +80,25 @@ def test_processes_racing_into_half_open_get_exactly_n_probes(spawn, redis_serve
         half_open_successes=max_calls,
     )
     t0 = 1_700_000_000_000
-    breakers = Breakers.from_url(redis_server.url, clock=lambda: t0, listen=False)
+    breakers = Breakers.from_url(target.url, clock=lambda: t0, listen=False)
     breakers.get("probe", cfg).acquire().failure()
     breakers.close()
-    probes = run_all(spawn, mp_workers.race_for_probe, redis_server.url, "probe", cfg, t0 + 10_000)
+    probes = run_all(spawn, mp_workers.race_for_probe, target.url, "probe", cfg, t0 + 10_000)
     assert sum(probes) == max_calls
-    snap = snapshot(redis_server.url, "probe", cfg)
+    snap = snapshot(target.url, "probe", cfg)
     assert (snap["state"], snap["probes_in_flight"]) == ("half_open", max_calls)
 
 
-def test_processes_racing_a_trip_produce_exactly_one_open_event(spawn, redis_server):
+def test_processes_racing_a_trip_produce_exactly_one_open_event(spawn, target):
     cfg = BreakerConfig(trip="count", failure_threshold=5, window_seconds=60, open_seconds=60)
-    listener = redis_server.client().pubsub()
+    listener = target.client.pubsub()
     listener.subscribe("breaker:events")
-    admitted = run_all(spawn, mp_workers.race_to_trip, redis_server.url, "trip", cfg, 20)
+    admitted = run_all(spawn, mp_workers.race_to_trip, target.url, "trip", cfg, 20)
     assert sum(admitted) >= 5
-    client = redis_server.client()
-    client.publish("breaker:events", "end-of-test")  # everything published before this arrives first
+    client = target.client
+    # everything published before this arrives first (on a cluster: published on the
+    # breaker's own master, so the bus forwards it after the scripts' messages)
+    target.publisher("trip").publish("breaker:events", "end-of-test")
     published = []
     while True:
         message = listener.get_message(timeout=10)
@@ -81,7 +113,7 @@ def test_processes_racing_a_trip_produce_exactly_one_open_event(spawn, redis_ser
     opened = [fields for _, fields in stream if fields[b"to"] == b"open"]
     assert len(opened) == 1
     assert [(m["from"], m["to"]) for m in published] == [("closed", "open")]
-    snap = snapshot(redis_server.url, "trip", cfg)
+    snap = snapshot(target.url, "trip", cfg)
     assert (snap["trips"], snap["window_failures"], snap["state"]) == (1, 5, "open")
     assert snap["failures"] == sum(admitted)  # every admitted call was counted, late ones as stale
     assert snap["stale"] == sum(admitted) - 5

@@ -17,7 +17,7 @@ import pytest
 
 from demo_app import settings
 from tests.redis_server import wait_until
-from tests.test_e2e_gunicorn import FRIENDLY, Stack, start_stack, upstream_url  # noqa: F401
+from tests.test_e2e_gunicorn import FRIENDLY, Stack, start_stack
 
 pytestmark = [pytest.mark.real, pytest.mark.multiprocess]
 
@@ -25,7 +25,7 @@ OPEN_SECONDS = 2
 
 
 @pytest.fixture
-def seed_stack(redis_server, upstream_url):  # noqa: F811 - the module fixture imported above
+def seed_stack(redis_server, upstream_url):
     s, gunicorn = start_stack(redis_server, upstream_url, [], DEMO_PAY_OPEN_SECONDS=str(OPEN_SECONDS))
     yield s
     gunicorn.stop()

@@ -1,11 +1,13 @@
-"""Every rule of DESIGN.md section 2 with exact trip points, on fakeredis and on
-a real redis-server (the `store` fixture), with time driven through now_ms."""
+"""Every rule of DESIGN.md section 2 with exact trip points, on fakeredis, on
+a real redis-server and on a 3-master Redis Cluster (the `store` fixture),
+with time driven through now_ms."""
 
 from __future__ import annotations
 
 import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen, State
+from tests.conftest import STORES, make_store
 
 SEED = BreakerConfig(
     trip="count",
@@ -16,6 +18,13 @@ SEED = BreakerConfig(
     open_backoff=2.0,
     max_open_seconds=60,
 )
+
+
+@pytest.fixture(params=[*STORES, "cluster"])
+def store(request: pytest.FixtureRequest):
+    client = make_store(request)
+    yield client
+    client.close()
 
 
 def outcomes(breaker, *results: str) -> None:
