@@ -15,6 +15,7 @@ from typing import Any
 
 from .breaker import Breaker
 from .config import BreakerConfig
+from .failover import SentinelFollower
 from .invalidation import Invalidator
 from .recorder import Recorder
 from .scripts import ScriptRunner, flat_pairs, text, validate_name
@@ -63,8 +64,11 @@ class Breakers:
         # subscription held on another only after the script's reply: a worker deciding
         # from memory could admit the call right after a trip. So it never does there:
         # no subscription, and every call runs the acquire script (exact, one round trip).
+        self.follower: SentinelFollower | None = None
         if _is_cluster(client):
             listen = False
+        else:
+            self.follower = SentinelFollower.for_client(client, self._master_moved)
         self._listen = listen
         self.invalidator: Invalidator | None = None
         if listen:
@@ -151,6 +155,8 @@ class Breakers:
     def ensure_process(self) -> None:
         if self.invalidator is not None:
             self.invalidator.ensure_running()
+        if self.follower is not None:
+            self.follower.ensure_running()
 
     def register_name(self, name: str) -> None:
         with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
@@ -188,6 +194,14 @@ class Breakers:
         if breaker is not None:
             breaker.hint(payload)
 
+    def _master_moved(self) -> None:
+        """Sentinel named another master: what this worker knew, and its event
+        subscription, belong to the old one."""
+        if self.invalidator is not None:
+            self.invalidator.resubscribe()
+        else:
+            self._forget_all()
+
     def _forget_all(self) -> None:
         for breaker in list(self._breakers.values()):
             breaker.forget()
@@ -199,6 +213,8 @@ class Breakers:
         self.recorder.after_fork()
         if self.invalidator is not None:
             self.invalidator.after_fork()
+        if self.follower is not None:
+            self.follower.after_fork()
         for breaker in self._breakers.values():
             breaker.after_fork()
 
@@ -216,6 +232,8 @@ class Breakers:
         self.gate.close()
         if self.invalidator is not None:
             self.invalidator.close()
+        if self.follower is not None:
+            self.follower.close()
 
 
 def _flush_at_exit(ref: weakref.ReferenceType[Breakers]) -> None:

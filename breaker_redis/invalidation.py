@@ -95,6 +95,19 @@ class Invalidator:
     def close(self) -> None:
         self._stop.set()
 
+    def resubscribe(self) -> None:
+        """Leave the current subscription (its server stopped being the master).
+
+        Workers ask Redis at every call from now on; the listener thread,
+        which owns the connection, closes it when it next wakes (within a
+        second) and subscribes again, on whatever server the client reaches now.
+        """
+        with self._read_lock:
+            self.healthy = False
+            self._pubsub = self._socket = None
+            self._readable = _never
+        self._on_subscribed()
+
     # -- the listener thread --------------------------------------------------
 
     def _loop(self) -> None:
@@ -112,6 +125,9 @@ class Invalidator:
                         with self._read_lock:
                             self._read_all(pubsub)
                     delay = 0.1 if self.healthy else delay
+                if self._pubsub is not pubsub:  # left by resubscribe(): at once, on the new server
+                    self._lost(pubsub, None)
+                    delay = 0.05
             except Exception as exc:
                 self._lost(pubsub, exc)
             self._stop.wait(delay)

@@ -44,6 +44,7 @@ import requests
 
 from demo_app import stack
 from tests.redis_server import RedisServer, wait_until
+from tests.traffic import burst
 
 pytestmark = [pytest.mark.real, pytest.mark.multiprocess]
 
@@ -91,13 +92,7 @@ class Shop:
         return answer
 
     def burst(self, path: str, n: int = 8) -> list[Answer]:
-        barrier = threading.Barrier(n)
-
-        def one(_: int) -> Answer:
-            barrier.wait(10)
-            return self.send(path)
-
-        return list(self.pool.map(one, range(n)))
+        return burst(self.pool, n, lambda: self.send(path))
 
     def until_every_worker(self, path: str, wanted, what: str, timeout: float) -> float:
         """Bursts until each worker gave an answer for which wanted() holds; seconds it took."""
