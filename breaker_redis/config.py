@@ -63,7 +63,7 @@ BOUNDS: dict[str, tuple[float, bool, float, bool]] = {
     "slow_call_seconds": (0, True, 3600, False),
     "slow_call_rate": (0, True, 1, False),
     "window_seconds": (0, True, 86400, False),
-    "window_buckets": (1, False, 600, True),
+    "window_buckets": (1, False, 100, True),
     "open_seconds": (0, True, 86400, False),
     "open_backoff": (1, False, 100, False),
     "max_open_seconds": (0, True, 86400, False),

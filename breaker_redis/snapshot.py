@@ -36,10 +36,19 @@ _STAT_FIELDS = (
 )
 
 
+def _counter(value: Any) -> int:
+    """A stats counter; one edited into something else (``trips abc``) reads as 0
+    until the next count of it or ``reset`` repairs it (lua/_lib.lua, admin.lua)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
 def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
     fields = flat_pairs(raw)
     values = {key: int(fields.get(key) or 0) for key in _INT_FIELDS}
-    stats = {key: int(value) for key, value in flat_pairs(fields.get("stats") or []).items()}
+    stats = {key: _counter(value) for key, value in flat_pairs(fields.get("stats") or []).items()}
     overrides = {key: text(value) for key, value in flat_pairs(fields.get("overrides") or []).items()}
     state = text(fields.get("state"))
     forced = text(fields.get("forced")) or None

@@ -252,3 +252,44 @@ def test_live_config_reaches_other_workers_at_their_next_call(two_workers):
     fail(b, 3)
     assert b._memory.known is not None and b._memory.known.mode == "observe"
     assert admits(b)  # open, but observe mode never denies
+
+
+@pytest.mark.parametrize("epoch", ["inf", "-inf", "nan", "1e999", "9007199254740993"])
+def test_an_epoch_beyond_any_worker_is_repaired(make_breakers, store, epoch):
+    """An epoch no worker wrote (not finite, or past 2**53) reads as a corrupted state:
+    the breaker starts afresh with a real epoch and stays on Redis."""
+    b = make_breakers().get("pay", TRIP_AT_3)
+    b.acquire().success()
+    store.hset("breaker:{pay}:state", "epoch", epoch)
+    b.forget()
+    fail(b, 3)
+    assert b.state is State.OPEN
+    assert b.snapshot()["store"] == "redis"
+    assert 0 < int(store.hget("breaker:{pay}:state", "epoch")) < 2**53
+    b.reset()
+    assert b.state is State.CLOSED
+
+
+def test_a_stream_that_cannot_take_another_entry_is_rebuilt(make_breakers, store):
+    """A events stream whose last ID is the highest possible (edited by hand) would
+    refuse every transition's XADD: the stream is started again instead."""
+    b = make_breakers().get("pay", TRIP_AT_3)
+    b.acquire().success()
+    store.delete("breaker:{pay}:events")
+    store.xadd("breaker:{pay}:events", {"f": "v"}, id="18446744073709551615-18446744073709551615")
+    fail(b, 3)
+    assert b.state is State.OPEN
+    assert b.snapshot()["store"] == "redis"
+    [(_, entry)] = store.xrange("breaker:{pay}:events")
+    assert (entry[b"from"], entry[b"to"]) == (b"closed", b"open")
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", "1e999"])
+def test_a_counter_that_is_no_integer_reads_as_zero_until_repaired(make_breakers, store, value):
+    b = make_breakers().get("pay", TRIP_AT_3)
+    b.acquire().success()
+    store.hset("breaker:{pay}:stats", mapping={"trips": value, "stale": value})
+    snap = b.snapshot()
+    assert (snap["trips"], snap["stale"], snap["successes"]) == (0, 0, 1)
+    fail(b, 3)  # the trip counts it again from the outcome being counted
+    assert b.snapshot()["trips"] == 1

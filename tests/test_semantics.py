@@ -88,6 +88,30 @@ def test_count_window_slides_bucket_by_bucket(make_breakers, clock):
     assert pay.state is State.OPEN
 
 
+@pytest.mark.parametrize("slide", [1, 2, 66, 67, 99])
+def test_a_full_window_slides_many_buckets_at_once(make_breakers, clock, store, slide):
+    """A failure in each of 100 buckets, then `slide` buckets pass with no call: the
+    failures of the buckets that left are gone, whether they were dropped by name
+    (up to two thirds of the window) or the hash was rebuilt from those that stay."""
+    cfg = BreakerConfig(trip="count", failure_threshold=1_000, window_seconds=100, window_buckets=100)
+    pay = make_breakers().get("pay", cfg)
+    for _ in range(100):
+        fail(pay)
+        clock.advance(1000)
+    clock.advance((slide - 1) * 1000)
+    assert pay.snapshot()["window_failures"] == 100 - slide
+    succeed(pay)
+    snap = pay.snapshot()
+    assert (snap["window_failures"], snap["window_calls"]) == (100 - slide, 100 - slide + 1)
+    # the buckets that left are gone from the hash: 3 fields per bucket still in, plus the header
+    fields = store.hkeys("breaker:{pay}:window")
+    buckets = [f for f in fields if f[:1] in (b"c", b"f", b"s") and f[1:].isdigit()]
+    assert len(buckets) == 3 * (100 - slide + 1)
+    clock.advance(1000)
+    fail(pay)
+    assert pay.snapshot()["window_failures"] == 100 - slide  # one more left, one more came
+
+
 def test_the_window_hash_records_its_bucket_width_and_count(make_breakers, store):
     """bms and nb let a reader that does not know the config (the CLI) read the window."""
     pay = make_breakers().get("pay", BreakerConfig(trip="count", window_seconds=60, window_buckets=6))
