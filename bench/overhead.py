@@ -21,7 +21,8 @@ loopback port, measures, prints one markdown table and stops the server:
 6. Server time of the record script: ``cmdstat_evalsha usec_per_call`` over the
    closed timing runs (CONFIG RESETSTAT first; while closed the record script
    is the only script a worker runs).
-7. Redis memory of one breaker (MEMORY USAGE ... SAMPLES 0 over its six keys)
+7. Redis memory of one breaker (MEMORY USAGE ... SAMPLES 0 over its seven keys), after one
+   trip and with a full history
    after traffic that includes a trip.
 
 Targets are those of DESIGN.md section 9. A missed target is reported, not an
@@ -489,6 +490,29 @@ def key_memory(control: redis.Redis, keys: list[str]) -> dict[str, int]:
     return {key: int(control.memory_usage(key, samples=0) or 0) for key in keys}
 
 
+def full_history_memory(url: str, control: redis.Redis) -> dict[str, int]:
+    """Key sizes of a breaker whose history is full: 12 trips and recoveries (the
+    events list keeps the last 10), with a failure in every window bucket."""
+    now = [1_700_000_000_000]
+    history = Breakers.from_url(url, prefix="bench-history", clock=lambda: now[0], listen=False)
+    try:
+        config = BreakerConfig(trip="count", failure_threshold=10, open_seconds=1, half_open_successes=1)
+        breaker = history.get("history", config)
+        for _ in range(12):
+            for _ in range(10):  # one failure per bucket of the 10 s window: trips at the 10th
+                breaker.acquire().failure()
+                now[0] += 1000
+            now[0] += 1000
+            breaker.acquire().success()  # the probe closes it
+        for _ in range(9):
+            breaker.acquire().failure()
+            now[0] += 1000
+        return key_memory(control, breaker_keys("bench-history", "history"))
+    finally:
+        history.close()
+        history.client.close()
+
+
 def pybreaker_keys(control: redis.Redis, namespace: str) -> list[str]:
     return sorted(k.decode() for k in control.scan_iter(match=f"{namespace}:pybreaker:*"))
 
@@ -565,6 +589,7 @@ class Results:
     trivial_script_usec: float = 0.0
     closed_timed_calls: int = 0
     memory: dict[str, int] = field(default_factory=dict)
+    history_memory: dict[str, int] = field(default_factory=dict)
     pybreaker_memory: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     sync_calls: int = 0
@@ -577,7 +602,7 @@ def unbatched_record(url: str, control: redis.Redis) -> tuple[int, float, float]
     usec per record script run, client usec per protected call)."""
     sync = Breakers.from_url(url, prefix="bench-sync", batch_successes=False)
     try:
-        breaker = sync.get("sync", BreakerConfig(trip="count", failure_threshold=10**9, window_seconds=60))
+        breaker = sync.get("sync", BreakerConfig(trip="count", failure_threshold=10**6, window_seconds=60))
         for _ in range(500):
             breaker.call(noop)
         control.config_resetstat()
@@ -628,6 +653,7 @@ def measure(url: str, control: redis.Redis, breakers: Breakers, pb_client: redis
     results.trivial_script_usec = trivial_script_usec(control, keys, RECORD_ARGC)
 
     results.memory = key_memory(control, keys)
+    results.history_memory = full_history_memory(url, control)
     results.pybreaker_memory = key_memory(control, pybreaker_keys(control, "bench-open"))
     results.notes += sanity_notes(subjects, tripped, observed, failing)
     return results
@@ -736,8 +762,7 @@ def rows_for(results: Results) -> list[Row]:
     open_ratio = results.open_usec["breaker_redis"] / results.open_usec["pybreaker"]
     sync_ratio = results.sync_client_usec / results.closed_usec["pybreaker"]
     total = sum(results.memory.values())
-    events_key = next(k for k in results.memory if k.endswith(":events"))
-    without_events = total - results.memory[events_key]
+    full = sum(results.history_memory.values())
     failing_commands, failing_usec = failing_rows(results)
     return [
         Row(
@@ -806,11 +831,11 @@ def rows_for(results: Results) -> list[Row]:
             total <= TARGET_MEMORY_BYTES,
         ),
         Row(
-            "Redis memory per breaker, without the events stream",
-            kb(without_events),
+            "Redis memory per breaker, full history (10 transitions kept) and a failure in every bucket",
+            kb(full),
             "",
             f"<= {kb(TARGET_MEMORY_BYTES)}",
-            without_events <= TARGET_MEMORY_BYTES,
+            full <= TARGET_MEMORY_BYTES,
         ),
     ]
 
@@ -831,6 +856,8 @@ def details(results: Results) -> list[str]:
     )
     per_key = ", ".join(f"{key.rsplit(':', 1)[1]} {n:,} B" for key, n in results.memory.items())
     lines.append(f"- breaker_redis memory per key: {per_key}")
+    per_key = ", ".join(f"{key.rsplit(':', 1)[1]} {n:,} B" for key, n in results.history_memory.items())
+    lines.append(f"- breaker_redis memory per key, full history: {per_key}")
     lines.append(
         f"- batched successes during the closed timing runs: {results.evalsha_calls:,} record script runs "
         f"for {results.closed_timed_calls:,} calls, {results.evalsha_usec:.1f} µs of server time per run"

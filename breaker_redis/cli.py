@@ -236,7 +236,7 @@ def table(snapshots: Iterable[Mapping[str, Any]], highlight: Iterable[str] = ())
 
 
 def transition_line(event: Mapping[str, Any]) -> str:
-    """One transition, from the events stream or from a pub/sub message."""
+    """One transition, from the events list or from a pub/sub message."""
     line = f"{_clock(event.get('at'))}  {event.get('name')}  {event.get('from')} -> {event.get('to')}"
     line += f"  cause={event.get('cause')} epoch={event.get('epoch')}"
     if event.get("forced"):
@@ -564,7 +564,7 @@ def event_line(message: Mapping[str, Any], target: Target, verbose: bool) -> str
     default=20,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Transitions of history to print first (the streams keep 20 per breaker).",
+    help="Transitions of history to print first (10 are kept per breaker).",
 )
 @click.option("--follow", "-f", is_flag=True, help="Then print live events from pub/sub until Ctrl-C.")
 @click.option("--verbose", "-v", is_flag=True, help="With --follow, also when a breaker arms.")

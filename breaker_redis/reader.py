@@ -15,6 +15,21 @@ from .breakers import Breakers
 from .config import BreakerConfig
 from .scripts import KEY_SUFFIXES, breaker_keys, text
 
+EVENTS_KEPT = 10  # transitions kept per breaker (lua/_lib.lua EVENTS_KEPT)
+EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
+
+
+def parse_event(line: Any) -> dict[str, str] | None:
+    """One line of the events list (lua/_lib.lua transition); None for one that is
+    not (edited by hand): the history shows what it can read."""
+    parts = text(line).split(" ")
+    if len(parts) != len(EVENT_FIELDS) or not all(p.isdigit() for p in (parts[0], parts[4], parts[5])):
+        return None
+    event = dict(zip(EVENT_FIELDS, parts, strict=True))
+    if event["forced"] == "-":
+        event["forced"] = ""
+    return event
+
 
 class Reader:
     """Every breaker under one key prefix, read without knowing the apps' configs."""
@@ -103,15 +118,14 @@ class Reader:
         return {text(key): text(value) for key, value in sorted(raw.items())}
 
     def transitions(self, name: str, count: int) -> list[dict[str, str]]:
-        """The last ``count`` transitions of one breaker, oldest first."""
+        """The last ``count`` transitions of one breaker (at most EVENTS_KEPT), oldest first."""
         if count <= 0:
             return []
-        entries = self.client.xrevrange(self.keys(name)["events"], "+", "-", count=count)
-        out = []
-        for entry_id, fields in reversed(entries):
-            event = {text(key): text(value) for key, value in fields.items()}
-            event.update(name=name, id=text(entry_id), kind="transition")
-            out.append(event)
+        lines = self.client.lrange(self.keys(name)["events"], 0, min(count, EVENTS_KEPT) - 1)
+        out = [event for event in map(parse_event, lines) if event is not None]
+        out.reverse()
+        for event in out:
+            event.update(name=name, id=f"{event['at']}-{event['epoch']}", kind="transition")
         return out
 
     def close(self) -> None:

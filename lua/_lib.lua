@@ -15,7 +15,9 @@
 --   3 leases ZSET   'p:<epoch>:<seq>' probe leases, 'b:<seq>' bulkhead slots; score = expiry ms
 --   4 config HASH   live overrides of BreakerConfig fields (strings, seconds)
 --   5 stats  HASH   cumulative counters (calls is derived: successes + failures + ignored)
---   6 events STREAM capped transition history
+--   6 events LIST   the last EVENTS_KEPT transitions, newest first, one line each:
+--                   '<at ms> <from> <to> <cause> <epoch> <open_until ms> <forced or ->'
+--                   (a list, not a stream: Redis 7 gives a stream's first entry a 4 KB node)
 --   7 cfg    STRING the config JSON (ARGV 5) of the last acquire/record that wrote the state,
 --                   for readers without the apps' configs (the CLI's `show`)
 -- ARGV (every script):
@@ -215,6 +217,7 @@ end
 -- Every transition: epoch+1, one stream entry, one pub/sub message. Messages
 -- are hints: a worker that hears one asks Redis again before trusting memory.
 local EVENTS = ''
+local EVENTS_KEPT = 10  -- what `breaker-redis show` prints (breaker_redis/reader.py EVENTS_KEPT)
 local function publish(s, kind, extra)
   local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, born = s.born, at = NOW}
   for k, v in pairs(extra or {}) do msg[k] = v end
@@ -224,13 +227,14 @@ end
 local function transition(s, to, cause)
   local from = s.state
   s.state, s.epoch, s.armed, s.dirty = to, s.epoch + 1, false, true
-  local entry = {'XADD', K_EVENTS, 'MAXLEN', 20, '*', 'from', from, 'to', to,
-    'epoch', s.epoch, 'cause', cause, 'forced', s.forced, 'open_until', s.open_until, 'at', NOW}
-  if type(redis.pcall(unpack(entry))) == 'table' then  -- an error reply: a stream edited by hand
-    redis.call('DEL', K_EVENTS)                         -- (its last ID at the maximum, say)
+  local line = string.format('%d %s %s %s %d %d %s', NOW, from, to, cause, s.epoch, s.open_until,
+    s.forced ~= '' and s.forced or '-')
+  if type(redis.pcall('LPUSH', K_EVENTS, line)) == 'table' then  -- an error reply: another type
+    redis.call('DEL', K_EVENTS)                                     -- written there by hand
     repaired('events')
-    redis.call(unpack(entry))
+    redis.call('LPUSH', K_EVENTS, line)
   end
+  redis.call('LTRIM', K_EVENTS, 0, EVENTS_KEPT - 1)
   redis.call('PEXPIRE', K_EVENTS, TTL)
   publish(s, 'transition', {from = from, to = to, open_until = s.open_until, forced = s.forced, cause = cause})
   EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. from .. '>' .. to .. ':' .. cause

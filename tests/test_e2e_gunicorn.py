@@ -19,6 +19,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from breaker_redis.reader import parse_event
 from demo_app import stack
 from tests.redis_server import wait_until
 
@@ -82,8 +83,8 @@ class Stack:
         return int(seconds) * 1000 + int(micros) // 1000
 
     def transitions(self) -> list[tuple[str, str, str]]:
-        entries = self.redis.xrange(f"{self.prefix}:{{pay}}:events")
-        return [(f[b"from"].decode(), f[b"to"].decode(), f[b"cause"].decode()) for _, f in entries]
+        lines = reversed(self.redis.lrange(f"{self.prefix}:{{pay}}:events", 0, -1))  # newest first
+        return [(e["from"], e["to"], e["cause"]) for e in map(parse_event, lines) if e is not None]
 
     def every_worker_answers(self, path: str, method: str) -> set[str]:
         """Send bursts until each of the 4 workers has answered; returns their pids."""

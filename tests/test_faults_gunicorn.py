@@ -42,6 +42,7 @@ import pytest
 import redis
 import requests
 
+from breaker_redis.reader import parse_event
 from demo_app import stack
 from tests.redis_server import RedisServer, wait_until
 from tests.traffic import burst
@@ -377,10 +378,9 @@ def test_a_worker_killed_while_it_holds_the_probe(upstream_url):
         assert shop.send("/pay").status == 503
         state = shop.state()
         assert state["state"] == "open", state
-        events = admin.xrange(f"{shop.prefix}:{{pay}}:events")
-        last = events[-1][1]
-        assert (last[b"from"], last[b"to"]) == (b"half_open", b"open"), events
-        left_ms = int(events[-1][0].split(b"-")[0]) - killed_at_ms
+        last = parse_event(admin.lindex(f"{shop.prefix}:{{pay}}:events", 0))  # the newest
+        assert last is not None and (last["from"], last["to"]) == ("half_open", "open"), last
+        left_ms = int(last["at"]) - killed_at_ms
         # -- and the next probe, on a healthy upstream, closes it ---------------------------
         reopened_until = int(state["open_until"])
         wait_until(lambda: redis_ms() > reopened_until, timeout=10, what="the second open period")
@@ -388,7 +388,7 @@ def test_a_worker_killed_while_it_holds_the_probe(upstream_url):
         assert shop.state()["state"] == "closed"
     report("dead_probe", {
         "probe_timeout_seconds": probe_timeout,
-        "cause": last[b"cause"].decode(),
+        "cause": last["cause"],
         "ms_from_kill_to_leaving_half_open": left_ms,
         "ms_lease_expiry_minus_kill": int(expiry) - killed_at_ms,
     })

@@ -6,7 +6,7 @@ written by hand into ``{prefix}:{NAME}:config`` ('1e999', 'nan', '-0', '0x10', '
 integers, unicode, binary bytes), and corruptions of every key of a breaker (state, window,
 leases, config, stats, events, cfg; and the global names and health keys): a field set to
 garbage or to its own value slightly off, a field deleted, a key replaced by another type or
-deleted, a lease or stream entry forged. What must hold:
+deleted, a lease or an events line forged. What must hold:
 
 1. Names: ``Breakers.get`` and ``configure`` accept exactly the names the README allows and
    refuse the others with a ValueError (TypeError for a non-str) naming the problem: the
@@ -316,9 +316,10 @@ LEASE_MEMBERS = st.one_of(
     st.sampled_from(["p:{epoch}:9999", "b:9999", "p:{epoch}:1 b:2", "p:", "b:", "p:nan:1", "x", ""]),
     GARBAGE,
 )
-# the last is the highest stream id there is: no entry can follow it
-STREAM_IDS_SWEPT = ("*", "9999999999999-0", "18446744073709551615-18446744073709551615")
-STREAM_IDS = st.sampled_from(STREAM_IDS_SWEPT)
+# lines forged into the events list: garbage, well formed, numbers no worker wrote
+EVENT_LINES_SWEPT = ("garbage", "1 closed open count 1 1 -", "99999999999999999999 a b c 1e999 nan x",
+                     "1 2 3 4 5 6 7 8", "")
+EVENT_LINES = st.one_of(st.sampled_from(EVENT_LINES_SWEPT), GARBAGE)
 
 # -- the examples' steps -------------------------------------------------------------------------
 
@@ -665,18 +666,10 @@ class LeaseAdd(Step):
 @dataclass(frozen=True)
 class EventAdd(Step):
     i: int
-    entry_id: str
-    field: str | bytes
-    value: str | bytes
+    line: str | bytes
 
     def run(self, run: Run) -> str:
-        key = run.key(self.i, "events")
-        if self.entry_id != "*":
-            run.env.admin.delete(key)  # an explicit id must be above the stream's last one
-            prefix = f"redis-cli DEL {sh(key)}; "
-        else:
-            prefix = ""
-        return prefix + run.redis("XADD", key, self.entry_id, self.field, self.value)
+        return run.redis("LPUSH", run.key(self.i, "events"), self.line)
 
 
 @dataclass(frozen=True)
@@ -792,7 +785,7 @@ CORRUPTIONS: st.SearchStrategy[Step] = st.one_of(
     _hash("config"),
     st.builds(HashSet, _I, st.just("config"), st.sampled_from(LUA_FIELDS), GARBAGE),  # live values by hand
     _corrupt("leases", st.builds(LeaseAdd, _I, LEASE_MEMBERS, LEASE_SCORES)),
-    _corrupt("events", st.builds(EventAdd, _I, STREAM_IDS, GARBAGE, GARBAGE)),
+    _corrupt("events", st.builds(EventAdd, _I, EVENT_LINES)),
     _corrupt("cfg", st.builds(StringSet, _I, st.just("cfg"), GARBAGE)),
     _corrupt("names", st.builds(NamesAdd, GARBAGE)),
     _corrupt("health", st.builds(StringSet, _I, st.just("health"), GARBAGE)),
@@ -1023,6 +1016,7 @@ class MonitorTap:
 
 
 _FIRST_KEY = {b"HMGET", b"HGETALL", b"HSET", b"HDEL", b"HINCRBY", b"HGET", b"HLEN", b"HKEYS", b"PEXPIRE",
+              b"LPUSH", b"LTRIM", b"LRANGE", b"LINDEX", b"LLEN",
               b"EXPIRE", b"PTTL", b"ZADD", b"ZREM", b"ZRANGE", b"ZRANGEBYSCORE", b"ZREMRANGEBYSCORE",
               b"ZSCORE", b"ZCARD", b"XADD", b"XRANGE", b"XREVRANGE", b"XLEN", b"SET", b"GET", b"SADD",
               b"SMEMBERS", b"RPUSH", b"TYPE"}
@@ -1216,7 +1210,7 @@ def sweep_corruptions(key: str) -> Iterator[Step]:
             for score in ("-inf", "+inf", -1, 10**6):
                 yield LeaseAdd(0, member, score)
     if key == "events":
-        yield from (EventAdd(0, entry, "f", "v") for entry in STREAM_IDS_SWEPT)
+        yield from (EventAdd(0, line) for line in EVENT_LINES_SWEPT)
     if key in ("cfg", "health"):
         yield from (StringSet(0, key, value) for value in ("abc", "{}", b"\xff"))
     if key == "names":

@@ -11,6 +11,7 @@ import pytest
 from redis.cluster import key_slot
 
 from breaker_redis import BreakerConfig, Breakers
+from breaker_redis.reader import parse_event
 from breaker_redis.urls import client_from_url
 from tests import mp_workers
 from tests.workers import snapshot
@@ -109,8 +110,8 @@ def test_processes_racing_a_trip_produce_exactly_one_open_event(spawn, target):
             break
         published.append(json.loads(message["data"]))
     listener.close()
-    stream = client.xrange("breaker:{trip}:events")
-    opened = [fields for _, fields in stream if fields[b"to"] == b"open"]
+    history = [parse_event(line) for line in client.lrange("breaker:{trip}:events", 0, -1)]
+    opened = [event for event in history if event and event["to"] == "open"]
     assert len(opened) == 1
     assert [(m["from"], m["to"]) for m in published] == [("closed", "open")]
     snap = snapshot(target.url, "trip", cfg)

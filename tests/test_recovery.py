@@ -12,6 +12,7 @@ import fakeredis
 import pytest
 
 from breaker_redis import BreakerOpen, Breakers, State
+from breaker_redis.reader import Reader
 from tests.redis_server import RedisServer, wait_until
 from tests.workers import TRIP_AT_3, admits, fail, subscribed
 
@@ -270,18 +271,22 @@ def test_an_epoch_beyond_any_worker_is_repaired(make_breakers, store, epoch):
     assert b.state is State.CLOSED
 
 
-def test_a_stream_that_cannot_take_another_entry_is_rebuilt(make_breakers, store):
-    """A events stream whose last ID is the highest possible (edited by hand) would
-    refuse every transition's XADD: the stream is started again instead."""
+@pytest.mark.parametrize("forged", ["stream", "garbage line"])
+def test_an_events_key_written_by_hand_is_rebuilt_or_read_around(make_breakers, store, forged):
+    """A stream where the events list belongs (another type: the key is started again,
+    the trip is recorded) or a line no worker wrote (kept, and left out by readers)."""
     b = make_breakers().get("pay", TRIP_AT_3)
     b.acquire().success()
     store.delete("breaker:{pay}:events")
-    store.xadd("breaker:{pay}:events", {"f": "v"}, id="18446744073709551615-18446744073709551615")
+    if forged == "stream":
+        store.xadd("breaker:{pay}:events", {"f": "v"}, id="18446744073709551615-18446744073709551615")
+    else:
+        store.lpush("breaker:{pay}:events", "not a transition")
     fail(b, 3)
     assert b.state is State.OPEN
     assert b.snapshot()["store"] == "redis"
-    [(_, entry)] = store.xrange("breaker:{pay}:events")
-    assert (entry[b"from"], entry[b"to"]) == (b"closed", b"open")
+    history = Reader(store, "breaker", owns_client=False).transitions("pay", 10)
+    assert [(e["from"], e["to"], e["cause"]) for e in history] == [("closed", "open", "consecutive")]
 
 
 @pytest.mark.parametrize("value", ["abc", "1.5", "1e999"])
