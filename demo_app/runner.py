@@ -28,6 +28,7 @@ import redis
 import requests
 
 from breaker_redis import BreakerConfig, Breakers
+from breaker_redis.reader import parse_event
 
 from . import settings, stack
 
@@ -250,9 +251,9 @@ class Demo:
                 break
 
     def transitions(self) -> None:
-        print("\nthe pay breaker's transitions, from its event stream in Redis:")
-        entries = cast(list[tuple[str, dict[str, str]]], self.redis.xrange(f"{self.prefix}:{{pay}}:events"))
-        for _id, f in entries:
+        print("\nthe pay breaker's transitions, from its history in Redis:")
+        lines = cast(list[str], self.redis.lrange(f"{self.prefix}:{{pay}}:events", 0, -1))
+        for f in [e for e in map(parse_event, reversed(lines)) if e is not None]:  # oldest first
             at = (int(f["at"]) - self.redis_t0_ms) / 1000.0
             if at < 0:
                 continue  # the reset that gave the demo a clean start
