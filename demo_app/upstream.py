@@ -113,6 +113,13 @@ def _payload(path: str) -> dict[str, Any]:
     return {"message": "payment accepted"}
 
 
+class Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: 16 workers' threads connecting at
+    # once (gunicorn gthread) would see refused connections, not the service
+    request_queue_size = 128
+    daemon_threads = True
+
+
 def make_handler(upstream: Upstream) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args(argv)
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(Upstream()))
+    server = Server((args.host, args.port), make_handler(Upstream()))
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"upstream listening on http://{args.host}:{args.port}", flush=True)
