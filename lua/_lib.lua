@@ -306,7 +306,8 @@ local WINDOW_CLAIM_MS = 60000
 local function window_read(c)
   local bms, nb = c.bucket_ms, c.buckets
   local cur = math.floor(NOW / bms)
-  local w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. cur, 'f' .. cur, 's' .. cur,
+  local sid = tostring(cur)  -- one number formatting, not three
+  local w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 's' .. sid,
     'nb', 'sat')
   local head, tc, tf, ts = tonumber(w[1]), tonumber(w[3]) or 0, tonumber(w[4]) or 0, tonumber(w[5]) or 0
   local sbms, snb = tonumber(w[2]), tonumber(w[9]) or nb  -- a hash from before nb was written: ours
@@ -372,22 +373,35 @@ local function window_read(c)
   end
   return {cur = cur, tc = math.max(tc, 0), tf = math.max(tf, 0), ts = math.max(ts, 0),
     bc = tonumber(w[6]) or 0, bf = tonumber(w[7]) or 0, bs = tonumber(w[8]) or 0, gone = gone,
-    kept = kept, sat = w[10], bms = bms, nb = nb, adopted = adopted, reset = false}
+    kept = kept, sat = tonumber(w[10]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
 end
 
+local SAT_EVERY_MS = 5000  -- a shape's claim (sat) is renewed this often, well within WINDOW_CLAIM_MS
 local function window_add(c, calls, failures, slows)
   local w = window_read(c)
-  if w.reset or w.kept then redis.call('DEL', K_WINDOW) end
+  local fresh = w.reset or w.kept ~= nil  -- the hash is written anew
+  if fresh then redis.call('DEL', K_WINDOW) end
   if w.gone then redis.call('HDEL', K_WINDOW, unpack(w.gone)) end
   if w.kept and #w.kept > 0 then redis.call('HSET', K_WINDOW, unpack(w.kept)) end
-  if w.kept and w.adopted and w.sat then redis.call('HSET', K_WINDOW, 'sat', w.sat) end
-  local id = w.cur
+  local sid = tostring(w.cur)
   w.tc, w.tf, w.ts = w.tc + calls, w.tf + failures, w.ts + slows
-  local fields = {'head', id, 'bms', w.bms, 'nb', w.nb, 'tc', w.tc, 'tf', w.tf, 'ts', w.ts,
-    'c' .. id, w.bc + calls, 'f' .. id, w.bf + failures, 's' .. id, w.bs + slows}
-  if not w.adopted then fields[#fields + 1], fields[#fields + 2] = 'sat', NOW end  -- shape claimed
-  redis.call('HSET', K_WINDOW, unpack(fields))
-  if w.reset or w.kept then redis.call('PEXPIRE', K_WINDOW, TTL) end
+  -- Only the fields that change (a missing one reads as 0): a success in the
+  -- current bucket writes two, where every field each time cost the record
+  -- script a third of its server time.
+  local f = {'tc', w.tc, 'c' .. sid, w.bc + calls}
+  if fresh or w.head ~= w.cur then f[#f + 1], f[#f + 2] = 'head', w.cur end
+  if fresh then f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = 'bms', w.bms, 'nb', w.nb end
+  if fresh or failures ~= 0 or w.gone then f[#f + 1], f[#f + 2] = 'tf', w.tf end  -- a slide changes it
+  if fresh or slows ~= 0 or w.gone then f[#f + 1], f[#f + 2] = 'ts', w.ts end
+  if fresh or failures ~= 0 then f[#f + 1], f[#f + 2] = 'f' .. sid, w.bf + failures end
+  if fresh or slows ~= 0 then f[#f + 1], f[#f + 2] = 's' .. sid, w.bs + slows end
+  if w.adopted then  -- the shape is another caller's: its claim is kept as it was
+    if w.kept and w.sat then f[#f + 1], f[#f + 2] = 'sat', w.sat end
+  elseif fresh or not w.sat or NOW - w.sat >= SAT_EVERY_MS or NOW < w.sat then
+    f[#f + 1], f[#f + 2] = 'sat', NOW  -- this shape claimed
+  end
+  redis.call('HSET', K_WINDOW, unpack(f))
+  if fresh then redis.call('PEXPIRE', K_WINDOW, TTL) end
   return w
 end
 
