@@ -63,7 +63,8 @@ class Breakers:
         # On Redis Cluster a message published by a script on one master reaches a
         # subscription held on another only after the script's reply: a worker deciding
         # from memory could admit the call right after a trip. So it never does there:
-        # no subscription, and every call runs the acquire script (exact, one round trip).
+        # no subscription, and every call runs the acquire script, then its record
+        # script (exact, two round trips; README "Capacity").
         self.follower: SentinelFollower | None = None
         if _is_cluster(client):
             listen = False

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from .background import ProcessThread
 from .scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -44,10 +44,8 @@ class SentinelFollower:
         self._service = str(pool.service_name)
         self._sentinels: list[Any] = pool.sentinel_manager.sentinels
         self._on_switch = on_switch
-        self._start_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self.switches = 0
+        self._follower = ProcessThread(self._loop, "breaker-redis-sentinel")
+        self._stop = self._follower.stop
 
     @classmethod
     def for_client(cls, client: Any, on_switch: Callable[[], None]) -> SentinelFollower | None:
@@ -58,21 +56,13 @@ class SentinelFollower:
         return cls(pool, on_switch) if isinstance(pool, SentinelConnectionPool) else None
 
     def ensure_running(self) -> None:
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            return
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._loop, name="breaker-redis-sentinel", daemon=True)
-                self._thread.start()
+        self._follower.ensure_running()
 
     def after_fork(self) -> None:
-        self._start_lock = threading.Lock()
-        self._thread = None
+        self._follower.after_fork()
 
     def close(self) -> None:
-        self._stop.set()
+        self._follower.close()
 
     def _loop(self) -> None:
         turn = 0
@@ -99,7 +89,6 @@ class SentinelFollower:
         parts = data.split()
         if len(parts) != 5 or parts[0] != self._service:
             return
-        self.switches += 1
         with contextlib.suppress(ValueError):  # ask the sentinel that announced it first
             index = self._sentinels.index(sentinel)
             self._sentinels[0], self._sentinels[index] = self._sentinels[index], self._sentinels[0]

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .background import ProcessThread
 from .scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -46,9 +47,8 @@ class Invalidator:
         self._channel = channel
         self._on_message = on_message
         self._on_subscribed = on_subscribed
-        self._start_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._listener = ProcessThread(self._loop, "breaker-redis-events")
+        self._stop = self._listener.stop
         # Held by whoever reads the subscription, from before the read until the
         # messages read are delivered: "nothing readable and not held" means
         # nothing received is pending.
@@ -60,14 +60,7 @@ class Invalidator:
 
     def ensure_running(self) -> None:
         """Start the listener once per process, whatever the concurrency of first calls."""
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            return
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._loop, name="breaker-redis-events", daemon=True)
-                self._thread.start()
+        self._listener.ensure_running()
 
     def drain(self) -> None:
         """Deliver, in this thread, every message received so far.
@@ -85,15 +78,14 @@ class Invalidator:
             self._read_all(pubsub)
 
     def after_fork(self) -> None:
-        self._start_lock = threading.Lock()
+        self._listener.after_fork()
         self._read_lock = threading.Lock()
-        self._thread = None
         self._pubsub = self._socket = None  # the parent's connection is the parent's
         self._readable = _never
         self.healthy = False
 
     def close(self) -> None:
-        self._stop.set()
+        self._listener.close()
 
     def resubscribe(self) -> None:
         """Leave the current subscription (its server stopped being the master).
