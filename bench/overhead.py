@@ -31,9 +31,12 @@ error: the script exits 0 unless the benchmark itself cannot run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -59,6 +62,7 @@ import redis  # noqa: E402
 
 from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers  # noqa: E402
 from breaker_redis.scripts import KEY_SUFFIXES, OPERATIONS, breaker_keys, script_source  # noqa: E402
+from demo_app.stack import redis_server_argv  # noqa: E402
 
 ITERATIONS = 5000  # calls per timing repeat
 REPEATS = 5  # timing repeats per library; the median is reported
@@ -108,18 +112,27 @@ def free_port() -> int:
 @contextmanager
 def redis_server() -> Iterator[str]:
     """A fresh redis-server without persistence; yields its URL, stops it after."""
+    with redis_server_process() as (url, _process):
+        yield url
+
+
+@contextmanager
+def redis_server_process() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """redis_server() with its process, for a bench that stops or kills it (bench/peers.py)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (apt-get install redis-server)")
     port = free_port()
     folder = tempfile.mkdtemp(prefix="breaker-redis-bench-")
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    process = subprocess.Popen([*args, "--dir", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = redis_server_argv(binary, port, folder)
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     try:
         wait_for_server(url, process)
-        yield url
+        yield url, process
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)  # a stopped server cannot take SIGTERM
         process.terminate()
         try:
             process.wait(timeout=10)

@@ -45,16 +45,14 @@ import importlib
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -221,35 +219,6 @@ def peer_version(key: str) -> str:
 
 
 # -- the server -------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A fresh redis-server without persistence (as in bench/overhead.py), with
-    its process: phase 5 stops and kills it."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-    from overhead import free_port, wait_for_server
-
-    port = free_port()
-    folder = tempfile.mkdtemp(prefix="breaker-redis-peers-")
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    process = subprocess.Popen([*args, "--dir", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_for_server(url, process)
-        yield url, process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGCONT)
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def peer_client(url: str) -> redis.Redis:
@@ -1072,7 +1041,9 @@ def main() -> int:
     na = ensure_installed()
     peers = [OURS] + [k for k, _, _ in PEERS if k not in na]
     report = Report(peers, na)
-    with redis_server() as (url, process):
+    from overhead import redis_server_process  # imports pybreaker: after the installs
+
+    with redis_server_process() as (url, process):
         control = redis.Redis.from_url(url)
         server = control.info("server")
         timing = run_phase(report, "timing", lambda: phase_timing(url, peers, na))
