@@ -81,6 +81,40 @@ def client_from_url(url: str, **overrides: Any) -> RedisClient:
     return redis.Redis(**_connection_options(parsed, overrides))
 
 
+def async_client_from_url(url: str, **overrides: Any) -> Any:
+    """The same client as client_from_url, on redis-py's asyncio side (breaker_redis.asyncio).
+
+    redis-py's asyncio cluster client reads the slot map at its first command,
+    not when it is built, so no lazy wrapper is needed there.
+    """
+    import redis.asyncio
+    from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    parsed = parse(url)
+    options = _connection_options(parsed, overrides)
+    options["retry"] = AsyncRetry(NoBackoff(), 0)
+    if parsed.cluster:
+        return AsyncRedisCluster(
+            startup_nodes=[AsyncClusterNode(host, port) for host, port in parsed.hosts], **options
+        )
+    if parsed.sentinel:
+        sentinel_options: dict[str, Any] = {
+            "socket_timeout": options["socket_timeout"],
+            "socket_connect_timeout": options["socket_connect_timeout"],
+            "retry": AsyncRetry(NoBackoff(), 0),
+        }
+        if parsed.tls:
+            sentinel_options["ssl"] = True
+            sentinel_options.update({key: value for key, value in options.items() if key in TLS_OPTIONS})
+        assert parsed.service is not None
+        sentinel = AsyncSentinel(parsed.hosts, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(parsed.service, **options)
+    return redis.asyncio.Redis(**options)
+
+
 # -- clients ---------------------------------------------------------------------
 
 

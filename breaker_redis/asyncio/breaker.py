@@ -1,0 +1,428 @@
+"""Breaker and Permit for asyncio: the sync Breaker's four steps, awaited.
+
+The same rules as breaker_redis/breaker.py, and the same modules for them:
+the replies are decoded and kept by ``knowledge.Memory``, memory decides by
+``Knowledge.decide``, and the scripts are the same files with the same
+arguments, so a sync worker and an async worker of one deployment share one
+breaker and one boundary. What differs is only how a step waits:
+
+- deciding from memory never awaits (no I/O), and is trusted only when the
+  subscription has nothing unread (``AsyncInvalidator.pending``), which
+  stands in for the sync side's ``drain``;
+- script calls are awaited on redis-py's asyncio client; one record call at
+  a time per breaker (an ``asyncio.Lock``), so Redis sees this worker's
+  outcomes in the order they happened;
+- batched successes are sent by a task of ``Breakers``, within 50 ms.
+
+One event loop runs all of it, so the counts kept in memory need no lock:
+nothing between two awaits can interleave.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar, cast
+
+from ..breaker import _PENDING, FLUSH_SECONDS, State
+from ..config import BreakerConfig
+from ..errors import BreakerOpen
+from ..knowledge import Knowledge, Memory, Reply, Verdict
+from ..snapshot import OUTCOME_COUNTERS, snapshot_dict
+from .invalidation import AsyncInvalidator
+from .store import AsyncStoreGate, StoreUnavailable
+
+log = logging.getLogger("breaker_redis")
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+MISSING: Any = object()
+
+
+class Shared(Protocol):
+    """The per-process machinery a breaker uses (``breaker_redis.asyncio.Breakers``)."""
+
+    gate: AsyncStoreGate
+    invalidator: AsyncInvalidator | None
+    batch_successes: bool
+    pid: int
+
+    def clock_ms(self) -> int | None: ...
+    def now_ms(self) -> int: ...
+    def observe_clock(self, redis_now_ms: int) -> None: ...
+    def ensure_loop(self) -> None: ...
+    def schedule(self, breaker: Breaker) -> None: ...
+    async def register_name(self, name: str) -> None: ...
+    async def barrier(self) -> None: ...
+    def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None: ...
+
+
+class Permit:
+    """One admitted call. Await ``success()``, ``failure()`` or ``ignore()``
+    exactly once (later ones are no-ops); or use it as an async context manager."""
+
+    __slots__ = ("_breaker", "_done", "batchable", "epoch", "generation", "lease", "observing", "probe",
+                 "started")
+
+    def __init__(
+        self,
+        breaker: Breaker,
+        epoch: int,
+        lease: str,
+        generation: int,
+        *,
+        batchable: bool = False,
+        observing: bool = False,
+    ) -> None:
+        self._breaker = breaker
+        self.epoch = epoch
+        self.lease = lease
+        self.generation = generation
+        self.probe = lease.startswith("p:")
+        self.batchable = batchable
+        self.observing = observing
+        self.started = breaker.now_ms()
+        self._done = False
+
+    async def success(self) -> None:
+        await self.record("success")
+
+    async def failure(self) -> None:
+        await self.record("failure")
+
+    async def ignore(self) -> None:
+        await self.record("ignored")
+
+    async def record(self, outcome: str) -> None:
+        if outcome not in ("success", "failure", "ignored"):
+            raise ValueError(f"outcome must be success, failure or ignored (got {outcome!r})")
+        if self._done:
+            return
+        self._done = True
+        await self._breaker._record(self, outcome, self._breaker.now_ms() - self.started)
+
+    @property
+    def recorded(self) -> bool:
+        return self._done
+
+    async def __aenter__(self) -> Permit:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            await self.success()
+        else:
+            await self.record(self._breaker.classify(exc))
+
+
+class Breaker:
+    """One named breaker in this process, shared through Redis with every
+    worker, sync or async, that uses the same key prefix."""
+
+    def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
+        self._shared = shared
+        self.name = name
+        self.config = config
+        self._lua_config = config.to_lua()
+        self._config_slow_ms = round((config.slow_call_seconds or 0) * 1000)
+        self._listed_pid, self._listed_at = 0, 0.0
+        self._permits: contextvars.ContextVar[tuple[Permit, ...]] = contextvars.ContextVar(
+            f"breaker_redis:{name}", default=()
+        )
+        self.reset_process()
+
+    def reset_process(self) -> None:
+        """Start afresh (a forked child, a new event loop): what was known belongs to the old one."""
+        import asyncio
+
+        self._send_lock = asyncio.Lock()
+        self._memory = Memory()
+        self._pending = dict.fromkeys(_PENDING, 0)
+        self._last_flush = time.monotonic()
+        self._batch_epoch = self._batch_count = self._batch_generation = 0
+
+    def now_ms(self) -> int:
+        return self._shared.now_ms()
+
+    def classify(self, exc: BaseException) -> str:
+        if not isinstance(exc, Exception):
+            return "ignored"  # CancelledError, KeyboardInterrupt, SystemExit
+        return self.config.classify(exc)
+
+    # -- admission -----------------------------------------------------------
+
+    async def acquire(self) -> Permit:
+        """A Permit for one call, or BreakerOpen. Decides from memory when it can."""
+        shared = self._shared
+        shared.ensure_loop()
+        known = self._memory.known
+        if known is not None and self._trusted(known):
+            permit = self._from_memory(known)
+            if permit is not None:
+                return permit
+        pending = self._take_pending()
+        try:
+            reply, generation, stamp = await self._run("acquire", pending)
+        except StoreUnavailable:
+            self._restore_pending(pending)
+            if shared.gate.policy == "allow":
+                return Permit(self, -1, "", -1)
+            raise BreakerOpen(None, self.name, "open") from None
+        except BaseException:
+            self._restore_pending(pending)
+            raise
+        known = await self._learn(reply, generation, stamp)
+        if reply.allowed:
+            batchable = reply.allowed == 1 and not reply.lease and known.calm
+            observing = reply.allowed == 2 and reply.state == "open"
+            return Permit(
+                self, reply.epoch, reply.lease, generation, batchable=batchable, observing=observing
+            )
+        retry_after = None
+        if reply.reason == "open" and reply.open_until:
+            retry_after = max(0, reply.open_until - reply.now) / 1000.0
+        raise BreakerOpen(retry_after, self.name, reply.reason)
+
+    def _trusted(self, known: Knowledge) -> bool:
+        gate, invalidator = self._shared.gate, self._shared.invalidator
+        subscribed = invalidator is not None and invalidator.healthy and not invalidator.pending()
+        return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
+
+    def _from_memory(self, known: Knowledge) -> Permit | None:
+        verdict = known.decide(self._shared.now_ms())
+        if verdict is Verdict.ADMIT:
+            return Permit(self, known.epoch, "", known.generation, batchable=known.calm)
+        if verdict is Verdict.ASK or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            return None
+        if verdict is Verdict.OBSERVE:
+            self._pending["would_reject"] += 1
+            return Permit(self, known.epoch, "", known.generation, observing=True)
+        self._pending["rejected"] += 1
+        if known.forced == "open":
+            raise BreakerOpen(None, self.name, "forced_open")
+        raise BreakerOpen((known.open_until - self._shared.now_ms()) / 1000.0, self.name, "open")
+
+    def _take_pending(self) -> list[int]:
+        pending = [self._pending[key] for key in _PENDING]
+        self._pending = dict.fromkeys(_PENDING, 0)
+        self._last_flush = time.monotonic()
+        return pending
+
+    def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
+        for key, count in zip(_PENDING, pending, strict=True):
+            self._pending[key] += count
+        if batch and batch[1] and (self._batch_count == 0 or self._batch_epoch == batch[0]):
+            self._batch_epoch, self._batch_count = batch[0], self._batch_count + batch[1]
+
+    # -- outcomes --------------------------------------------------------------
+
+    async def _record(self, permit: Permit, outcome: str, duration_ms: int) -> None:
+        """Count one outcome: in memory if it decides nothing now, else sent at once.
+        Never raises into the caller: a lost record must not fail the call."""
+        shared = self._shared
+        if permit.generation != shared.gate.generation:
+            return
+        if permit.observing:
+            known = self._memory.known
+            if known is not None and known.epoch == permit.epoch:
+                self._pending[OUTCOME_COUNTERS[outcome]] += 1
+                self._pending["slow"] += outcome != "ignored" and known.slow(duration_ms)
+                return
+        if outcome == "success" and permit.batchable and shared.batch_successes:
+            known = self._memory.known
+            joins = (
+                known is not None
+                and known.calm
+                and known.epoch == permit.epoch
+                and self._trusted(known)  # an unread notice may be an arming: then send at once
+                and not known.slow(duration_ms)
+                and (self._batch_count == 0 or self._batch_epoch == permit.epoch)
+            )
+            if joins:
+                self._batch_epoch, self._batch_generation = permit.epoch, permit.generation
+                self._batch_count += 1
+                shared.schedule(self)
+                return
+        await self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease)
+
+    async def flush_batch(self) -> None:
+        """Send the batched successes and the counts kept in memory, if any."""
+        if self._batch_count or any(self._pending.values()):
+            await self._send(0, "", 0, "")
+
+    async def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str) -> None:
+        shared = self._shared
+        async with self._send_lock:
+            pending = self._take_pending()
+            batch = [self._batch_epoch, self._batch_count]
+            if self._batch_generation != shared.gate.generation:
+                batch[1] = 0
+            self._batch_count = 0
+            if not outcome and not batch[1] and not any(pending):
+                return
+            try:
+                reply, generation, stamp = await self._run(
+                    "record", [epoch, outcome, duration_ms, lease, *pending, *batch], fallback=False
+                )
+            except StoreUnavailable:
+                return
+            except Exception:
+                self._restore_pending(pending, batch)
+                log.exception("breaker_redis: could not record an outcome of breaker %r", self.name)
+                return
+            await self._learn(reply, generation, stamp)
+
+    # -- learning ----------------------------------------------------------------
+
+    async def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int, int]:
+        shared = self._shared
+        stamp = self._memory.stamp()
+        raw, generation = await shared.gate.run(
+            operation,
+            self.name,
+            shared.clock_ms(),
+            [self._lua_config, self._memory.epoch_seen, *args],
+            fallback=fallback,
+        )
+        return Reply.decode(raw), generation, stamp
+
+    async def _learn(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
+        shared = self._shared
+        shared.observe_clock(reply.now)
+        if reply.repaired:
+            prefix = shared.gate.remote.prefix
+            names = ", ".join(f"{prefix}:{{{self.name}}}:{key}" for key in reply.repaired.split(","))
+            log.warning("breaker_redis: breaker %r: corrupted %s repaired (a field that does not parse "
+                        "was reset; the breaker went on deciding)", self.name, names)
+        own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
+        known = self._memory.learn(reply, generation, stamp, own)
+        if generation == shared.gate.generation and shared.gate.healthy:
+            await self._keep_listed()
+            if reply.events:
+                await shared.barrier()
+                shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
+        return known
+
+    async def _keep_listed(self) -> None:
+        """Listed in the names set once per process and every quarter of the key TTL (see breaker.py)."""
+        shared, now = self._shared, time.monotonic()
+        if self._listed_pid == shared.pid and now - self._listed_at < shared.gate.remote.ttl_ms / 4000:
+            return
+        self._listed_pid, self._listed_at = shared.pid, now
+        await shared.register_name(self.name)
+
+    def hint(self, payload: dict[str, Any]) -> bool:
+        """A pushed message about this breaker; True when it was news and a batch is waiting."""
+        return self._memory.hint(payload) and bool(self._batch_count or any(self._pending.values()))
+
+    def forget(self) -> None:
+        self._memory.forget()
+
+    # -- the ways to protect a call ----------------------------------------------
+
+    async def call(self, fn: Callable[..., Awaitable[T] | T], /, *args: Any, fallback: Any = MISSING,
+                   **kwargs: Any) -> T:
+        """Await fn(*args, **kwargs) behind the breaker (fn may also be a plain function).
+
+        With ``fallback`` (a value, or a callable given the BreakerOpen or the
+        exception, whose result is awaited if it is awaitable), a refused call
+        or a call that failed returns the fallback instead of raising; ignored
+        exceptions (and cancellation) are always re-raised.
+        """
+        try:
+            permit = await self.acquire()
+        except BreakerOpen as refused:
+            if fallback is MISSING:
+                raise
+            return cast(T, await _fall_back(fallback, refused))
+        try:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException as exc:
+            outcome = self.classify(exc)
+            await permit.record(outcome)
+            if outcome == "failure" and fallback is not MISSING:
+                return cast(T, await _fall_back(fallback, exc))
+            raise
+        await permit.success()
+        return cast(T, result)
+
+    def decorate(self, fallback: Any = MISSING) -> Callable[[F], F]:
+        """``@breaker.decorate(fallback=...)`` on an async function; plain ``@breaker`` has no fallback."""
+
+        def wrap(fn: F) -> F:
+            @functools.wraps(fn)
+            async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                return await self.call(fn, *args, fallback=fallback, **kwargs)
+
+            return cast(F, wrapper)
+
+        return wrap
+
+    def __call__(self, fn: F) -> F:
+        return self.decorate()(fn)
+
+    async def __aenter__(self) -> Permit:
+        permit = await self.acquire()
+        self._permits.set((*self._permits.get(), permit))
+        return permit
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        *rest, permit = self._permits.get()
+        self._permits.set(tuple(rest))
+        await permit.__aexit__(exc_type, exc, tb)
+
+    # -- reading and administration ----------------------------------------------
+
+    async def state(self) -> State:
+        """The state as Redis has it now (one script call)."""
+        return State((await self.snapshot())["state"])
+
+    async def snapshot(self) -> dict[str, Any]:
+        self._shared.ensure_loop()
+        await self.flush_batch()
+        pending = self._take_pending()
+        shared = self._shared
+        try:
+            args = [self._lua_config, self._memory.epoch_seen, *pending]
+            raw, _ = await shared.gate.run("snapshot", self.name, shared.clock_ms(), args)
+        except StoreUnavailable:
+            self._restore_pending(pending)
+            raise
+        return snapshot_dict(self.name, raw, shared.gate.kind)
+
+    async def force_open(self) -> None:
+        await self._admin("force_open")
+
+    async def force_closed(self) -> None:
+        await self._admin("force_closed")
+
+    async def clear_force(self) -> None:
+        await self._admin("clear_force")
+
+    async def reset(self) -> None:
+        await self._admin("reset")
+
+    async def _admin(self, op: str) -> None:
+        shared = self._shared
+        shared.ensure_loop()
+        await shared.register_name(self.name)
+        gate, stamp = shared.gate, self._memory.stamp()
+        raw = await gate.run_remote("admin", self.name, shared.clock_ms(), ["", self._memory.epoch_seen, op])
+        await self._learn(Reply.decode(raw), gate.generation, stamp)
+
+    def __repr__(self) -> str:
+        return f"<breaker_redis.asyncio.Breaker {self.name!r}>"
+
+
+async def _fall_back(fallback: Any, cause: BaseException) -> Any:
+    """A callable fallback is given the cause (and awaited if it returns an awaitable)."""
+    if not callable(fallback):
+        return fallback
+    result = fallback(cause)
+    return await result if inspect.isawaitable(result) else result

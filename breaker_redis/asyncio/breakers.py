@@ -1,0 +1,225 @@
+"""Breakers for asyncio: the breakers of one app on one Redis, and what they
+share in one process: the store gate, the event subscription and the task
+that sends batched successes (see breaker_redis/breakers.py for the sync side).
+
+Built without I/O, so a module can create it at import time, before gunicorn
+forks its uvicorn workers: each worker binds it to its own event loop at its
+first call. A process that moves to another loop (a forked child, tests that
+run one loop per test) starts afresh there: the old loop's tasks and
+connections cannot be used from a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..breakers import DEFAULT_TTL_SECONDS
+from ..config import BreakerConfig, parse_overrides
+from ..recorder import BATCH_SECONDS
+from ..scripts import flat_pairs, text, validate_name
+from ..transitions import TransitionCallback, notify, parse
+from .breaker import Breaker
+from .invalidation import AsyncInvalidator, can_listen
+from .store import AsyncScriptRunner, AsyncStoreGate
+
+
+class Breakers:
+    """The breakers of one app on one Redis, under one key prefix, for asyncio code.
+
+    ``client`` is a ``redis.asyncio`` client (``from_url`` builds one with the
+    sync side's sub-second timeouts and no retry loop). Use it from one event
+    loop at a time; call ``await breakers.aclose()`` at shutdown (a lifespan
+    handler) to send what is batched.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        prefix: str = "breaker",
+        *,
+        on_store_error: str = "local",
+        key_ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        defaults: BreakerConfig | None = None,
+        clock: Callable[[], int] | None = None,
+        listen: bool = True,
+        batch_successes: bool | None = None,
+    ) -> None:
+        if not (isinstance(key_ttl_seconds, (int, float)) and key_ttl_seconds >= 1):
+            raise ValueError(f"key_ttl_seconds must be >= 1 (got {key_ttl_seconds!r})")
+        self.client = client
+        self.prefix = prefix
+        self.defaults = defaults or BreakerConfig()
+        self._clock = clock
+        self.batch_successes = clock is None if batch_successes is None else batch_successes
+        self._clock_offset_ms = 0.0
+        self._runner = AsyncScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
+        self.gate = AsyncStoreGate(self._runner, on_store_error, on_switch=self._forget_all)
+        self._breakers: dict[str, Breaker] = {}
+        self._transition_callbacks: list[TransitionCallback] = []
+        # As on the sync side, a cluster (or any client whose connections this
+        # process cannot watch) gets no subscription: every call asks Redis.
+        self.invalidator: AsyncInvalidator | None = None
+        if listen and can_listen(client):
+            self.invalidator = AsyncInvalidator(
+                client, self._runner.channel, self._on_event, self._forget_all
+            )
+        self._due: dict[int, Breaker] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.pid = os.getpid()
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "breaker", **kwargs: Any) -> Breakers:
+        """Breakers on an asyncio client with sub-second timeouts and no retry loop (see urls.py)."""
+        from ..urls import async_client_from_url
+
+        return cls(async_client_from_url(url), prefix, **kwargs)
+
+    def get(self, name: str, config: BreakerConfig | None = None) -> Breaker:
+        """The breaker called name, created on first use (no I/O); another config for it is an error."""
+        validate_name(name)
+        if config is not None and not isinstance(config, BreakerConfig):
+            raise TypeError(f"config must be a BreakerConfig (got {type(config).__name__})")
+        breaker = self._breakers.get(name)
+        if breaker is None:
+            breaker = self._breakers[name] = Breaker(self, name, config or self.defaults)
+        elif config is not None and config != breaker.config:
+            raise ValueError(f"breaker {name!r} already exists with another config: {breaker.config}")
+        return breaker
+
+    @property
+    def store_healthy(self) -> bool:
+        return self.gate.healthy
+
+    @property
+    def channel(self) -> str:
+        return self._runner.channel
+
+    async def names(self) -> list[str]:
+        """Every breaker name known to Redis under this prefix (from any worker, sync or async)."""
+        return sorted(text(n) for n in await self.client.smembers(self._runner.names_key))
+
+    async def configure(self, name: str, **overrides: Any) -> dict[str, str]:
+        """Write live overrides for a breaker; None removes one. Validated first."""
+        validate_name(name)
+        self.ensure_loop()
+        as_text = {key: "" if value is None else str(value) for key, value in overrides.items()}
+        base = self._breakers[name].config if name in self._breakers else self.defaults
+        setting = {key: value for key, value in as_text.items() if value != ""}
+        parse_overrides({key: "1" for key in as_text if key not in setting})
+        base.with_overrides(setting)
+        args: list[str] = ["", "0"]
+        for key, value in as_text.items():
+            args += [key, value]
+        await self.register_name(name)
+        raw = await self.gate.run_remote("configure", name, self.clock_ms(), args)
+        await self.barrier()
+        return {key: text(value) for key, value in flat_pairs(raw).items()}
+
+    # -- time ----------------------------------------------------------------
+
+    def clock_ms(self) -> int | None:
+        return None if self._clock is None else int(self._clock())
+
+    def now_ms(self) -> int:
+        if self._clock is not None:
+            return int(self._clock())
+        return int(time.monotonic() * 1000 + self._clock_offset_ms)
+
+    def observe_clock(self, redis_now_ms: int) -> None:
+        if self._clock is None:
+            self._clock_offset_ms = redis_now_ms - time.monotonic() * 1000
+
+    # -- the loop and the process ----------------------------------------------
+
+    def ensure_loop(self) -> None:
+        """Bind to the running loop at the first call; start afresh on another loop or in a child."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or os.getpid() != self.pid:
+            self._restart(loop)
+        if self.invalidator is not None:
+            self.invalidator.ensure_running()
+
+    def _restart(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.pid = os.getpid()
+        self._due, self._flusher = {}, None
+        self.gate.reset()
+        if self.invalidator is not None:
+            self.invalidator.reset()
+        for breaker in self._breakers.values():
+            breaker.reset_process()
+
+    def schedule(self, breaker: Breaker) -> None:
+        """A breaker has successes batched: send them within BATCH_SECONDS (see recorder.py)."""
+        self._due[id(breaker)] = breaker
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(BATCH_SECONDS)
+        await self._flush_due()
+
+    async def _flush_due(self) -> None:
+        due, self._due = list(self._due.values()), {}
+        for breaker in due:
+            await breaker.flush_batch()
+
+    async def register_name(self, name: str) -> None:
+        with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
+            await self._runner.register_name(name)
+
+    async def barrier(self) -> None:
+        """One round trip after a reply that made a change (see Breakers.barrier on the sync side)."""
+        with contextlib.suppress(Exception):
+            await self.client.ping()
+
+    def on_transition(self, callback: TransitionCallback) -> TransitionCallback:
+        """Call ``callback(Transition)`` once per transition, in the process whose call made it."""
+        if not callable(callback):
+            raise TypeError(f"on_transition needs a callable (got {callback!r})")
+        self._transition_callbacks.append(callback)
+        return callback
+
+    def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None:
+        if self._transition_callbacks:
+            notify(list(self._transition_callbacks), parse(name, events, epoch, at_ms))
+
+    def _on_event(self, payload: dict[str, Any]) -> None:
+        if not self.gate.healthy:
+            return
+        breaker = self._breakers.get(str(payload.get("name", "")))
+        if breaker is not None and breaker.hint(payload):
+            asyncio.get_running_loop().create_task(breaker.flush_batch())
+
+    def _forget_all(self) -> None:
+        for breaker in list(self._breakers.values()):
+            breaker.forget()
+
+    async def flush(self) -> None:
+        """Send every breaker's batched successes and counts kept in memory now."""
+        if not self.gate.healthy or self._loop is None:
+            return
+        self._due = {}
+        for breaker in list(self._breakers.values()):
+            await breaker.flush_batch()
+
+    async def aclose(self) -> None:
+        """Send what is batched, stop this loop's tasks and close the client's connections."""
+        await self.flush()
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None and not flusher.done():
+            flusher.cancel()
+            with contextlib.suppress(BaseException):
+                await flusher
+        await self.gate.close()
+        if self.invalidator is not None:
+            await self.invalidator.close()
+        self._loop = None
+        with contextlib.suppress(Exception):
+            await self.client.aclose()

@@ -1,0 +1,246 @@
+"""The event subscription of an asyncio worker (see breaker_redis/invalidation.py).
+
+The sync side's boundary rests on one ordering: by the time the call that
+made a change returns, the change's message is in every subscriber's
+socket, and a worker delivers what its socket holds before it decides from
+memory. On an event loop nothing may read a socket synchronously, so the
+subscription here is an ``asyncio.Protocol``: the loop hands it every chunk
+the moment it reads one, and it parses and delivers the messages in that
+same callback, with no buffer in between that a reader task has yet to
+empty. Before deciding from memory a worker then only has to ask whether
+anything is still unread: bytes in the kernel socket (one ``poll(0)``) or a
+message cut in half. If so, it asks Redis instead (``pending``); it never
+waits for the loop to get round to the read.
+
+The connection is made by redis-py (AUTH, TLS and unix sockets as the
+client has them) and then taken over: its transport is given this protocol
+before SUBSCRIBE is sent. A client that is not a plain redis-py asyncio
+client (a fake server, a cluster) gets no subscription: its workers ask
+Redis at every call, which is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import select
+from collections.abc import Callable
+from typing import Any
+
+from ..scripts import text
+
+log = logging.getLogger("breaker_redis")
+
+
+class _Resp:
+    """Just enough RESP2/RESP3 to read pub/sub messages: arrays (or pushes) of
+    bulk strings, integers and simple strings."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[list[Any]]:
+        self.buffer += data
+        messages: list[list[Any]] = []
+        while True:
+            parsed = self._array(0)
+            if parsed is None:
+                return messages
+            message, end = parsed
+            del self.buffer[:end]
+            messages.append(message)
+
+    def _line(self, at: int) -> tuple[bytes, int] | None:
+        end = self.buffer.find(b"\r\n", at)
+        return None if end < 0 else (bytes(self.buffer[at:end]), end + 2)
+
+    def _array(self, at: int) -> tuple[list[Any], int] | None:
+        header = self._line(at)
+        if header is None:
+            return None
+        line, at = header
+        if line[:1] not in (b"*", b">"):
+            # an error reply or a lone value (a server that refused SUBSCRIBE): surface it
+            return [line.decode("utf-8", "replace")], at
+        items: list[Any] = []
+        for _ in range(int(line[1:])):
+            item = self._line(at)
+            if item is None:
+                return None
+            line, at = item
+            if line[:1] == b"$":
+                size = int(line[1:])
+                if size < 0:
+                    items.append(None)
+                    continue
+                if len(self.buffer) < at + size + 2:
+                    return None
+                items.append(bytes(self.buffer[at : at + size]))
+                at += size + 2
+            else:
+                items.append(line[1:])
+        return items, at
+
+
+class _Subscription(asyncio.Protocol):
+    def __init__(self, owner: AsyncInvalidator, transport: Any) -> None:
+        self._owner = owner
+        self._resp = _Resp()
+        self.transport = transport
+        self.stream: Any = None
+        self.lost: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        self._poller: Any = None
+        raw = transport.get_extra_info("socket")
+        if raw is not None:
+            self._poller = select.poll()
+            self._poller.register(raw.fileno(), select.POLLIN)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._resp.feed(data)
+        except ValueError as exc:  # not RESP: nothing it says can be trusted
+            self.transport.close()
+            self._finish(exc)
+            return
+        for message in messages:
+            self._owner._handle(message)
+
+    def eof_received(self) -> bool | None:
+        return None  # close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(exc or ConnectionError("the subscription's connection was closed"))
+
+    def _finish(self, exc: BaseException | None) -> None:
+        self._owner.healthy = False
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+    def unread(self) -> bool:
+        """Whether something received is not delivered yet (see the module's docstring)."""
+        if self._resp.buffer:
+            return True
+        if self._poller is None:
+            return True
+        try:
+            return bool(self._poller.poll(0))  # readable, hung up, or closed (POLLNVAL)
+        except (OSError, ValueError):
+            return True
+
+
+class AsyncInvalidator:
+    def __init__(
+        self,
+        client: Any,
+        channel: str,
+        on_message: Callable[[dict[str, Any]], None],
+        on_subscribed: Callable[[], None],
+    ) -> None:
+        self._client = client
+        self._channel = channel
+        self._on_message = on_message
+        self._on_subscribed = on_subscribed
+        self._subscription: _Subscription | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.healthy = False
+
+    def ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._keep())
+
+    def pending(self) -> bool:
+        """Whether a message may have arrived that is not delivered yet: then memory does not decide."""
+        subscription = self._subscription
+        return subscription is not None and subscription.unread()
+
+    def reset(self) -> None:
+        """A new event loop or process: the old subscription belongs to the old one."""
+        self._task = None
+        self._subscription = None
+        self.healthy = False
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        subscription, self._subscription = self._subscription, None
+        self.healthy = False
+        if subscription is not None:
+            subscription.transport.close()
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    # -- the keeper task -------------------------------------------------------
+
+    async def _keep(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                subscription = await self._subscribe()
+                exc = await subscription.lost
+                if self._subscription is subscription:
+                    self._subscription = None
+                if exc is not None:
+                    log.info("breaker_redis: event subscription lost (%s); asking Redis at every call", exc)
+                delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.healthy = False
+                log.debug("breaker_redis: could not subscribe to events (%s)", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _subscribe(self) -> _Subscription:
+        connection = self._client.connection_pool.make_connection()
+        await connection.connect()
+        writer, reader = connection._writer, connection._reader
+        if writer is None or len(getattr(reader, "_buffer", b"")):
+            raise ConnectionError("the connection for the subscription is not a plain stream")
+        # the transport is this protocol's from now on; the redis-py connection lets go of it
+        connection._writer = connection._reader = None
+        transport = writer.transport
+        subscription = _Subscription(self, transport)
+        # a StreamWriter closes its transport when it is collected: keep it while the transport lives
+        subscription.stream = writer
+        transport.set_protocol(subscription)
+        channel = self._channel.encode()
+        transport.write(b"*2\r\n$9\r\nSUBSCRIBE\r\n$%d\r\n%s\r\n" % (len(channel), channel))
+        self._subscription = subscription
+        return subscription
+
+    def _handle(self, message: list[Any]) -> None:
+        kind = text(message[0]).lower() if message else ""
+        if kind == "subscribe":
+            self.healthy = True
+            self._on_subscribed()  # what was learned before may have missed messages
+        elif kind == "message" and len(message) >= 3:
+            try:
+                payload = json.loads(text(message[2]))
+            except ValueError:
+                return
+            if isinstance(payload, dict):
+                self._on_message(payload)
+        elif kind not in ("pong", "unsubscribe"):
+            log.info("breaker_redis: the event subscription got %r; asking Redis at every call", message)
+            subscription = self._subscription
+            if subscription is not None:
+                subscription.transport.close()
+
+
+def can_listen(client: Any) -> bool:
+    """Whether the client's connections are real sockets this module can take over."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or not hasattr(pool, "make_connection"):
+        return False
+    from redis.asyncio.connection import AbstractConnection
+
+    connection_class = getattr(pool, "connection_class", None)
+    if not (isinstance(connection_class, type) and issubclass(connection_class, AbstractConnection)):
+        return False
+    # an in-process fake has no socket; a Sentinel-managed connection would stay on
+    # a demoted master (the sync side follows the sentinels: breaker_redis/failover.py)
+    fake = connection_class.__module__.startswith("fakeredis")
+    return not fake and "Sentinel" not in connection_class.__name__

@@ -1,0 +1,215 @@
+"""Where an asyncio worker's scripts run: Redis while it answers, an
+in-process store when not (the asyncio twin of breaker_redis/store.py).
+
+The same scripts, keys and SHA1s as the sync side, sent with redis-py's
+asyncio client, so a sync worker and an async worker of one deployment share
+one breaker. The rules are the sync gate's: after the first failed command
+no call waits on Redis again; the ``on_store_error`` policy answers (``local``
+runs the same scripts on an embedded server, in this process: CPU only,
+never I/O, so it is called from the event loop directly); a task re-probes
+Redis with backoff, and a change of health is logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from ..scripts import OPERATIONS, ScriptRunner, _with_sha, breaker_keys, script_source, validate_prefix
+from ..store import (
+    _PROBE_SCRIPT,
+    _UNAVAILABLE,
+    POLICIES,
+    STEADY_SECONDS,
+    StoreUnavailable,
+    _make_local_runner,
+)
+
+log = logging.getLogger("breaker_redis")
+
+__all__ = ["AsyncScriptRunner", "AsyncStoreGate", "StoreUnavailable"]
+
+
+class AsyncScriptRunner:
+    """The scripts on one asyncio client, run against one key prefix (see scripts.ScriptRunner)."""
+
+    def __init__(self, client: Any, prefix: str, ttl_ms: int) -> None:
+        self.client = client
+        self.prefix = validate_prefix(prefix)
+        self.channel = f"{prefix}:events"
+        self.names_key = f"{prefix}:names"
+        self.ttl_ms = ttl_ms
+        self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
+        self._keys: dict[str, list[str]] = {}
+
+    async def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        argv: list[Any] = [name, self.channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
+        argv.extend(args)
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = breaker_keys(self.prefix, name)
+        sha, source = self._scripts[operation]
+        try:
+            return await self.client.evalsha(sha, len(keys), *keys, *argv)
+        except redis.exceptions.NoScriptError:
+            return await self.client.eval(source, len(keys), *keys, *argv)  # as ScriptRunner.run
+
+    async def drop_keys(self, name: str) -> None:
+        await self.client.delete(*breaker_keys(self.prefix, name))
+
+    async def register_name(self, name: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(self.names_key, name)
+        pipe.pexpire(self.names_key, self.ttl_ms)
+        await pipe.execute()
+
+
+class AsyncStoreGate:
+    """Runs a script on Redis, or on the fallback while Redis is unavailable.
+
+    ``generation`` changes at each switch of store, as in store.StoreGate.
+    """
+
+    def __init__(
+        self,
+        remote: AsyncScriptRunner,
+        policy: str = "local",
+        *,
+        min_backoff: float = 0.25,
+        max_backoff: float = 2.0,
+        on_switch: Callable[[], None] | None = None,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"on_store_error must be one of {', '.join(POLICIES)} (got {policy!r})")
+        self.remote = remote
+        self.policy = policy
+        self.generation = 0
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._on_switch = on_switch
+        self._down_since: float | None = None
+        self._up_since: float | None = None
+        self._delay = min_backoff
+        self._flaps = 0
+        self._last_flap_log = -1e18
+        self._local: ScriptRunner | None = None
+        self._prober: asyncio.Task[None] | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self._down_since is None
+
+    @property
+    def kind(self) -> str:
+        return "redis" if self.healthy else self.policy
+
+    async def run(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
+    ) -> tuple[Any, int]:
+        """(reply, generation) of the store that ran it; StoreUnavailable as in store.StoreGate.run."""
+        if self._down_since is None:
+            generation = self.generation
+            try:
+                return await self._run_remote_repairing(operation, name, now_ms, args), generation
+            except _UNAVAILABLE as exc:
+                self._mark_down(exc, generation)
+                if not fallback:
+                    raise StoreUnavailable(self.policy) from exc
+        if self.policy != "local":
+            raise StoreUnavailable(self.policy)
+        if self._local is None:
+            self._local = _make_local_runner(self.remote.prefix, self.remote.ttl_ms)
+        return self._local.run(operation, name, now_ms, args), self.generation
+
+    async def run_remote(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        """Admin operations go to Redis only: a force must not land in one process."""
+        return await self._run_remote_repairing(operation, name, now_ms, args)
+
+    async def _run_remote_repairing(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
+    ) -> Any:
+        try:
+            return await self.remote.run(operation, name, now_ms, args)
+        except redis.exceptions.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            log.warning("breaker_redis: breaker %r had a corrupted key (%s); its keys were reset", name, exc)
+            await self.remote.drop_keys(name)
+            return await self.remote.run(operation, name, now_ms, args)
+
+    def _mark_down(self, exc: BaseException, seen_generation: int) -> None:
+        if self._down_since is not None or self.generation != seen_generation:
+            return
+        now = time.monotonic()
+        flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
+        self._down_since = now
+        self.generation += 1
+        if not flapping:
+            self._local, self._delay, self._flaps = None, self._min_backoff, 0
+            log.warning(
+                "breaker_redis: Redis unavailable (%s: %s); on_store_error=%s until it runs a script again",
+                type(exc).__name__,
+                exc,
+                self.policy,
+            )
+        else:
+            self._flaps += 1
+            if now - self._last_flap_log >= STEADY_SECONDS:
+                self._last_flap_log = now
+                log.warning(
+                    "breaker_redis: Redis failed again (%s: %s) %.1fs after it came back; keeping "
+                    "on_store_error=%s and its local state (%d such returns; this is logged once a "
+                    "minute while it lasts)",
+                    type(exc).__name__,
+                    exc,
+                    now - (self._up_since or now),
+                    self.policy,
+                    self._flaps,
+                )
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.get_running_loop().create_task(self._probe_loop())
+        if self._on_switch:
+            self._on_switch()
+
+    async def _probe(self) -> None:
+        key = f"{self.remote.prefix}:health"
+        await self.remote.client.eval(_PROBE_SCRIPT, 1, key, str(time.time()))
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._delay)
+            try:
+                await self._probe()
+            except Exception:
+                self._delay = min(self._delay * 2, self._max_backoff)
+                continue
+            now = time.monotonic()
+            down_for = now - (self._down_since or now)
+            self._down_since = None
+            self._up_since = now
+            self.generation += 1
+            if not self._flaps:
+                log.warning("breaker_redis: Redis answers again after %.1fs; back to shared state", down_for)
+            if self._on_switch:
+                self._on_switch()
+            return
+
+    def reset(self) -> None:
+        """A new event loop (or a forked child): the old loop's prober is gone with it."""
+        self._prober = None
+        self._local = None
+        if self._down_since is not None:
+            self._prober = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def close(self) -> None:
+        prober, self._prober = self._prober, None
+        if prober is not None and not prober.done():
+            prober.cancel()
+            with contextlib.suppress(BaseException):
+                await prober

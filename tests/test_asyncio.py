@@ -1,0 +1,511 @@
+"""breaker_redis.asyncio: the same breakers, awaited (DESIGN sections 2 and 10).
+
+Each test runs its own event loop (``asyncio.run``) and builds its Breakers
+inside it, as an app does in a uvicorn worker. The sync and async sides are
+held to each other: the same random scenario gives the same decisions and
+the same snapshot on both, and a sync worker and an async worker of one
+deployment share one breaker and one trip boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+
+from breaker_redis import BreakerConfig, BreakerOpen, State
+from breaker_redis import Breakers as SyncBreakers
+from breaker_redis.asyncio import Breakers
+from breaker_redis.urls import async_client_from_url, client_from_url
+from tests.redis_server import RedisServer, wait_until
+from tests.workers import TRIP_AT_3
+
+CONFIGS = {
+    "consecutive": TRIP_AT_3,
+    "count": BreakerConfig(trip="count", failure_threshold=4, window_seconds=10, open_seconds=5,
+                           half_open_max_calls=2, half_open_successes=2),
+    "rate": BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=6, window_seconds=10,
+                          window_buckets=5, open_seconds=3, open_backoff=2, max_open_seconds=20),
+}
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["fake", "embedded", "real"])
+def connect(request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
+    """A factory of asyncio clients on one shared store, emptied: fakeredis in
+    process (no subscription: every call asks), the embedded server over TCP, or
+    the session's real redis-server. Call it inside the test's event loop."""
+    if request.param == "fake":
+        server = fakeredis.FakeServer()
+        yield lambda: fakeredis.FakeAsyncRedis(server=server)
+        return
+    fixture = "embedded" if request.param == "embedded" else "redis_server"
+    url = request.getfixturevalue(fixture).url
+    client_from_url(url).flushall()
+    yield lambda: async_client_from_url(url)
+
+
+async def subscribed(*workers: Breakers) -> None:
+    for w in workers:
+        w.ensure_loop()
+        if w.invalidator is None:
+            continue
+        deadline = time.monotonic() + 10
+        while not w.invalidator.healthy:
+            assert time.monotonic() < deadline, "the subscription did not come up within 10 s"
+            await asyncio.sleep(0.005)
+
+
+async def admits(breaker: Any) -> bool:
+    try:
+        await (await breaker.acquire()).ignore()
+        return True
+    except BreakerOpen:
+        return False
+
+
+async def fail(breaker: Any, n: int = 1) -> None:
+    for _ in range(n):
+        await (await breaker.acquire()).failure()
+
+
+class Boom(Exception):
+    pass
+
+
+# -- the API -------------------------------------------------------------------------------
+
+
+def test_call_decorator_context_and_permit(connect, clock):
+    async def main() -> None:
+        breakers = Breakers(connect(), clock=clock)
+        pay = breakers.get("pay", TRIP_AT_3)
+
+        async def charge(amount: int) -> int:
+            return amount * 2
+
+        assert await pay.call(charge, 21) == 42
+        assert await pay.call(lambda: "plain") == "plain"  # a plain function works too
+
+        @pay
+        async def decorated() -> str:
+            return "ok"
+
+        assert await decorated() == "ok"
+        async with pay as permit:
+            assert not permit.recorded
+        assert permit.recorded
+        permit = await pay.acquire()
+        await permit.success()
+        await permit.failure()  # recorded once: a no-op
+        with pytest.raises(Boom):
+            async with pay:
+                raise Boom
+        snap = await pay.snapshot()
+        assert (snap["successes"], snap["failures"], snap["consecutive_failures"]) == (5, 1, 1)
+        assert await pay.state() is State.CLOSED
+        await breakers.aclose()
+
+    run(main())
+
+
+def test_failures_trip_and_refuse_without_calling(connect, clock):
+    async def main() -> None:
+        breakers = Breakers(connect(), clock=clock)
+        pay = breakers.get("pay", TRIP_AT_3)
+        calls = 0
+
+        async def broken() -> None:
+            nonlocal calls
+            calls += 1
+            raise Boom
+
+        for _ in range(3):
+            with pytest.raises(Boom):
+                await pay.call(broken)
+        with pytest.raises(BreakerOpen) as refused:
+            await pay.call(broken)
+        assert calls == 3
+        assert refused.value.reason == "open" and refused.value.retry_after == 30.0
+        clock.advance(30_000)
+        assert await pay.call(lambda: "probe") == "probe"  # half-open's one probe closes it
+        assert (await pay.snapshot())["state"] == "closed"
+        await breakers.aclose()
+
+    run(main())
+
+
+def test_fallbacks_values_callables_and_coroutines(connect, clock):
+    async def main() -> None:
+        breakers = Breakers(connect(), clock=clock)
+        pay = breakers.get("pay", TRIP_AT_3)
+
+        async def broken() -> str:
+            raise Boom("down")
+
+        async def cached(cause: BaseException) -> str:
+            return f"cached after {type(cause).__name__}"
+
+        assert await pay.call(broken, fallback="static") == "static"
+        assert await pay.call(broken, fallback=lambda exc: str(exc)) == "down"
+        assert await pay.call(broken, fallback=cached) == "cached after Boom"
+        assert await pay.call(broken, fallback=cached) == "cached after BreakerOpen"
+        await breakers.aclose()
+
+    run(main())
+
+
+def test_ignored_exceptions_and_cancellation_count_nothing(connect, clock):
+    async def main() -> None:
+        breakers = Breakers(connect(), clock=clock)
+        pay = breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=3,
+                                                ignore_exceptions=(KeyError,)))
+        with pytest.raises(KeyError):
+            await pay.call(lambda: {}["missing"], fallback="never")
+        started = asyncio.Event()
+
+        async def hangs() -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+        task = asyncio.ensure_future(pay.call(hangs))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        snap = await pay.snapshot()
+        assert (snap["ignored"], snap["failures"], snap["calls"]) == (2, 0, 2)
+        await breakers.aclose()
+
+    run(main())
+
+
+def test_admin_live_config_and_names(connect, clock):
+    async def main() -> None:
+        breakers = Breakers(connect(), clock=clock)
+        pay = breakers.get("pay", TRIP_AT_3)
+        await pay.force_open()
+        with pytest.raises(BreakerOpen) as refused:
+            await pay.acquire()
+        assert refused.value.reason == "forced_open"
+        await pay.clear_force()
+        assert await admits(pay)
+        assert await breakers.configure("pay", failure_threshold=1) == {"failure_threshold": "1"}
+        await fail(pay)
+        assert (await pay.snapshot())["state"] == "open"
+        await pay.reset()
+        assert await admits(pay)
+        assert await breakers.names() == ["pay"]
+        with pytest.raises(ValueError, match="failure_threshold"):
+            await breakers.configure("pay", failure_threshold=0)
+        with pytest.raises(ValueError, match="already exists"):
+            breakers.get("pay", BreakerConfig(failure_threshold=9))
+        await breakers.aclose()
+
+    run(main())
+
+
+# -- the sync and async sides agree ----------------------------------------------------------
+
+
+def _scenario(seed: int) -> list[tuple[str, Any]]:
+    rng = random.Random(seed)
+    steps: list[tuple[str, Any]] = []
+    for _ in range(160):
+        roll = rng.random()
+        if roll < 0.55:
+            steps.append(("call", rng.choice(["success", "success", "failure", "ignored"])))
+        elif roll < 0.8:
+            steps.append(("advance", rng.choice([50, 400, 1500, 3100, 5200])))
+        elif roll < 0.9:
+            steps.append(("hold", rng.choice(["success", "failure"])))  # a call still running
+        elif roll < 0.95:
+            steps.append(("settle", None))  # the oldest running call returns
+        else:
+            steps.append((rng.choice(["reset", "force_open", "clear_force"]), None))
+    return steps
+
+
+@pytest.mark.parametrize("trip", sorted(CONFIGS))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sync_and_async_decide_alike(trip, seed, redis_server, clock):
+    """The same calls at the same (test) times give the same decision, reason
+    and final snapshot on the sync API and on the async one, both deciding
+    from memory with a subscription on the real redis-server."""
+    config, steps = CONFIGS[trip], _scenario(seed)
+    redis_server.client().flushall()
+
+    def sync_side() -> tuple[list[Any], dict[str, Any]]:
+        breakers = SyncBreakers.from_url(redis_server.url, "sync", clock=clock)
+        breaker, held, decisions = breakers.get("pay", config), [], []
+        for op, arg in steps:
+            if op in ("call", "hold"):
+                try:
+                    permit = breaker.acquire()
+                except BreakerOpen as refused:
+                    decisions.append(refused.reason)
+                    continue
+                decisions.append("admitted")
+                if op == "call":
+                    permit.record(arg)
+                else:
+                    held.append((permit, arg))
+            elif op == "settle" and held:
+                permit, outcome = held.pop(0)
+                permit.record(outcome)
+            elif op == "advance":
+                clock.advance(arg)
+            elif op in ("reset", "force_open", "clear_force"):
+                getattr(breaker, op)()
+        snap = breaker.snapshot()
+        breakers.close()
+        return decisions, snap
+
+    async def async_side() -> tuple[list[Any], dict[str, Any]]:
+        breakers = Breakers.from_url(redis_server.url, "async", clock=clock)
+        breaker, held, decisions = breakers.get("pay", config), [], []
+        await subscribed(breakers)
+        for op, arg in steps:
+            if op in ("call", "hold"):
+                try:
+                    permit = await breaker.acquire()
+                except BreakerOpen as refused:
+                    decisions.append(refused.reason)
+                    continue
+                decisions.append("admitted")
+                if op == "call":
+                    await permit.record(arg)
+                else:
+                    held.append((permit, arg))
+            elif op == "settle" and held:
+                permit, outcome = held.pop(0)
+                await permit.record(outcome)
+            elif op == "advance":
+                clock.advance(arg)
+            elif op in ("reset", "force_open", "clear_force"):
+                await getattr(breaker, op)()
+        snap = await breaker.snapshot()
+        await breakers.aclose()
+        return decisions, snap
+
+    start = clock.now
+    sync_decisions, sync_snap = sync_side()
+    clock.now = start
+    async_decisions, async_snap = run(async_side())
+    assert async_decisions == sync_decisions
+    assert len(set(sync_decisions)) > 1, "the scenario never refused anything: it tests too little"
+    for key in ("state", "forced", "epoch", "window_calls", "window_failures", "consecutive_failures",
+                "calls", "successes", "failures", "ignored", "rejected", "trips", "retry_after"):
+        assert async_snap[key] == sync_snap[key], key
+
+
+# -- one boundary for sync and async workers -----------------------------------------------
+
+
+def test_the_call_right_after_a_trip_is_refused_by_every_other_async_worker(connect):
+    async def main() -> None:
+        workers = [Breakers(connect()) for _ in range(2)]
+        a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+        await subscribed(*workers)
+        admitted = 0
+        for _ in range(100):
+            await a.reset()
+            assert await admits(b)
+            await fail(a, 3)
+            admitted += await admits(b)
+        assert admitted == 0
+        for w in workers:
+            await w.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize("tripper", ["sync", "async"])
+def test_sync_and_async_workers_share_one_boundary(tripper, redis_server):
+    """A trip made by either side is refused by the other on its very next call,
+    deciding from memory up to that call (0 admitted in 100 rounds)."""
+    redis_server.client().flushall()
+    sync_workers = SyncBreakers.from_url(redis_server.url)
+    sync_pay = sync_workers.get("pay", TRIP_AT_3)
+
+    def sync_admits() -> bool:
+        try:
+            sync_pay.acquire().ignore()
+            return True
+        except BreakerOpen:
+            return False
+
+    async def main() -> None:
+        async_workers = Breakers.from_url(redis_server.url)
+        async_pay = async_workers.get("pay", TRIP_AT_3)
+        await subscribed(async_workers)
+        sync_workers.ensure_process()
+        wait_until(lambda: sync_workers.invalidator.healthy, what="the sync subscription")
+        admitted = 0
+        for _ in range(100):
+            sync_pay.reset()
+            assert await admits(async_pay)
+            assert sync_admits()
+            if tripper == "sync":
+                for _ in range(3):
+                    sync_pay.acquire().failure()
+                admitted += await admits(async_pay)
+            else:
+                await fail(async_pay, 3)
+                admitted += sync_admits()
+        assert admitted == 0
+        snap = await async_pay.snapshot()
+        assert snap["trips"] == 100
+        await async_workers.aclose()
+
+    try:
+        run(main())
+    finally:
+        sync_workers.close()
+
+
+def test_a_healthy_async_call_costs_no_redis_command(redis_server):
+    """Calm and subscribed: admitted from memory, successes batched."""
+    redis_server.client().flushall()
+
+    async def main() -> tuple[int, int]:
+        breakers = Breakers.from_url(redis_server.url)
+        pay = breakers.get("pay", TRIP_AT_3)
+        await subscribed(breakers)
+        await pay.call(lambda: None)  # learn the state
+        await breakers.flush()
+        before = _commands(redis_server)
+        for _ in range(2000):
+            await pay.call(lambda: None)
+        during = _commands(redis_server) - before
+        await breakers.aclose()
+        return during, (await _snapshot(redis_server.url, "pay"))["successes"]
+
+    commands, successes = run(main())
+    assert successes == 2001
+    assert commands <= 2000 * 0.01, f"{commands} Redis commands for 2,000 healthy calls"
+
+
+def _commands(server: RedisServer) -> int:
+    stats = server.client().info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info",))
+
+
+async def _snapshot(url: str, name: str) -> dict[str, Any]:
+    reader = Breakers.from_url(url, listen=False)
+    try:
+        return await reader.get(name, TRIP_AT_3).snapshot()
+    finally:
+        await reader.aclose()
+
+
+def test_batched_successes_are_exact_across_tasks(redis_server):
+    redis_server.client().flushall()
+
+    async def main() -> dict[str, Any]:
+        breakers = Breakers.from_url(redis_server.url)
+        pay = breakers.get("pay", BreakerConfig(trip="rate", failure_rate=0.9, minimum_calls=10_000))
+        await subscribed(breakers)
+
+        async def worker(index: int) -> None:
+            for i in range(100):
+                if (index + i) % 4 == 0:
+                    with pytest.raises(Boom):
+                        await pay.call(_raise_boom)
+                else:
+                    await pay.call(asyncio.sleep, 0)
+
+        await asyncio.gather(*(worker(index) for index in range(16)))
+        await breakers.aclose()
+        return await _snapshot(redis_server.url, "pay")
+
+    snap = run(main())
+    assert (snap["successes"], snap["failures"], snap["window_calls"]) == (1200, 400, 1600)
+
+
+async def _raise_boom(*_: Any) -> None:
+    raise Boom
+
+
+# -- Redis away: the loop never waits on it --------------------------------------------------
+
+
+@pytest.mark.parametrize(("policy", "admitted"), [("local", True), ("allow", True), ("deny", False)])
+def test_on_store_error_with_redis_unreachable(policy, admitted):
+    async def main() -> None:
+        breakers = Breakers.from_url("redis://127.0.0.1:1/0", on_store_error=policy)
+        pay = breakers.get("pay", TRIP_AT_3)
+        assert await admits(pay) is admitted
+        assert not breakers.store_healthy
+        if policy == "local":  # a whole breaker in this process, same config
+            await fail(pay, 3)
+            assert not await admits(pay)
+            assert (await pay.snapshot())["state"] == "open"
+        await breakers.aclose()
+
+    run(main())
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    if server.process is not None:
+        os.kill(server.process.pid, signal.SIGCONT)
+    server.stop()
+
+
+def test_the_event_loop_never_blocks_while_redis_hangs(own_server):
+    """SIGSTOP: Redis accepts nothing and answers nothing. A blocking call would
+    hold the loop for a whole socket timeout (250 ms); the loop's longest gap
+    must stay far below it while calls keep being answered, first by Redis,
+    then from the local store once the first call timed out."""
+
+    async def main() -> tuple[float, int, int]:
+        breakers = Breakers.from_url(own_server.url)
+        pay = breakers.get("pay", TRIP_AT_3)
+        await subscribed(breakers)
+        await pay.call(lambda: None)
+        longest, stop = 0.0, asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal longest
+            last = time.perf_counter()
+            while not stop.is_set():
+                await asyncio.sleep(0.001)
+                now = time.perf_counter()
+                longest, last = max(longest, now - last), now
+
+        ticking = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.05)
+        assert own_server.process is not None
+        os.kill(own_server.process.pid, signal.SIGSTOP)
+        answered = refused = 0
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            try:
+                await pay.call(_raise_boom)
+            except Boom:
+                answered += 1
+            except BreakerOpen:
+                refused += 1
+            await asyncio.sleep(0.002)
+        stop.set()
+        await ticking
+        os.kill(own_server.process.pid, signal.SIGCONT)
+        await breakers.aclose()
+        return longest, answered, refused
+
+    longest, answered, refused = run(main())
+    assert not (longest >= 0.1), f"the event loop was blocked for {longest * 1000:.0f} ms"
+    assert answered >= 3 and refused > 0  # answered until the local breaker tripped, then refused
