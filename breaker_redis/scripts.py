@@ -107,8 +107,9 @@ def flat_pairs(values: Sequence[Any]) -> dict[str, Any]:
     return {text(values[i]): values[i + 1] for i in range(0, len(values) - 1, 2)}
 
 
-class ScriptRunner:
-    """The scripts registered on one client, run against one key prefix."""
+class Scripts:
+    """The scripts and keys of one key prefix, and the arguments of a call:
+    what the sync runner and the asyncio one (breaker_redis/asyncio/store.py) share."""
 
     def __init__(self, client: Any, prefix: str, ttl_ms: int) -> None:
         self.client = client
@@ -119,13 +120,24 @@ class ScriptRunner:
         self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
 
-    def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+    def call(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
+    ) -> tuple[str, str, list[str], list[Any]]:
+        """(sha, source, keys, argv) of one script call."""
         argv: list[Any] = [name, self.channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
         argv.extend(args)
         keys = self._keys.get(name)
         if keys is None:
             keys = self._keys[name] = breaker_keys(self.prefix, name)
         sha, source = self._scripts[operation]
+        return sha, source, keys, argv
+
+
+class ScriptRunner(Scripts):
+    """The scripts registered on one client, run against one key prefix."""
+
+    def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        sha, source, keys, argv = self.call(operation, name, now_ms, args)
         try:
             return self.client.evalsha(sha, len(keys), *keys, *argv)
         except redis.exceptions.NoScriptError:

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from ..scripts import OPERATIONS, ScriptRunner, _with_sha, breaker_keys, script_source, validate_prefix
+from ..scripts import ScriptRunner, Scripts, breaker_keys
 from ..store import (
     _PROBE_SCRIPT,
     _UNAVAILABLE,
@@ -36,25 +36,11 @@ log = logging.getLogger("breaker_redis")
 __all__ = ["AsyncScriptRunner", "AsyncStoreGate", "StoreUnavailable"]
 
 
-class AsyncScriptRunner:
+class AsyncScriptRunner(Scripts):
     """The scripts on one asyncio client, run against one key prefix (see scripts.ScriptRunner)."""
 
-    def __init__(self, client: Any, prefix: str, ttl_ms: int) -> None:
-        self.client = client
-        self.prefix = validate_prefix(prefix)
-        self.channel = f"{prefix}:events"
-        self.names_key = f"{prefix}:names"
-        self.ttl_ms = ttl_ms
-        self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
-        self._keys: dict[str, list[str]] = {}
-
     async def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
-        argv: list[Any] = [name, self.channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
-        argv.extend(args)
-        keys = self._keys.get(name)
-        if keys is None:
-            keys = self._keys[name] = breaker_keys(self.prefix, name)
-        sha, source = self._scripts[operation]
+        sha, source, keys, argv = self.call(operation, name, now_ms, args)
         try:
             return await self.client.evalsha(sha, len(keys), *keys, *argv)
         except redis.exceptions.NoScriptError:
