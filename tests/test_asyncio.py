@@ -509,3 +509,98 @@ def test_the_event_loop_never_blocks_while_redis_hangs(own_server):
     longest, answered, refused = run(main())
     assert not (longest >= 0.1), f"the event loop was blocked for {longest * 1000:.0f} ms"
     assert answered >= 3 and refused > 0  # answered until the local breaker tripped, then refused
+
+
+# -- cancellation never leaks a lease nor loses an outcome on its way --------------------------
+
+
+class HeldReplies:
+    """An asyncio client whose script calls wait for the test while ``hold`` is
+    "reply" (the script has run on Redis, its reply is held back) or "send"
+    (the command is not sent yet), until ``release`` is set."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.hold = ""
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def evalsha(self, *args: Any) -> Any:
+        if self.hold == "send":
+            self.held.set()
+            await self.release.wait()
+        reply = await self._client.evalsha(*args)
+        if self.hold == "reply":
+            self.held.set()
+            await self.release.wait()
+        return reply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not await check():
+        assert time.monotonic() < deadline, f"{what} did not happen within 10 s"
+        await asyncio.sleep(0.01)
+
+
+def test_a_probe_granted_to_a_cancelled_caller_is_handed_back(redis_server, clock):
+    redis_server.client().flushall()
+
+    async def main() -> None:
+        client = HeldReplies(async_client_from_url(redis_server.url))
+        breakers = Breakers(client, clock=clock)
+        pay = breakers.get("pay", TRIP_AT_3)
+        await fail(pay, 3)
+        clock.advance(30_000)
+        client.hold = "reply"
+        caller = asyncio.ensure_future(pay.acquire())  # half-open: the script grants the probe
+        await client.held.wait()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        client.hold = ""
+        client.release.set()
+
+        async def released() -> bool:
+            snap = await pay.snapshot()
+            return snap["probes_in_flight"] == 0 and snap["ignored"] == 1
+
+        await _eventually(released, "the probe's release")
+        assert (await pay.snapshot())["state"] == "half_open"
+        assert await admits(pay)  # the slot is free for the next caller
+        await breakers.aclose()
+
+    run(main())
+
+
+def test_an_outcome_on_its_way_reaches_redis_when_its_caller_is_cancelled(redis_server, clock):
+    redis_server.client().flushall()
+
+    async def main() -> None:
+        client = HeldReplies(async_client_from_url(redis_server.url))
+        breakers = Breakers(client, clock=clock)
+        pay = breakers.get("pay", TRIP_AT_3)
+        await fail(pay, 3)
+        clock.advance(30_000)
+        probe = await pay.acquire()
+        client.hold = "send"
+        recording = asyncio.ensure_future(probe.failure())
+        await client.held.wait()
+        recording.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await recording
+        client.hold = ""
+        client.release.set()
+
+        async def reopened() -> bool:
+            snap = await pay.snapshot()
+            return snap["state"] == "open" and snap["probes_in_flight"] == 0
+
+        await _eventually(reopened, "the failed probe to reopen the breaker")
+        assert (await pay.snapshot())["failures"] == 4
+        await breakers.aclose()
+
+    run(main())

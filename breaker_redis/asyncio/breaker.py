@@ -12,7 +12,13 @@ breaker and one boundary. What differs is only how a step waits:
 - script calls are awaited on redis-py's asyncio client; one record call at
   a time per breaker (an ``asyncio.Lock``), so Redis sees this worker's
   outcomes in the order they happened;
-- batched successes are sent by a task of ``Breakers``, within 50 ms.
+- batched successes are sent by a task of ``Breakers``, within 50 ms;
+- a script call runs to its end even when the awaiting task is cancelled
+  (a server giving up on a request, a timeout around the call): the caller
+  sees the CancelledError at once, while a probe slot or bulkhead lease the
+  acquire script granted is handed back when its reply arrives, and an
+  outcome on its way to Redis gets there (``_shielded``). Decisions from
+  memory and batched successes never await, so they need no task.
 
 One event loop runs all of it, so the counts kept in memory need no lock:
 nothing between two awaits can interleave.
@@ -20,12 +26,14 @@ nothing between two awaits can interleave.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
 import logging
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar, cast
 
 from ..breaker import _PENDING, FLUSH_SECONDS, State
@@ -137,8 +145,6 @@ class Breaker:
 
     def reset_process(self) -> None:
         """Start afresh (a forked child, a new event loop): what was known belongs to the old one."""
-        import asyncio
-
         self._send_lock = asyncio.Lock()
         self._memory = Memory()
         self._pending = dict.fromkeys(_PENDING, 0)
@@ -164,6 +170,10 @@ class Breaker:
             permit = self._from_memory(known)
             if permit is not None:
                 return permit
+        return await _shielded(self._acquire_from_redis(), _hand_back)
+
+    async def _acquire_from_redis(self) -> Permit:
+        shared = self._shared
         pending = self._take_pending()
         try:
             reply, generation, stamp = await self._run("acquire", pending)
@@ -247,7 +257,7 @@ class Breaker:
                 self._batch_count += 1
                 shared.schedule(self)
                 return
-        await self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease)
+        await _shielded(self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease), _keep)
 
     async def flush_batch(self) -> None:
         """Send the batched successes and the counts kept in memory, if any."""
@@ -426,3 +436,52 @@ async def _fall_back(fallback: Any, cause: BaseException) -> Any:
         return fallback
     result = fallback(cause)
     return await result if inspect.isawaitable(result) else result
+
+
+# -- running a script call to its end --------------------------------------------------------
+
+_left_running: set[asyncio.Future[Any]] = set()
+
+# Python 3.12+ starts a task eagerly: its first step runs at once, so a call
+# that does not suspend costs no scheduling.
+_EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) else {}
+
+
+async def _shielded(coro: Coroutine[Any, Any, T], on_cancel: Callable[[asyncio.Future[T]], None]) -> T:
+    """Run coro to its end in a task of its own, even if the awaiting task is
+    cancelled meanwhile: the caller sees the CancelledError at once, and
+    ``on_cancel(task)`` decides what happens to the task's result."""
+    task: asyncio.Task[T] = asyncio.Task(coro, loop=asyncio.get_running_loop(), **_EAGER)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        on_cancel(task)
+        raise
+
+
+def _keep(task: asyncio.Future[Any]) -> None:
+    """Hold a task a cancelled caller left running until it ends, and read its end."""
+    _left_running.add(task)
+    task.add_done_callback(_left_running.discard)
+    task.add_done_callback(_ended)
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, BreakerOpen):
+        log.warning("breaker_redis: a breaker call left running by a cancelled caller failed: %r", exc)
+
+
+def _hand_back(task: asyncio.Future[Permit]) -> None:
+    """The caller of acquire() was cancelled: a permit granted after all is
+    nobody's, so it is recorded as ignored (its lease, if any, is released)."""
+
+    def release(done: asyncio.Future[Permit]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            _keep(asyncio.ensure_future(done.result().ignore()))
+
+    task.add_done_callback(release)
+    _keep(task)
+

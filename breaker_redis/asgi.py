@@ -1,0 +1,804 @@
+"""BreakerMiddleware: breakers in front of any ASGI app (Starlette, FastAPI, Quart, a bare callable).
+
+::
+
+    from breaker_redis.asyncio import Breakers
+    from breaker_redis.asgi import BreakerMiddleware
+
+    breakers = Breakers.from_url("redis://127.0.0.1:6379/0")
+    app.add_middleware(BreakerMiddleware, breakers=breakers, routes={"/pay": "pay"})   # Starlette/FastAPI
+    app = BreakerMiddleware(app, breakers, routes={"/pay": "pay"})                     # any ASGI app
+
+The ASGI twin of ``breaker_redis.wsgi``, with the same routes and options
+(path prefix -> breaker, longest prefix first, ``/pay`` covering ``/pay/x``
+but not ``/payment``; ``fallback``, ``failure_statuses``,
+``ignore_statuses``, ``classify``, ``message``, ``fallback_on_failure`` and
+BreakerConfig fields), the same 503 (``breaker_redis.refusal``) and the same
+fallbacks (``breaker_redis.fallbacks``, marked ``X-Breaker-Fallback``). It
+imports no web framework. Only ``http`` requests are guarded; ``lifespan``
+and ``websocket`` scopes go to the app untouched.
+
+When the outcome is recorded, and why. The app's ``http.response.start``
+names the status; the middleware classifies it (5xx: failure by default)
+and records the outcome *before* passing the message on, so a client that
+has the status of the call that tripped the breaker finds every worker
+refusing already (the boundary of DESIGN section 2). An exception before
+the response started is classified by the breaker's config and re-raised
+(unless the route's fallback answers a failure in its place, or it is an
+outbound ``BreakerOpen``, which becomes the 503). An exception, a
+cancellation or a client that goes away *after* the start changes nothing:
+the response was counted by its status, which the client already has
+(recording at the end of the body would hold a half-open probe for the
+whole download and time slow calls by the client's reading speed).
+
+A permit never leaks: every way out of the app settles it exactly once.
+The start message records it; an exception records it as the breaker's
+config classifies it; a cancellation (``CancelledError``: a server or an
+``anyio`` cancel scope giving up on the request) and an app that returns
+without starting a response (it saw ``http.disconnect``) record it as
+*ignored*: nothing is known of the service, and a half-open probe slot is
+handed back at once instead of after ``probe_timeout_seconds``. Acquiring
+and recording run to their end even when the request is cancelled
+(breaker_redis.asyncio does it), so a request cancelled while its script is
+in flight still settles what the script took.
+
+``cached()`` reads and writes Redis with a *blocking* client (it is shared
+with the Flask and WSGI integrations, so one cache entry serves them all).
+Run on the event loop it would stall every request of the worker, so here
+it runs in a thread (``asyncio.to_thread``) on the blocking client given as
+``cache_client``; a route with ``cached()`` and no ``cache_client`` is an
+error at start-up. ``static()`` and ``function()`` (sync or async) run on
+the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, TypeVar
+from urllib.parse import quote
+from wsgiref.headers import Headers
+
+from .asyncio import Breaker, Breakers, Permit
+from .config import config_field_names
+from .errors import BreakerOpen
+from .fallbacks import (
+    Cached,
+    Chain,
+    Fallback,
+    FallbackContext,
+    FallbackResponse,
+    Function,
+    Served,
+    Static,
+    as_fallback,
+)
+from .refusal import BREAKER_HEADER, REASON_HEADER, Refusal, wants_json
+
+__all__ = [
+    "DEFAULT_FAILURE_STATUSES",
+    "FALLBACK_HEADER",
+    "ROUTE_OPTIONS",
+    "BreakerMiddleware",
+    "ResponseInfo",
+    "RouteSpec",
+    "header_value",
+    "judge_status",
+    "parse_routes",
+    "prefix_matches",
+    "refusal_messages",
+]
+
+log = logging.getLogger("breaker_redis")
+T = TypeVar("T")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# The header the Flask extension and the WSGI middleware put on a fallback's response.
+FALLBACK_HEADER = "X-Breaker-Fallback"
+DEFAULT_FAILURE_STATUSES = frozenset(range(500, 600))
+ROUTE_OPTIONS = (
+    "breaker",
+    "fallback",
+    "failure_statuses",
+    "ignore_statuses",
+    "classify",
+    "message",
+    "fallback_on_failure",
+)
+# CORS preflights never reach a service: never refused, never counted (as in Flask).
+UNPROTECTED_METHODS = frozenset({"OPTIONS"})
+OUTCOMES = ("success", "failure", "ignored")
+_CONFIG_FIELDS = frozenset(config_field_names())
+# Never copied from a fallback's response: recomputed here, or hop-by-hop.
+_NOT_SERVED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+_MARKERS = frozenset(h.lower() for h in (FALLBACK_HEADER, BREAKER_HEADER, REASON_HEADER))
+
+
+@dataclass(frozen=True)
+class ResponseInfo:
+    """What a route's ``classify`` sees of the app's response: the status and
+    headers of ``http.response.start``, never the body (not sent yet).
+
+    ``status_code`` and ``headers.get(name)`` (case-insensitive) read as on
+    a Flask response and on ``breaker_redis.wsgi.ResponseInfo``, so one
+    classifier can serve every integration; ``scope`` is the ASGI scope.
+    """
+
+    status_code: int
+    status: str
+    headers: Headers
+    scope: Scope
+
+
+Classifier = Callable[[ResponseInfo], "str | bool | None"]
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """How one path prefix is protected (the WSGI middleware's RouteSpec, for ASGI).
+
+    ``classify(ResponseInfo)`` returns "success" / "failure" / "ignored",
+    True (failure) / False (success), or None to let the status lists decide.
+    """
+
+    name: str
+    fallback: Fallback | None = None
+    failure_statuses: frozenset[int] = DEFAULT_FAILURE_STATUSES
+    ignore_statuses: frozenset[int] = frozenset()
+    classify: Classifier | None = None
+    message: str | None = None
+    fallback_on_failure: bool = True
+
+
+# -- routes ------------------------------------------------------------------------------
+
+
+def prefix_matches(prefix: str, path: str) -> bool:
+    """``/pay`` covers ``/pay`` and ``/pay/...`` but not ``/payment``; ``/`` covers all."""
+    if prefix.endswith("/"):
+        return path.startswith(prefix) or path == prefix.rstrip("/")
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def _statuses(value: Iterable[int] | None, default: frozenset[int]) -> frozenset[int]:
+    return default if value is None else frozenset(int(s) for s in value)
+
+
+def _spec(name: str, route: Mapping[str, Any]) -> RouteSpec:
+    classify = route.get("classify")
+    if classify is not None and not callable(classify):
+        raise TypeError(f"route {name!r}: classify must be callable (got {classify!r})")
+    return RouteSpec(
+        name=name,
+        fallback=as_fallback(route.get("fallback")),
+        failure_statuses=_statuses(route.get("failure_statuses"), DEFAULT_FAILURE_STATUSES),
+        ignore_statuses=_statuses(route.get("ignore_statuses"), frozenset()),
+        classify=classify,
+        message=route.get("message"),
+        fallback_on_failure=bool(route.get("fallback_on_failure", True)),
+    )
+
+
+def _split(options: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(route options, BreakerConfig fields); anything else is a clear error."""
+    route: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in ROUTE_OPTIONS:
+            route[key] = value
+        elif key in _CONFIG_FIELDS:
+            config[key] = value
+        else:
+            raise ValueError(
+                f"{where}: unknown option {key!r} (route options: {', '.join(ROUTE_OPTIONS)}; "
+                f"or a BreakerConfig field)"
+            )
+    return route, config
+
+
+def parse_routes(value: Any) -> tuple[list[tuple[str, RouteSpec]], dict[str, dict[str, Any]]]:
+    """``{"/pay": "pay", "/cart": {"breaker": "cart", "fallback": ..., **config}, "/x": RouteSpec(...)}``.
+
+    The shape of the Flask extension's ``BREAKER_ROUTES`` and of the WSGI
+    middleware's ``routes``. Returns the (prefix, spec) pairs, longest
+    prefix first, and the BreakerConfig fields each breaker was given.
+    """
+    if value is None:
+        return [], {}
+    if not isinstance(value, Mapping):
+        raise TypeError("routes must map path prefixes to breaker names, dicts or RouteSpecs")
+    routes: list[tuple[str, RouteSpec]] = []
+    configs: dict[str, dict[str, Any]] = {}
+    for prefix, target in value.items():
+        if not isinstance(prefix, str) or not prefix.startswith("/"):
+            raise ValueError(f"routes: a prefix must start with '/' (got {prefix!r})")
+        where = f"routes[{prefix!r}]"
+        config: dict[str, Any] = {}
+        if isinstance(target, str):
+            spec = _spec(target, {})
+        elif isinstance(target, Mapping):
+            route, config = _split(target, where)
+            if not isinstance(route.get("breaker"), str):
+                raise ValueError(f"{where}: needs 'breaker': NAME")
+            spec = _spec(route["breaker"], route)
+        elif isinstance(getattr(target, "name", None), str):  # a RouteSpec: ours, WSGI's or Flask's
+            spec = _spec(
+                target.name, {k: getattr(target, k) for k in ROUTE_OPTIONS[1:] if hasattr(target, k)}
+            )
+        else:
+            raise TypeError(f"{where}: give a breaker name, a dict or a RouteSpec")
+        if config:  # a bare name uses the breaker as configured elsewhere; fields configure it
+            if configs.get(spec.name, config) != config:
+                raise ValueError(
+                    f"{where}: breaker {spec.name!r} is configured differently by another prefix"
+                )
+            configs[spec.name] = config
+        routes.append((prefix, spec))
+    routes.sort(key=lambda item: len(item[0]), reverse=True)  # longest prefix wins
+    return routes, configs
+
+
+def request_path(scope: Scope) -> str:
+    """The path the app routes on, as Flask's ``request.path`` has it: ``scope["path"]``
+    less ``root_path`` when the server included it (ASGI servers differ)."""
+    path = str(scope.get("path") or "/")
+    root = str(scope.get("root_path") or "").rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
+        path = path[len(root) :]
+    return "/" + path.lstrip("/")
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if bytes(key).lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _wants_json(scope: Scope) -> bool:
+    return wants_json(
+        _header(scope, b"accept"), _header(scope, b"content-type"), _header(scope, b"x-requested-with")
+    )
+
+
+def _is_head(scope: Scope) -> bool:
+    return str(scope.get("method", "GET")).upper() == "HEAD"
+
+
+def _status_line(code: int) -> str:
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return f"{code} Unknown"
+
+
+def header_value(value: str) -> str:
+    """A header value as HTTP can carry it (latin-1): one beyond latin-1 (a
+    breaker named in another script) is percent-encoded as UTF-8."""
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return quote(value, safe=" !#$&'()*+,-./:;<=>?@[]^_`{|}~")
+    return value
+
+
+def _encode_header(name: str, value: str) -> tuple[bytes, bytes]:
+    """ASGI wants lower-case names and latin-1 values."""
+    return name.lower().encode("latin-1"), header_value(value).encode("latin-1")
+
+
+def _decode_headers(raw: Iterable[Any]) -> list[tuple[str, str]]:
+    return [(bytes(k).decode("latin-1"), bytes(v).decode("latin-1")) for k, v in raw]
+
+
+def judge_status(
+    spec: RouteSpec,
+    code: int,
+    headers: Iterable[tuple[str, str]],
+    scope: Scope,
+    warn: Callable[[str, str], None],
+) -> str:
+    """success, failure or ignored, from a status and headers: the route's
+    classify(), else its status lists (5xx a failure by default). A classifier
+    that raises or answers nonsense counts a failure (and is logged)."""
+    try:
+        if spec.classify is not None:
+            seen = Headers([(str(k), str(v)) for k, v in headers])
+            info = ResponseInfo(code, _status_line(code), seen, scope)
+            verdict = spec.classify(info)
+            if verdict is True:
+                return "failure"
+            if verdict is False:
+                return "success"
+            if isinstance(verdict, str) and verdict in OUTCOMES:
+                return verdict
+            if verdict is not None:
+                raise ValueError(f"classify() of breaker {spec.name!r} returned {verdict!r}")
+    except Exception:
+        warn(spec.name, "classify() of breaker %r raised; counted as a failure")
+        return "failure"
+    if code in spec.ignore_statuses:
+        return "ignored"
+    if code in spec.failure_statuses:
+        return "failure"
+    return "success"
+
+
+class _Warnings:
+    """Log with traceback at most once a minute per breaker and message: a broken
+    fallback or classifier would otherwise log on every request."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def warn(self, name: str, message: str) -> None:
+        key = f"{name}:{message}"
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -1e18) < 60:
+                return
+            if len(self._last) > 10_000:
+                self._last.clear()
+            self._last[key] = now
+        log.exception("breaker_redis: " + message, name)
+
+
+# -- answers -----------------------------------------------------------------------------
+
+
+def refusal_messages(refusal: Refusal, *, head: bool = False) -> tuple[Message, Message]:
+    """The 503 as the two ASGI messages a server expects."""
+    headers = [_encode_header(k, v) for k, v in refusal.headers]
+    start: Message = {"type": "http.response.start", "status": refusal.status, "headers": headers}
+    body: Message = {"type": "http.response.body", "body": b"" if head else refusal.body}
+    return start, body
+
+
+def _as_response(value: Any) -> FallbackResponse | ASGIApp:
+    """What a function fallback returned, as a complete response (or an ASGI app to run).
+
+    A FallbackResponse as it is; ``(body, status)`` or ``(body, status,
+    headers)``; a response object with ``status_code`` and a bytes ``body``
+    (a Starlette ``Response``; its ``raw_headers`` or ``headers`` are kept);
+    any other callable is an ASGI app (a Starlette ``StreamingResponse``),
+    run on the request; any other value is a body as ``static()`` takes it
+    (bytes, str as text, anything else as JSON).
+    """
+    if isinstance(value, FallbackResponse):
+        return value
+    if isinstance(value, tuple) and len(value) in (2, 3):
+        body, status, *rest = value
+        headers = rest[0] if rest else None
+        if headers is not None and not isinstance(headers, Mapping):
+            headers = dict(headers)
+        return Static(body, int(status), headers).response
+    status_code = getattr(value, "status_code", None)
+    body_bytes = getattr(value, "body", None)
+    if isinstance(status_code, int) and isinstance(body_bytes, (bytes, bytearray, memoryview)):
+        raw = getattr(value, "raw_headers", None)
+        if raw is not None:
+            headers_seen = tuple(_decode_headers(raw))
+        else:
+            items = getattr(getattr(value, "headers", None), "items", None)
+            headers_seen = tuple((str(k), str(v)) for k, v in items()) if callable(items) else ()
+        return FallbackResponse(bytes(body_bytes), status_code, headers_seen)
+    if callable(value):
+        return value  # type: ignore[no-any-return]
+    return Static(value).response
+
+
+def _remember_limit(fallback: Fallback) -> int:
+    """The most body bytes worth keeping for ``fallback.remember`` (0: none)."""
+    if isinstance(fallback, Cached):
+        return fallback.max_bytes
+    if isinstance(fallback, Chain):
+        return max((_remember_limit(item) for item in fallback.fallbacks), default=0)
+    return 1 << 20 if fallback.remembers else 0
+
+
+def _needs_blocking_store(fallback: Fallback | None) -> bool:
+    if isinstance(fallback, Cached):
+        return True
+    if isinstance(fallback, Chain):
+        return any(_needs_blocking_store(item) for item in fallback.fallbacks)
+    return False
+
+
+# -- the middleware --------------------------------------------------------------------------
+
+
+class BreakerMiddleware:
+    """Circuit breakers in front of any ASGI app, by path prefix.
+
+    ``app``: the ASGI app. ``breakers``: a ``breaker_redis.asyncio.Breakers``
+    (built without I/O, so at import time, before gunicorn forks its
+    uvicorn workers). ``routes``: path prefix -> a breaker name, a dict
+    (``breaker`` plus ``fallback``, ``failure_statuses``,
+    ``ignore_statuses``, ``classify``, ``message``, ``fallback_on_failure``
+    and any BreakerConfig fields over the Breakers' defaults) or a
+    RouteSpec. ``cache_client``: a *blocking* redis client for ``cached()``
+    fallbacks (``breaker_redis.urls.client_from_url(url)``), used from a
+    thread. Bad routes or configs fail here, at start-up.
+
+    A ``BreakerOpen`` escaping the app (an outbound breaker refused inside
+    it and nothing caught it) becomes the same 503, named after that
+    breaker, on any path; a protected route's own breaker ignores that
+    request (its service was not asked).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        breakers: Breakers,
+        routes: Mapping[str, Any] | None = None,
+        *,
+        cache_client: Any = None,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"BreakerMiddleware needs an ASGI app (got {app!r})")
+        if not isinstance(breakers, Breakers):
+            raise TypeError(
+                "breakers must be a breaker_redis.asyncio.Breakers (got "
+                f"{type(breakers).__module__}.{type(breakers).__name__}); a sync Breakers "
+                "would block the event loop"
+            )
+        self.app = app
+        self.breakers = breakers
+        self.cache_client = cache_client
+        self.routes, configs = parse_routes(routes)
+        self._resolved: dict[str, Breaker] = {}
+        for prefix, spec in self.routes:
+            if spec.name not in self._resolved:
+                config = configs.get(spec.name)
+                built = dataclasses.replace(breakers.defaults, **config) if config else None
+                self._resolved[spec.name] = breakers.get(spec.name, built)  # no I/O
+            if cache_client is None and _needs_blocking_store(spec.fallback):
+                raise ValueError(
+                    f"routes[{prefix!r}]: cached() reads and writes Redis with a blocking client, "
+                    "which must not run on the event loop; give BreakerMiddleware(cache_client="
+                    "breaker_redis.urls.client_from_url(url)): it is used from a thread"
+                )
+        self._warnings = _Warnings()
+
+    def breaker(self, name: str) -> Breaker:
+        """The Breaker a route uses (for ``snapshot()``, ``force_open()``...)."""
+        return self._resolved[name]
+
+    def route_for(self, path: str) -> RouteSpec | None:
+        """The spec of the longest prefix covering path, or None."""
+        for prefix, spec in self.routes:
+            if prefix_matches(prefix, path):
+                return spec
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)  # lifespan, websocket: untouched
+            return
+        spec = None
+        if str(scope.get("method", "GET")).upper() not in UNPROTECTED_METHODS:
+            spec = self.route_for(request_path(scope))
+        if spec is None:
+            await self._pass_through(scope, receive, send)
+            return
+        breaker = self._resolved[spec.name]
+        try:
+            permit = await breaker.acquire()
+        except BreakerOpen as refused:
+            if not await self.send_fallback(spec, scope, receive, send, refused):
+                await self.send_refusal(refused, scope, send, spec)
+            return
+        except Exception:
+            # Not an outage (the store gate handles those) but a bug: let the
+            # request through rather than turn the breaker into the outage.
+            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
+            await self._pass_through(scope, receive, send)
+            return
+        await _Exchange(self, spec, breaker, permit, scope, receive, send).run()
+
+    async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An unprotected request: the app's own answer, untouched, except that an
+        outbound refusal escaping the app becomes the 503."""
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message.get("type") == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except BreakerOpen as refused:
+            if started:
+                raise
+            await self.send_refusal(refused, scope, send, None)
+
+    # -- what the middleware answers itself -----------------------------------------------
+
+    async def send_refusal(
+        self, refused: BreakerOpen, scope: Scope, send: Send, spec: RouteSpec | None
+    ) -> None:
+        """The 503 every integration answers (breaker_redis.refusal): Retry-After,
+        X-Breaker headers, the route's message or the friendly default, JSON
+        when the client asks for it."""
+        breaker = self._resolved.get(refused.breaker)
+        refusal = Refusal.build(
+            refused,
+            as_json=_wants_json(scope),
+            message=spec.message if spec is not None else None,
+            config=breaker.config if breaker is not None else None,
+        )
+        for message in refusal_messages(refusal, head=_is_head(scope)):
+            await send(message)
+
+    def fallback_context(
+        self, name: str, scope: Scope, cause: BaseException | None, store: Any
+    ) -> FallbackContext:
+        """The request as a fallback sees it: the cache key is the Flask
+        extension's ("METHOD path?query", HEAD sharing GET's), so a response
+        cached by a Flask or WSGI worker serves here too; ``request`` is the
+        ASGI scope (what ``cached(key=...)`` is given)."""
+        method = str(scope.get("method", "GET")).upper()
+        key_method = "GET" if method == "HEAD" else method
+        query = bytes(scope.get("query_string") or b"").decode("latin-1")
+        return FallbackContext(
+            breaker=name,
+            cause=cause,
+            key=f"{key_method} {request_path(scope)}{'?' + query if query else ''}",
+            method=method,
+            store=store,
+            prefix=self.breakers.prefix,
+            store_healthy=self.breakers.store_healthy,
+            request=scope,
+        )
+
+    async def serve(
+        self, fallback: Fallback, name: str, scope: Scope, cause: BaseException | None
+    ) -> Served | None:
+        """A fallback's answer, without blocking the loop: static as it is, a
+        function on the loop (awaited if it returns an awaitable; ``context.store``
+        is the Breakers' asyncio client), cached in a thread on ``cache_client``,
+        a chain item by item, any other Fallback subclass in a thread."""
+        if isinstance(fallback, Chain):
+            for item in fallback.fallbacks:
+                served = await self.serve(item, name, scope, cause)
+                if served is not None:
+                    return served
+            return None
+        if isinstance(fallback, Static):
+            return fallback.serve(self.fallback_context(name, scope, cause, self.breakers.client))
+        if isinstance(fallback, Function):
+            try:
+                value = fallback.fn(self.fallback_context(name, scope, cause, self.breakers.client))
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception:
+                self.warn(name, "the fallback function of breaker %r failed")
+                return None
+            return None if value is None else Served(value, fallback.kind)
+        context = self.fallback_context(name, scope, cause, self.cache_client)
+        return await asyncio.to_thread(fallback.serve, context)
+
+    async def send_fallback(
+        self, spec: RouteSpec, scope: Scope, receive: Receive, send: Send, cause: BaseException | None
+    ) -> bool:
+        """Send the route's fallback, marked as the Flask extension marks it.
+        False when there is none, it has nothing to give, or it failed (a broken
+        fallback must not become a 500): the caller answers otherwise."""
+        if spec.fallback is None:
+            return False
+        try:
+            served = await self.serve(spec.fallback, spec.name, scope, cause)
+            if served is None:
+                return False
+            response = _as_response(served.value)
+        except Exception:
+            self.warn(spec.name, "the fallback of breaker %r failed")
+            return False
+        marks = [(FALLBACK_HEADER, served.kind), (BREAKER_HEADER, spec.name)]
+        if isinstance(cause, BreakerOpen):
+            marks.append((REASON_HEADER, cause.reason))
+        if not isinstance(response, FallbackResponse):
+            await _run_marked(response, marks, scope, receive, send)
+            return True
+        headers = [
+            (str(k), str(v))
+            for k, v in response.headers
+            if k.lower() not in _NOT_SERVED and k.lower() not in _MARKERS
+        ]
+        headers += [("Content-Length", str(len(response.body))), *marks]
+        await send({
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [_encode_header(k, v) for k, v in headers],
+        })
+        await send({"type": "http.response.body", "body": b"" if _is_head(scope) else response.body})
+        return True
+
+    async def remember(self, spec: RouteSpec, scope: Scope, response: FallbackResponse) -> None:
+        """Hand a successful response to the route's fallback (cached keeps it), in a thread."""
+        if spec.fallback is None:
+            return
+        context = self.fallback_context(spec.name, scope, None, self.cache_client)
+        try:
+            await asyncio.to_thread(spec.fallback.remember, context, response)
+        except Exception:
+            self.warn(spec.name, "could not remember a response of breaker %r")
+
+    def warn(self, name: str, message: str) -> None:
+        self._warnings.warn(name, message)
+
+
+async def _run_marked(
+    app: ASGIApp, marks: list[tuple[str, str]], scope: Scope, receive: Receive, send: Send
+) -> None:
+    """A fallback that is an ASGI app (a Starlette StreamingResponse), its start
+    message marked with the fallback headers."""
+    names = {name.lower().encode("latin-1") for name, _ in marks}
+
+    async def marked(message: Message) -> None:
+        if message.get("type") == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers") or () if bytes(k).lower() not in names]
+            message = {**message, "headers": [*headers, *(_encode_header(k, v) for k, v in marks)]}
+        await send(message)
+
+    await app(scope, receive, marked)
+
+
+class _Exchange:
+    """One admitted request, from the app's call to the end of its body.
+
+    The app's ``http.response.start`` is classified and recorded before it
+    goes to the server (see the module docstring); a failed response may be
+    replaced by the route's fallback, and a successful one kept for it.
+    """
+
+    def __init__(
+        self,
+        middleware: BreakerMiddleware,
+        spec: RouteSpec,
+        breaker: Breaker,
+        permit: Permit,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        self.middleware = middleware
+        self.spec = spec
+        self.breaker = breaker
+        self.permit = permit
+        self.scope = scope
+        self.receive = receive
+        self.server_send = send
+        self.status: int | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.started = False  # a start message (the app's or ours) went to the server
+        self.replaced = False  # an answer of ours went to the server instead of the app's
+        self.kept: list[bytes] | None = None  # a successful body, for fallback.remember
+        self.kept_size = 0
+        self.kept_limit = 0
+        self.complete = False
+
+    async def run(self) -> None:
+        try:
+            await self.middleware.app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            if not await self.failed(exc):
+                raise
+            return
+        if not self.permit.recorded:
+            # The app returned without starting a response (it saw the client
+            # leave, or it is broken and the server answers 500): nothing is
+            # known of the service. Hand the permit back.
+            await self.settle("ignored")
+        if self.complete and self.kept is not None:
+            kept, self.kept = self.kept, None
+            await self.middleware.remember(
+                self.spec, self.scope, FallbackResponse(b"".join(kept), self.status or 0, tuple(self.headers))
+            )
+
+    # -- the app's side of ASGI --------------------------------------------------------------
+
+    async def send(self, message: Message) -> None:
+        kind = message.get("type")
+        if self.replaced:
+            return  # a fallback answered: the app's messages go nowhere
+        if kind == "http.response.start" and not self.started:
+            await self.start(message)
+            return
+        if kind == "http.response.body" and self.kept is not None:
+            self.keep(bytes(message.get("body") or b""))
+            if not message.get("more_body", False):
+                self.complete = True
+        await self.server_send(message)
+
+    async def start(self, message: Message) -> None:
+        """The response starts: decide by its status, record, then pass it on
+        (or the route's fallback for a failure)."""
+        self.status = int(message["status"])
+        self.headers = _decode_headers(message.get("headers") or ())
+        outcome = self.classify()
+        await self.settle(outcome)
+        spec = self.spec
+        if outcome == "failure" and spec.fallback is not None and spec.fallback_on_failure:
+            self.replaced = True  # the app may send body messages while the fallback is served
+            if await self.middleware.send_fallback(spec, self.scope, self.receive, self.server_send, None):
+                self.started = True
+                return
+            self.replaced = False
+        if outcome == "success" and spec.fallback is not None and not _is_head(self.scope):
+            self.kept_limit = _remember_limit(spec.fallback)
+            if self.kept_limit > 0:
+                self.kept = []
+        self.started = True
+        await self.server_send(message)
+
+    # -- deciding and recording --------------------------------------------------------------
+
+    def classify(self) -> str:
+        return judge_status(self.spec, self.status or 0, self.headers, self.scope, self.middleware.warn)
+
+    async def settle(self, outcome: str) -> None:
+        try:
+            await self.permit.record(outcome)
+        except Exception:  # recording must never turn a served response into a 500
+            self.middleware.warn(self.spec.name, "could not record an outcome of breaker %r")
+
+    async def failed(self, exc: BaseException) -> bool:
+        """The app raised (or was cancelled). Before the response started, an
+        exception is classified by the breaker's config and recorded, and the
+        route's fallback may answer a failure; a cancellation is recorded as
+        ignored. Returns True when an answer of ours went out instead (the
+        exception is then not re-raised), False: the caller re-raises."""
+        self.kept = None
+        if self.permit.recorded or not isinstance(exc, Exception):
+            # After the start (counted by its status), or a cancellation / exit.
+            if not self.permit.recorded:
+                await self.settle("ignored")
+            return False
+        if isinstance(exc, BreakerOpen):
+            await self.settle("ignored")  # an outbound breaker refused: this route's service was not asked
+            if self.started:
+                return False
+            await self.middleware.send_refusal(exc, self.scope, self.server_send, None)
+            return True
+        try:
+            outcome = self.breaker.classify(exc)
+        except Exception:
+            self.middleware.warn(self.spec.name, "classifying an exception for breaker %r raised")
+            outcome = "failure"
+        await self.settle(outcome)
+        spec = self.spec
+        answers = spec.fallback is not None and spec.fallback_on_failure and not self.started
+        if outcome == "failure" and answers:
+            self.replaced = True
+            if await self.middleware.send_fallback(spec, self.scope, self.receive, self.server_send, exc):
+                self.started = True
+                # Not re-raised (the client has a whole answer), but not hidden either:
+                # logged with its traceback, at most once a minute per breaker.
+                self.middleware.warn(spec.name, "a request of breaker %r raised; its fallback answered")
+                return True
+            self.replaced = False
+        return False
+
+    def keep(self, chunk: bytes) -> None:
+        if self.kept is not None:
+            self.kept_size += len(chunk)
+            if self.kept_size > self.kept_limit:
+                self.kept = None  # too big to cache: stop holding it
+            else:
+                self.kept.append(chunk)
