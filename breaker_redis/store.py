@@ -65,7 +65,89 @@ def _make_local_runner(prefix: str, ttl_ms: int) -> ScriptRunner:
     return ScriptRunner(client, prefix, ttl_ms)
 
 
-class StoreGate:
+class GateHealth:
+    """What both gates (this one and breaker_redis/asyncio/store.py) keep about
+    Redis's health, and the log lines of each change: down or up since when,
+    the probe backoff, the returns that did not last. No I/O and no lock: the
+    sync gate calls it under its own lock, the asyncio one from its loop."""
+
+    policy: str
+    generation: int
+    _min_backoff: float
+    _max_backoff: float
+    _local: ScriptRunner | None
+
+    def _init_health(self, policy: str, min_backoff: float, max_backoff: float) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"on_store_error must be one of {', '.join(POLICIES)} (got {policy!r})")
+        self.policy = policy
+        self.generation = 0
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._down_since: float | None = None
+        self._up_since: float | None = None  # when Redis last came back
+        self._delay = min_backoff  # the probe backoff, kept while Redis flaps
+        self._flaps = 0  # switches back to Redis that did not last STEADY_SECONDS
+        self._last_flap_log = -1e18
+        self._local = None
+
+    @property
+    def healthy(self) -> bool:
+        return self._down_since is None
+
+    @property
+    def kind(self) -> str:
+        return "redis" if self.healthy else self.policy
+
+    def _went_down(self, exc: BaseException, seen_generation: int) -> bool:
+        """Mark Redis down after exc; False if that was already done (or it came
+        back) since seen_generation. A fresh outage gets a fresh local store and
+        backoff; a return that did not last keeps both."""
+        if self._down_since is not None or self.generation != seen_generation:
+            return False
+        now = time.monotonic()
+        flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
+        self._down_since = now
+        self.generation += 1
+        if not flapping:
+            self._local, self._delay, self._flaps = None, self._min_backoff, 0
+            log.warning(
+                "breaker_redis: Redis unavailable (%s: %s); on_store_error=%s until it runs a "
+                "script again",
+                type(exc).__name__,
+                exc,
+                self.policy,
+            )
+        else:
+            self._flaps += 1
+            if now - self._last_flap_log >= STEADY_SECONDS:
+                self._last_flap_log = now
+                log.warning(
+                    "breaker_redis: Redis failed again (%s: %s) %.1fs after it came back; keeping "
+                    "on_store_error=%s and its local state (%d such returns; this is logged once "
+                    "a minute while it lasts)",
+                    type(exc).__name__,
+                    exc,
+                    now - (self._up_since or now),
+                    self.policy,
+                    self._flaps,
+                )
+        return True
+
+    def _probe_failed(self) -> None:
+        self._delay = min(self._delay * 2, self._max_backoff)
+
+    def _came_back(self) -> None:
+        now = time.monotonic()
+        down_for = now - (self._down_since or now)
+        self._down_since = None
+        self._up_since = now
+        self.generation += 1
+        if not self._flaps:
+            log.warning("breaker_redis: Redis answers again after %.1fs; back to shared state", down_for)
+
+
+class StoreGate(GateHealth):
     """Runs a script on Redis, or on the fallback while Redis is unavailable.
 
     ``generation`` changes each time the gate switches store, so that what a
@@ -81,31 +163,12 @@ class StoreGate:
         max_backoff: float = 2.0,
         on_switch: Callable[[], None] | None = None,
     ) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"on_store_error must be one of {', '.join(POLICIES)} (got {policy!r})")
+        self._init_health(policy, min_backoff, max_backoff)
         self.remote = remote
-        self.policy = policy
-        self.generation = 0
-        self._min_backoff = min_backoff
-        self._max_backoff = max_backoff
         self._on_switch = on_switch
         self._lock = threading.Lock()
-        self._down_since: float | None = None
-        self._up_since: float | None = None  # when Redis last came back
-        self._delay = min_backoff  # the probe backoff, kept while Redis flaps
-        self._flaps = 0  # switches back to Redis that did not last STEADY_SECONDS
-        self._last_flap_log = -1e18
-        self._local: ScriptRunner | None = None
         self._prober: threading.Thread | None = None
         self._stop = threading.Event()
-
-    @property
-    def healthy(self) -> bool:
-        return self._down_since is None
-
-    @property
-    def kind(self) -> str:
-        return "redis" if self.healthy else self.policy
 
     def run(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
@@ -152,35 +215,8 @@ class StoreGate:
 
     def _mark_down(self, exc: BaseException, seen_generation: int) -> None:
         with self._lock:
-            if self._down_since is not None or self.generation != seen_generation:
+            if not self._went_down(exc, seen_generation):
                 return
-            now = time.monotonic()
-            flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
-            self._down_since = now
-            self.generation += 1
-            if not flapping:  # a fresh outage: a fresh local store and backoff
-                self._local, self._delay, self._flaps = None, self._min_backoff, 0
-                log.warning(
-                    "breaker_redis: Redis unavailable (%s: %s); on_store_error=%s until it runs a "
-                    "script again",
-                    type(exc).__name__,
-                    exc,
-                    self.policy,
-                )
-            else:  # keep what the local breakers learned, and the backoff
-                self._flaps += 1
-                if now - self._last_flap_log >= STEADY_SECONDS:
-                    self._last_flap_log = now
-                    log.warning(
-                        "breaker_redis: Redis failed again (%s: %s) %.1fs after it came back; keeping "
-                        "on_store_error=%s and its local state (%d such returns; this is logged once "
-                        "a minute while it lasts)",
-                        type(exc).__name__,
-                        exc,
-                        now - (self._up_since or now),
-                        self.policy,
-                        self._flaps,
-                    )
             self._start_prober()
         if self._on_switch:
             self._on_switch()
@@ -201,17 +237,10 @@ class StoreGate:
             try:
                 self._probe()
             except Exception:
-                self._delay = min(self._delay * 2, self._max_backoff)
+                self._probe_failed()
                 continue
             with self._lock:
-                now = time.monotonic()
-                down_for = now - (self._down_since or now)
-                self._down_since = None
-                self._up_since = now
-                self.generation += 1
-                flapping = self._flaps > 0
-            if not flapping:
-                log.warning("breaker_redis: Redis answers again after %.1fs; back to shared state", down_for)
+                self._came_back()
             if self._on_switch:
                 self._on_switch()
             return

@@ -21,15 +21,8 @@ from typing import Any
 
 import redis
 
-from ..scripts import ScriptRunner, Scripts, breaker_keys
-from ..store import (
-    _PROBE_SCRIPT,
-    _UNAVAILABLE,
-    POLICIES,
-    STEADY_SECONDS,
-    StoreUnavailable,
-    _make_local_runner,
-)
+from ..scripts import Scripts, breaker_keys
+from ..store import _PROBE_SCRIPT, _UNAVAILABLE, GateHealth, StoreUnavailable, _make_local_runner
 
 log = logging.getLogger("breaker_redis")
 
@@ -56,7 +49,7 @@ class AsyncScriptRunner(Scripts):
         await pipe.execute()
 
 
-class AsyncStoreGate:
+class AsyncStoreGate(GateHealth):
     """Runs a script on Redis, or on the fallback while Redis is unavailable.
 
     ``generation`` changes at each switch of store, as in store.StoreGate.
@@ -71,29 +64,10 @@ class AsyncStoreGate:
         max_backoff: float = 2.0,
         on_switch: Callable[[], None] | None = None,
     ) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"on_store_error must be one of {', '.join(POLICIES)} (got {policy!r})")
+        self._init_health(policy, min_backoff, max_backoff)
         self.remote = remote
-        self.policy = policy
-        self.generation = 0
-        self._min_backoff = min_backoff
-        self._max_backoff = max_backoff
         self._on_switch = on_switch
-        self._down_since: float | None = None
-        self._up_since: float | None = None
-        self._delay = min_backoff
-        self._flaps = 0
-        self._last_flap_log = -1e18
-        self._local: ScriptRunner | None = None
         self._prober: asyncio.Task[None] | None = None
-
-    @property
-    def healthy(self) -> bool:
-        return self._down_since is None
-
-    @property
-    def kind(self) -> str:
-        return "redis" if self.healthy else self.policy
 
     async def run(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
@@ -130,34 +104,8 @@ class AsyncStoreGate:
             return await self.remote.run(operation, name, now_ms, args)
 
     def _mark_down(self, exc: BaseException, seen_generation: int) -> None:
-        if self._down_since is not None or self.generation != seen_generation:
+        if not self._went_down(exc, seen_generation):
             return
-        now = time.monotonic()
-        flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
-        self._down_since = now
-        self.generation += 1
-        if not flapping:
-            self._local, self._delay, self._flaps = None, self._min_backoff, 0
-            log.warning(
-                "breaker_redis: Redis unavailable (%s: %s); on_store_error=%s until it runs a script again",
-                type(exc).__name__,
-                exc,
-                self.policy,
-            )
-        else:
-            self._flaps += 1
-            if now - self._last_flap_log >= STEADY_SECONDS:
-                self._last_flap_log = now
-                log.warning(
-                    "breaker_redis: Redis failed again (%s: %s) %.1fs after it came back; keeping "
-                    "on_store_error=%s and its local state (%d such returns; this is logged once a "
-                    "minute while it lasts)",
-                    type(exc).__name__,
-                    exc,
-                    now - (self._up_since or now),
-                    self.policy,
-                    self._flaps,
-                )
         if self._prober is None or self._prober.done():
             self._prober = asyncio.get_running_loop().create_task(self._probe_loop())
         if self._on_switch:
@@ -173,15 +121,9 @@ class AsyncStoreGate:
             try:
                 await self._probe()
             except Exception:
-                self._delay = min(self._delay * 2, self._max_backoff)
+                self._probe_failed()
                 continue
-            now = time.monotonic()
-            down_for = now - (self._down_since or now)
-            self._down_since = None
-            self._up_since = now
-            self.generation += 1
-            if not self._flaps:
-                log.warning("breaker_redis: Redis answers again after %.1fs; back to shared state", down_for)
+            self._came_back()
             if self._on_switch:
                 self._on_switch()
             return
