@@ -57,17 +57,13 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import quote
 from wsgiref.headers import Headers
 
 from .asyncio import Breaker, Breakers, Permit
-from .config import config_field_names
 from .errors import BreakerOpen
 from .fallbacks import (
     Cached,
@@ -78,9 +74,23 @@ from .fallbacks import (
     Function,
     Served,
     Static,
-    as_fallback,
 )
 from .refusal import BREAKER_HEADER, REASON_HEADER, Refusal, wants_json
+from .routes import (
+    DEFAULT_FAILURE_STATUSES,
+    FALLBACK_HEADER,
+    MARKERS,
+    NOT_SERVED,
+    OUTCOMES,
+    ROUTE_OPTIONS,
+    UNPROTECTED_METHODS,
+    RouteSpec,
+    Warnings,
+    parse_routes,
+    prefix_matches,
+    remember_limit,
+    status_line,
+)
 
 __all__ = [
     "DEFAULT_FAILURE_STATUSES",
@@ -106,26 +116,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # The header the Flask extension and the WSGI middleware put on a fallback's response.
-FALLBACK_HEADER = "X-Breaker-Fallback"
-DEFAULT_FAILURE_STATUSES = frozenset(range(500, 600))
-ROUTE_OPTIONS = (
-    "breaker",
-    "fallback",
-    "failure_statuses",
-    "ignore_statuses",
-    "classify",
-    "message",
-    "fallback_on_failure",
-)
-# CORS preflights never reach a service: never refused, never counted (as in Flask).
-UNPROTECTED_METHODS = frozenset({"OPTIONS"})
-OUTCOMES = ("success", "failure", "ignored")
-_CONFIG_FIELDS = frozenset(config_field_names())
-# Never copied from a fallback's response: recomputed here, or hop-by-hop.
-_NOT_SERVED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
-_MARKERS = frozenset(h.lower() for h in (FALLBACK_HEADER, BREAKER_HEADER, REASON_HEADER))
-
-
 @dataclass(frozen=True)
 class ResponseInfo:
     """What a route's ``classify`` sees of the app's response: the status and
@@ -140,114 +130,6 @@ class ResponseInfo:
     status: str
     headers: Headers
     scope: Scope
-
-
-Classifier = Callable[[ResponseInfo], "str | bool | None"]
-
-
-@dataclass(frozen=True)
-class RouteSpec:
-    """How one path prefix is protected (the WSGI middleware's RouteSpec, for ASGI).
-
-    ``classify(ResponseInfo)`` returns "success" / "failure" / "ignored",
-    True (failure) / False (success), or None to let the status lists decide.
-    """
-
-    name: str
-    fallback: Fallback | None = None
-    failure_statuses: frozenset[int] = DEFAULT_FAILURE_STATUSES
-    ignore_statuses: frozenset[int] = frozenset()
-    classify: Classifier | None = None
-    message: str | None = None
-    fallback_on_failure: bool = True
-
-
-# -- routes ------------------------------------------------------------------------------
-
-
-def prefix_matches(prefix: str, path: str) -> bool:
-    """``/pay`` covers ``/pay`` and ``/pay/...`` but not ``/payment``; ``/`` covers all."""
-    if prefix.endswith("/"):
-        return path.startswith(prefix) or path == prefix.rstrip("/")
-    return path == prefix or path.startswith(prefix + "/")
-
-
-def _statuses(value: Iterable[int] | None, default: frozenset[int]) -> frozenset[int]:
-    return default if value is None else frozenset(int(s) for s in value)
-
-
-def _spec(name: str, route: Mapping[str, Any]) -> RouteSpec:
-    classify = route.get("classify")
-    if classify is not None and not callable(classify):
-        raise TypeError(f"route {name!r}: classify must be callable (got {classify!r})")
-    return RouteSpec(
-        name=name,
-        fallback=as_fallback(route.get("fallback")),
-        failure_statuses=_statuses(route.get("failure_statuses"), DEFAULT_FAILURE_STATUSES),
-        ignore_statuses=_statuses(route.get("ignore_statuses"), frozenset()),
-        classify=classify,
-        message=route.get("message"),
-        fallback_on_failure=bool(route.get("fallback_on_failure", True)),
-    )
-
-
-def _split(options: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(route options, BreakerConfig fields); anything else is a clear error."""
-    route: dict[str, Any] = {}
-    config: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in ROUTE_OPTIONS:
-            route[key] = value
-        elif key in _CONFIG_FIELDS:
-            config[key] = value
-        else:
-            raise ValueError(
-                f"{where}: unknown option {key!r} (route options: {', '.join(ROUTE_OPTIONS)}; "
-                f"or a BreakerConfig field)"
-            )
-    return route, config
-
-
-def parse_routes(value: Any) -> tuple[list[tuple[str, RouteSpec]], dict[str, dict[str, Any]]]:
-    """``{"/pay": "pay", "/cart": {"breaker": "cart", "fallback": ..., **config}, "/x": RouteSpec(...)}``.
-
-    The shape of the Flask extension's ``BREAKER_ROUTES`` and of the WSGI
-    middleware's ``routes``. Returns the (prefix, spec) pairs, longest
-    prefix first, and the BreakerConfig fields each breaker was given.
-    """
-    if value is None:
-        return [], {}
-    if not isinstance(value, Mapping):
-        raise TypeError("routes must map path prefixes to breaker names, dicts or RouteSpecs")
-    routes: list[tuple[str, RouteSpec]] = []
-    configs: dict[str, dict[str, Any]] = {}
-    for prefix, target in value.items():
-        if not isinstance(prefix, str) or not prefix.startswith("/"):
-            raise ValueError(f"routes: a prefix must start with '/' (got {prefix!r})")
-        where = f"routes[{prefix!r}]"
-        config: dict[str, Any] = {}
-        if isinstance(target, str):
-            spec = _spec(target, {})
-        elif isinstance(target, Mapping):
-            route, config = _split(target, where)
-            if not isinstance(route.get("breaker"), str):
-                raise ValueError(f"{where}: needs 'breaker': NAME")
-            spec = _spec(route["breaker"], route)
-        elif isinstance(getattr(target, "name", None), str):  # a RouteSpec: ours, WSGI's or Flask's
-            spec = _spec(
-                target.name, {k: getattr(target, k) for k in ROUTE_OPTIONS[1:] if hasattr(target, k)}
-            )
-        else:
-            raise TypeError(f"{where}: give a breaker name, a dict or a RouteSpec")
-        if config:  # a bare name uses the breaker as configured elsewhere; fields configure it
-            if configs.get(spec.name, config) != config:
-                raise ValueError(
-                    f"{where}: breaker {spec.name!r} is configured differently by another prefix"
-                )
-            configs[spec.name] = config
-        routes.append((prefix, spec))
-    routes.sort(key=lambda item: len(item[0]), reverse=True)  # longest prefix wins
-    return routes, configs
 
 
 def request_path(scope: Scope) -> str:
@@ -277,11 +159,7 @@ def _is_head(scope: Scope) -> bool:
     return str(scope.get("method", "GET")).upper() == "HEAD"
 
 
-def _status_line(code: int) -> str:
-    try:
-        return f"{code} {HTTPStatus(code).phrase}"
-    except ValueError:
-        return f"{code} Unknown"
+
 
 
 def header_value(value: str) -> str:
@@ -316,7 +194,7 @@ def judge_status(
     try:
         if spec.classify is not None:
             seen = Headers([(str(k), str(v)) for k, v in headers])
-            info = ResponseInfo(code, _status_line(code), seen, scope)
+            info = ResponseInfo(code, status_line(code), seen, scope)
             verdict = spec.classify(info)
             if verdict is True:
                 return "failure"
@@ -334,26 +212,6 @@ def judge_status(
     if code in spec.failure_statuses:
         return "failure"
     return "success"
-
-
-class _Warnings:
-    """Log with traceback at most once a minute per breaker and message: a broken
-    fallback or classifier would otherwise log on every request."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def warn(self, name: str, message: str) -> None:
-        key = f"{name}:{message}"
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last.get(key, -1e18) < 60:
-                return
-            if len(self._last) > 10_000:
-                self._last.clear()
-            self._last[key] = now
-        log.exception("breaker_redis: " + message, name)
 
 
 # -- answers -----------------------------------------------------------------------------
@@ -398,15 +256,6 @@ def _as_response(value: Any) -> FallbackResponse | ASGIApp:
     if callable(value):
         return value  # type: ignore[no-any-return]
     return Static(value).response
-
-
-def _remember_limit(fallback: Fallback) -> int:
-    """The most body bytes worth keeping for ``fallback.remember`` (0: none)."""
-    if isinstance(fallback, Cached):
-        return fallback.max_bytes
-    if isinstance(fallback, Chain):
-        return max((_remember_limit(item) for item in fallback.fallbacks), default=0)
-    return 1 << 20 if fallback.remembers else 0
 
 
 def _needs_blocking_store(fallback: Fallback | None) -> bool:
@@ -471,7 +320,7 @@ class BreakerMiddleware:
                     "which must not run on the event loop; give BreakerMiddleware(cache_client="
                     "breaker_redis.urls.client_from_url(url)): it is used from a thread"
                 )
-        self._warnings = _Warnings()
+        self._warnings = Warnings()
 
     def breaker(self, name: str) -> Breaker:
         """The Breaker a route uses (for ``snapshot()``, ``force_open()``...)."""
@@ -618,7 +467,7 @@ class BreakerMiddleware:
         headers = [
             (str(k), str(v))
             for k, v in response.headers
-            if k.lower() not in _NOT_SERVED and k.lower() not in _MARKERS
+            if k.lower() not in NOT_SERVED and k.lower() not in MARKERS
         ]
         headers += [("Content-Length", str(len(response.body))), *marks]
         await send({
@@ -741,7 +590,7 @@ class _Exchange:
                 return
             self.replaced = False
         if outcome == "success" and spec.fallback is not None and not _is_head(self.scope):
-            self.kept_limit = _remember_limit(spec.fallback)
+            self.kept_limit = remember_limit(spec.fallback)
             if self.kept_limit > 0:
                 self.kept = []
         self.started = True

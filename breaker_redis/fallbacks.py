@@ -29,6 +29,9 @@ from typing import Any
 
 log = logging.getLogger("breaker_redis")
 
+# The header naming the fallback that served a response, in every integration.
+FALLBACK_HEADER = "X-Breaker-Fallback"
+
 # Headers never replayed from the cache: hop-by-hop, recomputed, or personal.
 _NOT_STORED = frozenset(
     {

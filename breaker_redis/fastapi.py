@@ -64,19 +64,11 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import HTTPException, RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .asgi import (
-    DEFAULT_FAILURE_STATUSES,
-    BreakerMiddleware,
-    Classifier,
-    RouteSpec,
-    _statuses,
-    _Warnings,
-    header_value,
-    judge_status,
-)
+from .asgi import BreakerMiddleware, header_value, judge_status
 from .asyncio import Breaker, BreakerConfig, Breakers, Permit
 from .errors import BreakerOpen
 from .refusal import Refusal, default_message, wants_json
+from .routes import DEFAULT_FAILURE_STATUSES, Classifier, RouteSpec, Warnings, statuses_or
 
 __all__ = [
     "BreakerGuard",
@@ -193,12 +185,12 @@ class BreakerGuard:
         self.breaker: Breaker = breakers.get(name, config)
         self.spec = RouteSpec(
             name=name,
-            failure_statuses=_statuses(failure_statuses, DEFAULT_FAILURE_STATUSES),
-            ignore_statuses=_statuses(ignore_statuses, frozenset()),
+            failure_statuses=statuses_or(failure_statuses, DEFAULT_FAILURE_STATUSES),
+            ignore_statuses=statuses_or(ignore_statuses, frozenset()),
             classify=classify,
             message=message,
         )
-        self._warnings = _Warnings()
+        self._warnings = Warnings()
 
     def depends(self) -> Any:
         """``Depends(self, scope="function")`` where FastAPI has scopes, else ``Depends(self)``."""

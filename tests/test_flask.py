@@ -236,7 +236,7 @@ def test_the_decorator_wins_over_a_route_prefix(clock):
         ({"/pay": {"breaker": "pay", "colour": "red"}}, "unknown option 'colour'"),
         ({"/a": {"breaker": "x", "open_seconds": 1}, "/b": {"breaker": "x", "open_seconds": 2}},
          "configured differently"),
-        ({"/a": 3}, "breaker name or a dict"),
+        ({"/a": 3}, "breaker name, a dict or a RouteSpec"),
         ({"/a": {"breaker": "x", "open_seconds": 0}}, "open_seconds"),
     ],
 )

@@ -10,12 +10,11 @@ from __future__ import annotations
 from flask import Response, current_app, request
 
 from ..errors import BreakerOpen
+from ..fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
 from ..fallbacks import FallbackContext, FallbackResponse, Served
 from .refusal import BREAKER_HEADER, REASON_HEADER
 from .routes import RouteSpec
 from .state import AppState
-
-FALLBACK_HEADER = "X-Breaker-Fallback"
 
 
 def fallback_context(state: AppState, name: str, cause: BaseException | None) -> FallbackContext:

@@ -1,0 +1,186 @@
+"""Route protection shared by the WSGI and ASGI middlewares: how a path prefix
+names a breaker, how a response is judged, and the log that stays quiet.
+
+The shape is the Flask extension's ``BREAKER_ROUTES``, so a deployment that
+mixes frameworks writes its routes once. No web framework is imported here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from .config import config_field_names
+from .fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
+from .fallbacks import Cached, Chain, Fallback, as_fallback
+from .refusal import BREAKER_HEADER, REASON_HEADER
+
+log = logging.getLogger("breaker_redis")
+
+DEFAULT_FAILURE_STATUSES = frozenset(range(500, 600))
+ROUTE_OPTIONS = (
+    "breaker",
+    "fallback",
+    "failure_statuses",
+    "ignore_statuses",
+    "classify",
+    "message",
+    "fallback_on_failure",
+)
+# CORS preflights never reach a service: never refused, never counted (as in Flask).
+UNPROTECTED_METHODS = frozenset({"OPTIONS"})
+OUTCOMES = ("success", "failure", "ignored")
+CONFIG_FIELDS = frozenset(config_field_names())
+# Never copied from a fallback's response: recomputed here, or hop-by-hop.
+NOT_SERVED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+MARKERS = frozenset(h.lower() for h in (FALLBACK_HEADER, BREAKER_HEADER, REASON_HEADER))
+
+# classify(info) -> "success" / "failure" / "ignored", True / False, or None
+Classifier = Callable[[Any], "str | bool | None"]
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """How one path prefix is protected: the Flask extension's RouteSpec, without Flask.
+
+    ``classify(info)`` (the integration's ResponseInfo) returns "success" / "failure" / "ignored",
+    True (failure) / False (success), or None to let the status lists decide.
+    """
+
+    name: str
+    fallback: Fallback | None = None
+    failure_statuses: frozenset[int] = DEFAULT_FAILURE_STATUSES
+    ignore_statuses: frozenset[int] = frozenset()
+    classify: Classifier | None = None
+    message: str | None = None
+    fallback_on_failure: bool = True
+
+
+def prefix_matches(prefix: str, path: str) -> bool:
+    """``/pay`` covers ``/pay`` and ``/pay/...`` but not ``/payment``; ``/`` covers all."""
+    if prefix.endswith("/"):
+        return path.startswith(prefix) or path == prefix.rstrip("/")
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def statuses_or(value: Iterable[int] | None, default: frozenset[int]) -> frozenset[int]:
+    return default if value is None else frozenset(int(s) for s in value)
+
+
+def make_spec(name: str, route: Mapping[str, Any]) -> RouteSpec:
+    classify = route.get("classify")
+    if classify is not None and not callable(classify):
+        raise TypeError(f"route {name!r}: classify must be callable (got {classify!r})")
+    return RouteSpec(
+        name=name,
+        fallback=as_fallback(route.get("fallback")),
+        failure_statuses=statuses_or(route.get("failure_statuses"), DEFAULT_FAILURE_STATUSES),
+        ignore_statuses=statuses_or(route.get("ignore_statuses"), frozenset()),
+        classify=classify,
+        message=route.get("message"),
+        fallback_on_failure=bool(route.get("fallback_on_failure", True)),
+    )
+
+
+def split_options(options: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(route options, BreakerConfig fields); anything else is a clear error."""
+    route: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in ROUTE_OPTIONS:
+            route[key] = value
+        elif key in CONFIG_FIELDS:
+            config[key] = value
+        else:
+            raise ValueError(
+                f"{where}: unknown option {key!r} (route options: {', '.join(ROUTE_OPTIONS)}; "
+                f"or a BreakerConfig field)"
+            )
+    return route, config
+
+
+def parse_routes(
+    value: Any, setting: str = "routes"
+) -> tuple[list[tuple[str, RouteSpec]], dict[str, dict[str, Any]]]:
+    """``{"/pay": "pay", "/cart": {"breaker": "cart", "fallback": ..., **config}, "/x": RouteSpec(...)}``.
+
+    The same shape as the Flask extension's ``BREAKER_ROUTES`` (plus
+    RouteSpec objects, or anything with RouteSpec's attributes). Returns the
+    (prefix, spec) pairs, longest prefix first so that the first match is
+    the most specific, and the BreakerConfig fields each breaker was given.
+    ``setting`` names the routes in error messages (``BREAKER_ROUTES`` for Flask).
+    """
+    if value is None:
+        return [], {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{setting} must map path prefixes to breaker names, dicts or RouteSpecs")
+    routes: list[tuple[str, RouteSpec]] = []
+    configs: dict[str, dict[str, Any]] = {}
+    for prefix, target in value.items():
+        if not isinstance(prefix, str) or not prefix.startswith("/"):
+            raise ValueError(f"{setting}: a prefix must start with '/' (got {prefix!r})")
+        where = f"{setting}[{prefix!r}]"
+        config: dict[str, Any] = {}
+        if isinstance(target, str):
+            spec = make_spec(target, {})
+        elif isinstance(target, Mapping):
+            route, config = split_options(target, where)
+            if not isinstance(route.get("breaker"), str):
+                raise ValueError(f"{where}: needs 'breaker': NAME")
+            spec = make_spec(route["breaker"], route)
+        elif isinstance(getattr(target, "name", None), str):  # a RouteSpec, ours or Flask's
+            spec = make_spec(
+                target.name, {k: getattr(target, k) for k in ROUTE_OPTIONS[1:] if hasattr(target, k)}
+            )
+        else:
+            raise TypeError(f"{where}: give a breaker name, a dict or a RouteSpec")
+        if config:  # a bare name uses the breaker as configured elsewhere; fields configure it
+            if configs.get(spec.name, config) != config:
+                raise ValueError(
+                    f"{where}: breaker {spec.name!r} is configured differently by another prefix"
+                )
+            configs[spec.name] = config
+        routes.append((prefix, spec))
+    routes.sort(key=lambda item: len(item[0]), reverse=True)  # longest prefix wins
+    return routes, configs
+
+
+def status_line(code: int) -> str:
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return f"{code} Unknown"
+
+
+def remember_limit(fallback: Fallback) -> int:
+    """The most body bytes worth keeping for ``fallback.remember`` (0: none)."""
+    if isinstance(fallback, Cached):
+        return fallback.max_bytes
+    if isinstance(fallback, Chain):
+        return max((remember_limit(item) for item in fallback.fallbacks), default=0)
+    return 1 << 20 if fallback.remembers else 0
+
+
+class Warnings:
+    """Log with traceback at most once a minute per breaker and message: a broken
+    fallback or classifier would otherwise log on every request."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def warn(self, name: str, message: str) -> None:
+        key = f"{name}:{message}"
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -1e18) < 60:
+                return
+            if len(self._last) > 10_000:
+                self._last.clear()
+            self._last[key] = now
+        log.exception("breaker_redis: " + message, name)

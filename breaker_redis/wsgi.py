@@ -1,0 +1,672 @@
+"""BreakerMiddleware: breakers in front of any WSGI app (Django, Falcon, a bare callable).
+
+::
+
+    application = BreakerMiddleware(get_wsgi_application(), breakers, routes={"/pay": "pay"})
+
+The Flask extension protects routes through Flask's hooks; an app written
+for another framework has only the WSGI interface, so this is the same
+protection at that level: the request's path picks a route (a path prefix,
+longest first, like ``BREAKER_ROUTES`` and an OpenResty ``location``), the
+route's breaker is asked for a permit, a refusal becomes the 503 every
+integration answers with (``breaker_redis.refusal``) or the route's fallback
+(``breaker_redis.fallbacks``, marked ``X-Breaker-Fallback`` as in Flask), and
+the response is classified and recorded.
+
+When the outcome is recorded, and why. A WSGI app names its status in
+``start_response``, but a server sends nothing until the body's first
+non-empty chunk: until then the app may still fail (a Django
+``StreamingHttpResponse`` whose generator calls the upstream), and the
+server then answers 500 instead. So the middleware holds the app's
+``start_response`` back and records at the moment the response is
+*committed*: its first non-empty chunk, the end of an empty body, a
+``write()`` call, or a ``wsgi.file_wrapper`` returned. For an ordinary
+response that is right after the app returns, before the server writes a
+byte, so the next request on any worker already sees a trip this one made
+(as with Flask). The status decides (5xx: failure, configurable); an
+exception before the commit is classified by the breaker's config. An
+exception *after* it (a stream cut off midway) changes nothing: the
+response was already counted by its status, the client already has that
+status, and recording at the end of a stream instead would hold a half-open
+probe for the whole download and time "slow calls" by the client's reading
+speed. The duration a permit measures is the time to the first byte.
+
+A permit is settled exactly once (``Permit`` ignores a second record) and
+never leaks: the commit records it; an exception records it; ``close()``
+(which servers call also when the client went away, or when they stop
+reading early) records one not yet settled, by the status if the app gave
+one, else as ignored; an iterable dropped without ``close()`` (against PEP
+3333) is settled by the next request through this middleware in the process.
+
+This module is part of the core: it imports no web framework.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+from wsgiref.headers import Headers
+
+from .breaker import Breaker
+from .breakers import Breakers
+from .errors import BreakerOpen
+from .fallbacks import FallbackContext, FallbackResponse, Static
+from .permit import Permit
+from .refusal import BREAKER_HEADER, REASON_HEADER, Refusal, wants_json
+from .routes import (
+    DEFAULT_FAILURE_STATUSES,
+    FALLBACK_HEADER,
+    MARKERS,
+    NOT_SERVED,
+    OUTCOMES,
+    ROUTE_OPTIONS,
+    UNPROTECTED_METHODS,
+    RouteSpec,
+    Warnings,
+    parse_routes,
+    prefix_matches,
+    remember_limit,
+    status_line,
+)
+
+if TYPE_CHECKING:
+    from _typeshed import OptExcInfo
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+__all__ = [
+    "DEFAULT_FAILURE_STATUSES",
+    "FALLBACK_HEADER",
+    "ROUTE_OPTIONS",
+    "BreakerMiddleware",
+    "ResponseInfo",
+    "RouteSpec",
+    "parse_routes",
+    "prefix_matches",
+]
+
+log = logging.getLogger("breaker_redis")
+
+@dataclass(frozen=True)
+class ResponseInfo:
+    """What a route's ``classify`` sees of the app's response: the status and
+    headers, never the body (it may be a stream nobody has read yet).
+
+    ``status_code`` and ``headers.get(name)`` read as on a Flask response,
+    so one classifier can serve both integrations.
+    """
+
+    status_code: int
+    status: str
+    headers: Headers
+    environ: dict[str, Any]
+
+
+def request_path(environ: Mapping[str, Any]) -> str:
+    """The request's path as Flask's ``request.path`` has it: PATH_INFO (the
+    path under the app's mount point), decoded from WSGI's latin-1 as UTF-8,
+    with one leading slash."""
+    raw = str(environ.get("PATH_INFO") or "")
+    with contextlib.suppress(UnicodeEncodeError):  # else a server that already decoded it
+        raw = raw.encode("latin-1").decode("utf-8", "replace")
+    return "/" + raw.lstrip("/")
+
+
+# -- answers -----------------------------------------------------------------------------
+
+
+class _Answer(NamedTuple):
+    """A complete response the middleware sends instead of the app's."""
+
+    status: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+
+
+
+def _status_code(status: str) -> int | None:
+    try:
+        return int(status.split(" ", 1)[0])
+    except (ValueError, AttributeError):
+        return None
+
+
+def _wants_json(environ: Mapping[str, Any]) -> bool:
+    return wants_json(
+        environ.get("HTTP_ACCEPT"), environ.get("CONTENT_TYPE"), environ.get("HTTP_X_REQUESTED_WITH")
+    )
+
+
+def _is_head(environ: Mapping[str, Any]) -> bool:
+    return str(environ.get("REQUEST_METHOD", "GET")).upper() == "HEAD"
+
+
+def _run_app(app: Callable[..., Any], environ: WSGIEnvironment) -> FallbackResponse:
+    """A WSGI app a function fallback returned, run to the end: its whole answer."""
+    started: list[tuple[str, list[tuple[str, str]]]] = []
+    chunks: list[bytes] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        started[:] = [(status, list(headers))]
+        return chunks.append
+
+    result = app(dict(environ), start_response)
+    try:
+        for chunk in result:
+            chunks.append(bytes(chunk))
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    if not started:
+        raise RuntimeError("the fallback's WSGI app never called start_response()")
+    status, headers = started[0]
+    code = _status_code(status)
+    if code is None:
+        raise ValueError(f"the fallback's WSGI app answered the status {status!r}")
+    return FallbackResponse(b"".join(chunks), code, tuple(headers))
+
+
+def _as_response(value: Any, environ: WSGIEnvironment) -> FallbackResponse:
+    """What a function fallback returned, as a complete response.
+
+    A FallbackResponse as it is; ``(body, status)`` or ``(body, status,
+    headers)``; a response object with ``status_code``, ``content`` and
+    ``items()`` (a Django HttpResponse); a WSGI app (a callable: run on the
+    request's environ, its body read whole); any other value is a body as
+    ``static()`` takes it (bytes, str as text, anything else as JSON).
+    """
+    if isinstance(value, FallbackResponse):
+        return value
+    if isinstance(value, tuple) and len(value) in (2, 3):
+        body, status, *rest = value
+        headers = rest[0] if rest else None
+        if headers is not None and not isinstance(headers, Mapping):
+            headers = dict(headers)
+        return Static(body, int(status), headers).response
+    content = getattr(value, "content", None)
+    if isinstance(getattr(value, "status_code", None), int) and isinstance(content, bytes):
+        items = getattr(value, "items", None)
+        headers_seen = tuple((str(k), str(v)) for k, v in items()) if callable(items) else ()
+        return FallbackResponse(content, int(value.status_code), headers_seen)
+    if callable(value):
+        return _run_app(value, environ)
+    return Static(value).response
+
+
+# -- the middleware --------------------------------------------------------------------------
+
+
+class BreakerMiddleware:
+    """Circuit breakers in front of any WSGI app, by path prefix.
+
+    ``app``: the WSGI app (Django's ``get_wsgi_application()``, a Falcon
+    ``App``, any callable). ``breakers``: the ``Breakers`` the routes'
+    breakers live in (nothing connects until the first request, so build it
+    before gunicorn forks if you like). ``routes``: path prefix -> a breaker
+    name, a dict (``breaker`` plus the Flask route options ``fallback``,
+    ``failure_statuses``, ``ignore_statuses``, ``classify``, ``message``,
+    ``fallback_on_failure`` and any BreakerConfig fields over the Breakers'
+    defaults) or a RouteSpec. Bad routes or configs fail here, at start-up.
+
+    A ``BreakerOpen`` escaping the app (an outbound breaker refused inside
+    it and nothing caught it) becomes the same 503, named after that
+    breaker, on any path; a protected route's own breaker ignores that
+    request (its service was not asked).
+    """
+
+    def __init__(
+        self, app: WSGIApplication, breakers: Breakers, routes: Mapping[str, Any] | None = None
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"BreakerMiddleware needs a WSGI app (got {app!r})")
+        if not isinstance(breakers, Breakers):
+            raise TypeError(f"breakers must be a breaker_redis.Breakers (got {type(breakers).__name__})")
+        self.app = app
+        self.breakers = breakers
+        self.routes, configs = parse_routes(routes)
+        self._resolved: dict[str, Breaker] = {}
+        for _prefix, spec in self.routes:
+            if spec.name not in self._resolved:
+                config = configs.get(spec.name)
+                built = dataclasses.replace(breakers.defaults, **config) if config else None
+                self._resolved[spec.name] = breakers.get(spec.name, built)  # no I/O: built lazily
+        self._warnings = Warnings()
+        # Exchanges whose iterable was dropped without close(): settled by the next request.
+        self._orphans: collections.deque[_Exchange] = collections.deque()
+
+    def breaker(self, name: str) -> Breaker:
+        """The Breaker a route uses (for ``snapshot()``, ``force_open()``...)."""
+        return self._resolved[name]
+
+    def route_for(self, path: str) -> RouteSpec | None:
+        """The spec of the longest prefix covering path, or None."""
+        for prefix, spec in self.routes:
+            if prefix_matches(prefix, path):
+                return spec
+        return None
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if self._orphans:
+            self._settle_orphans()
+        spec = None
+        if str(environ.get("REQUEST_METHOD", "GET")).upper() not in UNPROTECTED_METHODS:
+            spec = self.route_for(request_path(environ))
+        if spec is None:
+            return self._pass_through(environ, start_response)
+        breaker = self._resolved[spec.name]
+        try:
+            permit = breaker.acquire()
+        except BreakerOpen as refused:
+            answer = self.fallback_answer(spec, environ, refused) or self.refusal_answer(
+                refused, environ, spec
+            )
+            start_response(answer.status, answer.headers)
+            return [b"" if _is_head(environ) else answer.body]
+        except Exception:
+            # Not an outage (the store gate handles those) but a bug: let the
+            # request through rather than turn the breaker into the outage.
+            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
+            return self._pass_through(environ, start_response)
+        return _Exchange(self, spec, breaker, permit, environ, start_response).run()
+
+    def _pass_through(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        """An unprotected request: the app's own answer, untouched, except that an
+        outbound refusal escaping the app becomes the 503."""
+        called = False
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /) -> Any:
+            nonlocal called
+            called = True
+            return start_response(status, headers, exc_info)
+
+        try:
+            return self.app(environ, start)
+        except BreakerOpen as refused:
+            answer = self.refusal_answer(refused, environ, None)
+            # after the app's own start_response, only exc_info allows another
+            start_response(answer.status, answer.headers, sys.exc_info() if called else None)
+            return [b"" if _is_head(environ) else answer.body]
+
+    def _settle_orphans(self) -> None:
+        while True:
+            try:
+                exchange = self._orphans.popleft()
+            except IndexError:
+                return
+            exchange.closed()
+
+    # -- what the middleware answers itself -----------------------------------------------
+
+    def refusal_answer(
+        self, refused: BreakerOpen, environ: WSGIEnvironment, spec: RouteSpec | None
+    ) -> _Answer:
+        """The 503 every integration answers (breaker_redis.refusal): Retry-After,
+        X-Breaker headers, the route's message or the friendly default, JSON
+        when the client asks for it."""
+        breaker = self._resolved.get(refused.breaker)
+        refusal = Refusal.build(
+            refused,
+            as_json=_wants_json(environ),
+            message=spec.message if spec is not None else None,
+            config=breaker.config if breaker is not None else None,
+        )
+        return _Answer(status_line(refusal.status), list(refusal.headers), refusal.body)
+
+    def fallback_context(
+        self, name: str, environ: WSGIEnvironment, cause: BaseException | None
+    ) -> FallbackContext:
+        """The request as a fallback sees it: the cache key is the Flask
+        extension's ("METHOD path?query", HEAD sharing GET's) and ``request``
+        is the WSGI environ (what ``cached(key=...)`` is given)."""
+        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        key_method = "GET" if method == "HEAD" else method
+        query = str(environ.get("QUERY_STRING") or "")
+        return FallbackContext(
+            breaker=name,
+            cause=cause,
+            key=f"{key_method} {request_path(environ)}{'?' + query if query else ''}",
+            method=method,
+            store=self.breakers.client,
+            prefix=self.breakers.prefix,
+            store_healthy=self.breakers.store_healthy,
+            request=environ,
+        )
+
+    def fallback_answer(
+        self, spec: RouteSpec, environ: WSGIEnvironment, cause: BaseException | None
+    ) -> _Answer | None:
+        """The route's fallback as a response marked as the Flask extension marks
+        it, or None: no fallback, nothing to give, or a fallback that failed
+        (a broken fallback must not become a 500)."""
+        if spec.fallback is None:
+            return None
+        try:
+            served = spec.fallback.serve(self.fallback_context(spec.name, environ, cause))
+            if served is None:
+                return None
+            response = _as_response(served.value, environ)
+            headers = [
+                (str(k), str(v))
+                for k, v in response.headers
+                if k.lower() not in NOT_SERVED and k.lower() not in MARKERS
+            ]
+            headers += [
+                ("Content-Length", str(len(response.body))),
+                (FALLBACK_HEADER, served.kind),
+                (BREAKER_HEADER, spec.name),
+            ]
+            if isinstance(cause, BreakerOpen):
+                headers.append((REASON_HEADER, cause.reason))
+            return _Answer(status_line(response.status), headers, response.body)
+        except Exception:
+            self.warn(spec.name, "the fallback of breaker %r failed")
+            return None
+
+    def warn(self, name: str, message: str) -> None:
+        self._warnings.warn(name, message)
+
+
+class _Exchange:
+    """One admitted request, from the app's call to the end of its body.
+
+    The app's ``start_response`` is held back until the response commits
+    (see the module docstring); then the outcome is decided and recorded,
+    and either the app's status and headers or a fallback's go to the server.
+    """
+
+    def __init__(
+        self,
+        middleware: BreakerMiddleware,
+        spec: RouteSpec,
+        breaker: Breaker,
+        permit: Permit,
+        environ: WSGIEnvironment,
+        start_response: StartResponse,
+    ) -> None:
+        self.middleware = middleware
+        self.spec = spec
+        self.breaker = breaker
+        self.permit = permit
+        self.environ = environ
+        self.server_start_response = start_response
+        self.status: str | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.committed = False
+        self.replaced = False  # an answer of ours went to the server instead of the app's
+        self.server_write: Callable[[bytes], object] | None = None
+        self.kept: list[bytes] | None = None  # a successful body, for fallback.remember
+        self.kept_size = 0
+        self.kept_limit = 0
+
+    def run(self) -> Iterable[bytes]:
+        try:
+            result = self.middleware.app(self.environ, self.start_response)
+        except BaseException as exc:
+            body = self.failed(exc)
+            if body is None:
+                raise
+            return [body]
+        if self.committed:  # the app wrote its body through write(): nothing left to decide
+            return _Body(self, result)
+        file_wrapper = self.environ.get("wsgi.file_wrapper")
+        if self.status is not None and isinstance(file_wrapper, type) and isinstance(result, file_wrapper):
+            # Returned whole, so the server can still send the file its own way (sendfile).
+            body = self.commit()
+            if body is None:
+                return result
+            _close(result)
+            return [body]
+        return _Body(self, result)
+
+    # -- the app's side of WSGI ------------------------------------------------------------
+
+    def start_response(
+        self, status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /
+    ) -> Callable[[bytes], object]:
+        """Noted, not passed on: the server gets a status when the response commits."""
+        if self.committed:
+            if self.replaced or self.server_write is None:
+                if exc_info is not None and exc_info[1] is not None:
+                    raise exc_info[1].with_traceback(exc_info[2])
+                raise AssertionError("start_response() called again after the response started")
+            return self.server_start_response(status, headers, exc_info)  # the server decides
+        if exc_info is None and self.status is not None:
+            raise AssertionError("start_response() called a second time without exc_info")
+        # With exc_info before the commit: nothing has gone out, the new status replaces the old.
+        self.status, self.headers = status, list(headers)
+        return self.write
+
+    def write(self, data: bytes) -> None:
+        """The legacy write() callable: the first call commits the response."""
+        if not self.committed:
+            if self.status is None:
+                raise AssertionError("write() called before start_response()")
+            body = self.commit()
+            if body is not None:
+                assert self.server_write is not None
+                self.server_write(body)
+        if self.replaced:
+            return  # a fallback answered: the app's bytes go nowhere
+        self.keep(data)
+        assert self.server_write is not None
+        self.server_write(data)
+
+    # -- deciding and recording ------------------------------------------------------------
+
+    def classify(self) -> str:
+        """success, failure or ignored, from the status and headers: the route's
+        classify(), else its status lists (5xx a failure by default)."""
+        spec = self.spec
+        status = self.status or ""
+        code = _status_code(status)
+        if code is None:
+            return "failure"  # not a status a server can send: it will answer 500
+        try:
+            if spec.classify is not None:
+                verdict = spec.classify(ResponseInfo(code, status, Headers(list(self.headers)), self.environ))
+                if verdict is True:
+                    return "failure"
+                if verdict is False:
+                    return "success"
+                if isinstance(verdict, str) and verdict in OUTCOMES:
+                    return verdict
+                if verdict is not None:
+                    raise ValueError(f"classify() of breaker {spec.name!r} returned {verdict!r}")
+        except Exception:
+            self.middleware.warn(spec.name, "classify() of breaker %r raised; counted as a failure")
+            return "failure"
+        if code in spec.ignore_statuses:
+            return "ignored"
+        if code in spec.failure_statuses:
+            return "failure"
+        return "success"
+
+    def settle(self, outcome: str) -> None:
+        try:
+            self.permit.record(outcome)
+        except Exception:  # recording must never turn a served response into a 500
+            self.middleware.warn(self.spec.name, "could not record an outcome of breaker %r")
+
+    def commit(self) -> bytes | None:
+        """The response starts now: decide by its status, record, and give the
+        server a status. Returns the body to send instead of the app's when
+        the route's fallback answers a failed response, else None."""
+        self.committed = True
+        outcome = self.classify()
+        self.settle(outcome)
+        spec = self.spec
+        if outcome == "failure" and spec.fallback is not None and spec.fallback_on_failure:
+            answer = self.middleware.fallback_answer(spec, self.environ, None)
+            if answer is not None:
+                return self.answer(answer)
+        if outcome == "success" and spec.fallback is not None and not _is_head(self.environ):
+            self.kept_limit = remember_limit(spec.fallback)
+            if self.kept_limit > 0:
+                self.kept = []
+        assert self.status is not None
+        self.server_write = self.server_start_response(self.status, self.headers)
+        return None
+
+    def failed(self, exc: BaseException) -> bytes | None:
+        """An exception before the response started: classified by the breaker's
+        config and recorded. Returns the body of an answer of ours (the
+        fallback of a failure, the 503 of an outbound refusal), or None: the
+        caller re-raises."""
+        if isinstance(exc, BreakerOpen):
+            self.settle("ignored")  # an outbound breaker refused: this route's service was not asked
+            return self.answer(self.middleware.refusal_answer(exc, self.environ, None))
+        try:
+            outcome = self.breaker.classify(exc)
+        except Exception:
+            self.middleware.warn(self.spec.name, "classifying an exception for breaker %r raised")
+            outcome = "failure"
+        self.settle(outcome)
+        spec = self.spec
+        if outcome == "failure" and spec.fallback is not None and spec.fallback_on_failure:
+            answer = self.middleware.fallback_answer(spec, self.environ, exc)
+            if answer is not None:
+                return self.answer(answer)
+        return None
+
+    def answer(self, answer: _Answer) -> bytes:
+        """Our answer goes to the server in place of the app's; returns its body."""
+        self.committed = self.replaced = True
+        self.server_write = self.server_start_response(answer.status, answer.headers)
+        return b"" if _is_head(self.environ) else answer.body
+
+    def keep(self, chunk: bytes) -> None:
+        if self.kept is not None:
+            self.kept_size += len(chunk)
+            if self.kept_size > self.kept_limit:
+                self.kept = None  # too big to cache: stop holding it
+            else:
+                self.kept.append(chunk)
+
+    def finished(self) -> None:
+        """The whole body went out: a successful one is handed to the fallback to
+        remember (cached). A body cut short never is."""
+        kept, self.kept = self.kept, None
+        if kept is None or self.spec.fallback is None:
+            return
+        try:
+            code = _status_code(self.status or "") or 0
+            response = FallbackResponse(b"".join(kept), code, tuple(self.headers))
+            self.spec.fallback.remember(
+                self.middleware.fallback_context(self.spec.name, self.environ, None), response
+            )
+        except Exception:
+            self.middleware.warn(self.spec.name, "could not remember a response of breaker %r")
+
+    def closed(self) -> None:
+        """The server is done with the response, or gave up on it (the client
+        went away, it stopped reading). A permit not settled yet is settled now:
+        by the status when the app gave one (the app answered; nobody read the
+        body), else as ignored (nothing is known)."""
+        self.kept = None
+        if self.permit.recorded:
+            return
+        self.settle(self.classify() if self.status is not None else "ignored")
+
+
+def _close(result: Iterable[bytes]) -> None:
+    close = getattr(result, "close", None)
+    if close is not None:
+        close()
+
+
+class _Body:
+    """The iterable the server gets for an admitted request: the app's body,
+    passed on chunk by chunk, committing the response at its first non-empty
+    chunk (or its end), and closing the app's iterable exactly once."""
+
+    def __init__(self, exchange: _Exchange, result: Iterable[bytes]) -> None:
+        self._exchange = exchange
+        self._result = result
+        self._iterator: Iterator[bytes] | None = None
+        self._finished = False
+        self._closed = False
+
+    def __iter__(self) -> _Body:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._finished:
+            raise StopIteration
+        exchange = self._exchange
+        if not exchange.committed:
+            return self._first()
+        if exchange.replaced:  # a fallback answered through write(): the app's chunks go nowhere
+            self._finished = True
+            raise StopIteration
+        try:
+            chunk = next(self._app_iterator())
+        except StopIteration:
+            self._finished = True
+            exchange.finished()
+            raise
+        # An exception here (after the commit) reaches the server as it is: the
+        # response was counted by its status, which the client already has.
+        exchange.keep(chunk)
+        return chunk
+
+    def _app_iterator(self) -> Iterator[bytes]:
+        if self._iterator is None:
+            self._iterator = iter(self._result)
+        return self._iterator
+
+    def _first(self) -> bytes:
+        """Up to the first non-empty chunk (empty ones would make some servers
+        send the headers), then commit."""
+        exchange = self._exchange
+        chunk = b""
+        ended = False
+        try:
+            iterator = self._app_iterator()
+            while not chunk:
+                try:
+                    chunk = next(iterator)
+                except StopIteration:
+                    ended = True
+                    break
+            if exchange.status is None:
+                raise RuntimeError("the WSGI app returned its body without calling start_response()")
+        except BaseException as exc:
+            body = exchange.failed(exc)
+            if body is None:
+                raise
+            self._finished = True
+            return body
+        body = exchange.commit()
+        if body is not None:
+            self._finished = True
+            return body
+        if ended:
+            self._finished = True
+            exchange.finished()
+            raise StopIteration
+        exchange.keep(chunk)
+        return chunk
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            _close(self._result)
+        finally:
+            self._exchange.closed()
+
+    def __del__(self) -> None:
+        # Dropped without close(), against PEP 3333. Recording here could run
+        # inside any lock (the garbage collector picks the moment), so the
+        # exchange waits for the next request through the middleware instead.
+        if not self._closed and not self._exchange.permit.recorded:
+            self._exchange.middleware._orphans.append(self._exchange)
