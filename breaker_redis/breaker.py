@@ -341,11 +341,33 @@ class Breaker(Protects):
     def reset(self) -> None:
         self._admin("reset")
 
-    def _admin(self, op: str) -> None:
+    def trip(self) -> None:
+        """Open now for this worker's open_seconds, then half_open as after any trip
+        (pybreaker's open(); unlike force_open it ends by itself)."""
+        self._admin("trip", self._lua_config)
+
+    def half_open(self) -> None:
+        """half_open now: the next call is a probe."""
+        self._admin("half_open")
+
+    def _admin(self, op: str, config: bytes | str = "") -> None:
         self._shared.register_name(self.name)  # a breaker only ever forced is listed too
         gate, stamp = self._shared.gate, self._memory.stamp()
-        raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), ["", self._memory.epoch_seen, op])
+        args = [config, self._memory.epoch_seen, op]
+        raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), args)
         self._learn(Reply.decode(raw), gate.generation, stamp)
+
+    @property
+    def known(self) -> Knowledge | None:
+        """What this worker knows of the breaker now, without a command (None: nothing)."""
+        return self._memory.known
+
+    def reconfigure(self, config: BreakerConfig) -> None:
+        """This worker's config from its next script call on (each worker sends its
+        own; live overrides in Redis, Breakers.configure, reach every worker)."""
+        self.config = config
+        self._lua_config = config.to_lua()
+        self._config_slow_ms = round((config.slow_call_seconds or 0) * 1000)
 
     def __repr__(self) -> str:
         return f"<Breaker {self.name!r}>"

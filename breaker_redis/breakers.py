@@ -103,6 +103,10 @@ class Breakers:
                 raise ValueError(f"breaker {name!r} already exists with another config: {breaker.config}")
         return breaker
 
+    def __contains__(self, name: object) -> bool:
+        """Whether this process has built a breaker of that name."""
+        return name in self._breakers
+
     @property
     def store_healthy(self) -> bool:
         """Whether scripts run on Redis now (False while on_store_error is in force)."""

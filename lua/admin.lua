@@ -1,10 +1,13 @@
 -- admin.lua: an operator's word on a breaker; it always wins over the rules.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5 unused: ''); 7 op:
+-- ARGV  : 1-6 common (5: the caller's config for trip, else ''); 7 op:
 --   force_open   deny every call until cleared (state open, retry_after unknown)
 --   force_closed admit every call, keep counting, never trip until cleared
 --   clear_force  back to automatic, closed with a clean window (no-op if not forced)
+--   trip         open now for open_seconds (no backoff), then half_open as after any
+--                trip; clears a force (pybreaker's open())
+--   half_open    half_open now: the next acquire takes a probe lease; clears a force
 --   reset        closed, clean window, backoff and leases dropped, force cleared;
 --                cumulative stats are kept (they are counters, e.g. for Prometheus),
 --                but one that does not parse is zeroed: a reset repairs every key
@@ -29,6 +32,16 @@ elseif op == 'force_closed' then
 elseif op == 'clear_force' then
   if s.forced == '' then return reply(s, 1, 'unchanged', '', nil) end
   clean('', 'force_cleared')
+elseif op == 'trip' then
+  local cfg = load_config()
+  s.forced, s.consec, s.ho_ok = '', 0, 0
+  s.open_ms, s.open_until = cfg.open_ms, NOW + cfg.open_ms
+  drop_probes()
+  transition(s, 'open', 'opened')
+elseif op == 'half_open' then
+  s.forced, s.consec, s.ho_ok, s.open_until = '', 0, 0, 0
+  drop_probes()
+  transition(s, 'half_open', 'half_opened')
 elseif op == 'reset' then
   -- a counter edited into something that does not parse starts again from 0
   local counters = redis.call('HGETALL', K_STATS)

@@ -465,3 +465,34 @@ def test_a_batch_that_trips_counts_its_later_successes_as_stale(store, clock):
         assert (snap["state"], snap["window_calls"], snap["successes"], snap["stale"]) == ("open", 3, 2, 1)
     finally:
         breakers.close()
+
+
+def test_trip_opens_for_open_seconds_and_half_open_makes_the_next_call_a_probe(make_breakers, clock):
+    """The admin operations pybreaker's open() and half_open() map to (breaker_redis.compat)."""
+    breakers, seen = make_breakers(), []
+    breakers.on_transition(seen.append)
+    b = breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=10,
+                                          half_open_max_calls=1))
+    b.force_open()
+    b.trip()  # clears the force: an open period that ends by itself
+    with pytest.raises(BreakerOpen) as refused:
+        b.acquire()
+    assert (refused.value.reason, refused.value.retry_after) == ("open", 10.0)
+    clock.advance(10_000)
+    probe = b.acquire()
+    assert probe.probe
+    probe.success()
+    assert b.snapshot()["state"] == "closed"
+    b.half_open()
+    assert b.snapshot()["state"] == "half_open"
+    assert b.acquire().probe
+    with pytest.raises(BreakerOpen) as refused:
+        b.acquire()
+    assert refused.value.reason == "half_open_full"
+    assert [(t.new, t.cause) for t in seen] == [
+        ("open", "forced_open"),
+        ("open", "opened"),
+        ("half_open", "open_elapsed"),
+        ("closed", "probes_succeeded"),
+        ("half_open", "half_opened"),
+    ]

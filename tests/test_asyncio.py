@@ -205,6 +205,11 @@ def test_admin_live_config_and_names(connect, clock):
         assert (await pay.snapshot())["state"] == "open"
         await pay.reset()
         assert await admits(pay)
+        await pay.trip()
+        assert not await admits(pay)
+        await pay.half_open()
+        assert (await pay.snapshot())["state"] == "half_open"
+        await pay.reset()
         assert await breakers.names() == ["pay"]
         with pytest.raises(ValueError, match="failure_threshold"):
             await breakers.configure("pay", failure_threshold=0)

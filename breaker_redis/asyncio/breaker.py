@@ -418,12 +418,21 @@ class Breaker:
     async def reset(self) -> None:
         await self._admin("reset")
 
-    async def _admin(self, op: str) -> None:
+    async def trip(self) -> None:
+        """Open now for this worker's open_seconds, then half_open as after any trip."""
+        await self._admin("trip", self._lua_config)
+
+    async def half_open(self) -> None:
+        """half_open now: the next call is a probe."""
+        await self._admin("half_open")
+
+    async def _admin(self, op: str, config: bytes | str = "") -> None:
         shared = self._shared
         shared.ensure_loop()
         await shared.register_name(self.name)
         gate, stamp = shared.gate, self._memory.stamp()
-        raw = await gate.run_remote("admin", self.name, shared.clock_ms(), ["", self._memory.epoch_seen, op])
+        args = [config, self._memory.epoch_seen, op]
+        raw = await gate.run_remote("admin", self.name, shared.clock_ms(), args)
         await self._learn(Reply.decode(raw), gate.generation, stamp)
 
     def __repr__(self) -> str:
