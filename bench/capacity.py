@@ -2,7 +2,7 @@
 
 ``python bench/capacity.py`` starts its own redis-server (as bench/overhead.py
 does), runs 20,000 protected calls per case from one client, and reads the
-server time the breaker cost from ``INFO commandstats`` (EVALSHA plus the PING
+server time the breaker cost from ``INFO commandstats`` (FCALL or EVALSHA plus the PING
 that follows a change). Server time per call is what bounds one breaker: all
 its keys live on one Redis (one cluster shard), and Redis runs scripts on one
 core. Calls per second per core = 1 / server time per call. Client time and
@@ -42,9 +42,10 @@ ARMED = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, open_seco
 def server_usec(control: redis.Redis) -> tuple[int, float]:
     """(scripts run, µs of server time) since the last CONFIG RESETSTAT."""
     stats = control.info("commandstats")
-    evalsha = stats.get("cmdstat_evalsha", {})
+    scripts = [stats.get(f"cmdstat_{name}", {}) for name in ("fcall", "evalsha")]
     ping = stats.get("cmdstat_ping", {})
-    return int(evalsha.get("calls", 0)), float(evalsha.get("usec", 0)) + float(ping.get("usec", 0))
+    calls = sum(int(s.get("calls", 0)) for s in scripts)
+    return calls, sum(float(s.get("usec", 0)) for s in scripts) + float(ping.get("usec", 0))
 
 
 def one_case(

@@ -18,7 +18,8 @@ loopback port, measures, prints one markdown table and stops the server:
    own, not in a batch, was admitted while armed).
 5. Observe mode while open: calls admitted after a trip, their outcomes
    counted in memory; commands and µs per call, beside the enforce-mode rows.
-6. Server time of the record script: ``cmdstat_evalsha usec_per_call`` over the
+6. Server time of the record script: ``usec_per_call`` of FCALL (EVALSHA where
+   the scripts run that way) in ``INFO commandstats`` over the
    closed timing runs (CONFIG RESETSTAT first; while closed the record script
    is the only script a worker runs).
 7. Redis memory of one breaker (MEMORY USAGE ... SAMPLES 0 over its seven keys), after one
@@ -62,6 +63,7 @@ import redis  # noqa: E402
 
 from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers  # noqa: E402
 from breaker_redis.scripts import KEY_SUFFIXES, OPERATIONS, breaker_keys, script_source  # noqa: E402
+from breaker_redis.scripts import library as functions_library  # noqa: E402
 from demo_app.stack import redis_server_argv  # noqa: E402
 
 ITERATIONS = 5000  # calls per timing repeat
@@ -164,15 +166,17 @@ def wait_for_server(url: str, process: subprocess.Popen[bytes]) -> None:
 @dataclass
 class CommandCount:
     commands: int = 0
-    by_name: Counter[str] = field(default_factory=Counter)  # EVALSHA split by script
+    by_name: Counter[str] = field(default_factory=Counter)  # FCALL/EVALSHA split by script
     record_outcomes: Counter[str] = field(default_factory=Counter)  # ARGV 8 of record.lua; '' a batch alone
     in_lua: Counter[str] = field(default_factory=Counter)  # run inside scripts: not in `commands`
 
 
 _MONITOR_LINE = re.compile(r"^\S+ \[\d+ (?P<client>[^\]]*)\] \"(?P<name>[^\"]*)\"")
 _MONITOR_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')  # MONITOR quotes every argument, escaping " and \
-# EVALSHA names a script by the SHA1 of its source, as redis-py's register_script computes it
+# EVALSHA names a script by the SHA1 of its source, as redis-py's register_script computes it;
+# FCALL by the function's name in the library
 SCRIPT_NAMES = {hashlib.sha1(script_source(op).encode("utf-8")).hexdigest(): op for op in OPERATIONS}
+SCRIPT_NAMES.update({function: op for op, function in functions_library()[1].items()})
 
 
 class Monitor:
@@ -242,12 +246,13 @@ class Monitor:
             self.count.in_lua[name] += 1
             return
         self.count.commands += 1
-        if name == "EVALSHA":
+        if name in ("EVALSHA", "FCALL"):
             args = _MONITOR_ARG.findall(line[match.start("name") - 1 :])
             script = SCRIPT_NAMES.get(args[1], "other") if len(args) > 2 else "other"
-            name = f"EVALSHA {script}"
+            name = f"{name} {script}"
             if script == "record":
-                outcome_at = 3 + int(args[2]) + RECORD_OUTCOME_ARG - 1  # name, sha, numkeys, keys, ARGV
+                # name, sha/function, numkeys, keys, ARGV
+                outcome_at = 3 + int(args[2]) + RECORD_OUTCOME_ARG - 1
                 if len(args) > outcome_at:
                     self.count.record_outcomes[args[outcome_at]] += 1
         self.count.by_name[name] += 1
@@ -479,16 +484,29 @@ def median_usec(calls: dict[Any, Callable[[], None]], iterations: int = ITERATIO
 
 
 def evalsha_stats(control: redis.Redis) -> tuple[int, float]:
-    """(calls, usec_per_call) of EVALSHA since the last CONFIG RESETSTAT."""
-    stats = control.info("commandstats").get("cmdstat_evalsha", {})
-    return int(stats.get("calls", 0)), float(stats.get("usec_per_call", 0.0))
+    """(calls, usec_per_call) of the scripts (FCALL and EVALSHA together) since the last CONFIG RESETSTAT."""
+    commands = control.info("commandstats")
+    stats = [commands.get(f"cmdstat_{name}", {}) for name in ("fcall", "evalsha")]
+    calls = sum(int(s.get("calls", 0)) for s in stats)
+    usec = sum(float(s.get("usec", 0)) for s in stats)
+    return calls, usec / calls if calls else 0.0
 
 
-def trivial_script_usec(control: redis.Redis, keys: list[str], argc: int) -> float:
+def trivial_script_usec(control: redis.Redis, keys: list[str], argc: int, functions: bool) -> float:
     """Server time of ``return 1`` given as many keys and arguments as the record
-    script: the floor any script pays on this server, for reading the figure above."""
-    script = control.register_script("return 1")
+    script, run the way the scripts run (FCALL or EVALSHA): the floor any script
+    pays on this server, for reading the figure above."""
     args = ["0"] * argc
+    if functions:
+        control.function_load(
+            "#!lua name=bench_floor\nredis.register_function('bench_floor_one', function() return 1 end)",
+            replace=True,
+        )
+
+        def script(keys: list[str], args: list[str]) -> Any:
+            return control.fcall("bench_floor_one", len(keys), *keys, *args)
+    else:
+        script = control.register_script("return 1")
     script(keys=keys, args=args)  # loads it
     control.config_resetstat()
     for _ in range(ITERATIONS):
@@ -567,7 +585,7 @@ def breakdown(count: CommandCount) -> str:
     parts = []
     for name, n in count.by_name.most_common():
         part = f"{name} {n:,}"
-        if name == "EVALSHA record" and count.record_outcomes:
+        if name.endswith(" record") and count.record_outcomes:
             outcomes = ", ".join(
                 f"{outcome or 'batch alone'} {k:,}" for outcome, k in count.record_outcomes.most_common()
             )
@@ -600,6 +618,7 @@ class Results:
     failing_evalsha_usec: float = 0.0
     failing_timed_calls: int = 0
     trivial_script_usec: float = 0.0
+    script_command: str = "EVALSHA"
     closed_timed_calls: int = 0
     memory: dict[str, int] = field(default_factory=dict)
     history_memory: dict[str, int] = field(default_factory=dict)
@@ -663,7 +682,9 @@ def measure(url: str, control: redis.Redis, breakers: Breakers, pb_client: redis
     results.failing_timed_calls = REPEATS * FAILING_ITERATIONS * sum(1 for f in failing if f.breaker)
     results.sync_calls, results.sync_server_usec, results.sync_client_usec = unbatched_record(url, control)
     keys = breaker_keys(breakers.prefix, tripped.name)
-    results.trivial_script_usec = trivial_script_usec(control, keys, RECORD_ARGC)
+    functions = breakers.gate.remote.use_functions
+    results.script_command = "FCALL" if functions else "EVALSHA"
+    results.trivial_script_usec = trivial_script_usec(control, keys, RECORD_ARGC, functions)
 
     results.memory = key_memory(control, keys)
     results.history_memory = full_history_memory(url, control)
@@ -823,7 +844,8 @@ def rows_for(results: Results) -> list[Row]:
             None,
         ),
         Row(
-            "record script server time, µs (cmdstat_evalsha usec_per_call, one outcome per run)",
+            f"record script server time, µs (cmdstat_{results.script_command.lower()} usec_per_call, "
+            "one outcome per run)",
             f"{results.sync_server_usec:.2f} ({results.sync_calls:,} runs)",
             "n/a (no scripts)",
             f"<= {TARGET_RECORD_USEC:g}",
@@ -863,7 +885,8 @@ def details(results: Results) -> list[str]:
         f"trip=consecutive: failure_threshold {TRIP_FAILURES}; pybreaker: fail_max {TRIP_FAILURES}"
     )
     lines.append(
-        "- armed share: successes sent at once (`EVALSHA record` with outcome success) out of all "
+        f"- armed share: successes sent at once (`{results.script_command} record` with outcome success) "
+        "out of all "
         "successes in the counted phase; a calm worker batches them (`batch alone`), failures are always "
         "sent at once"
     )

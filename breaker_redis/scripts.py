@@ -1,11 +1,20 @@
 """Finds lua/*.lua, registers them on a client and calls them.
 
-Each script is sent as the shared prelude (``_lib.lua``) followed by the
-script's own file, run with EVALSHA (the SHA1 of that text, computed here:
-nothing is sent before the first call); on NOSCRIPT (a flushed script cache,
-a restarted server) the call is sent again as EVAL, which loads and runs the
-body in one command: one extra round trip and nothing else, even when the
-cache is flushed again meanwhile.
+On Redis 7 (not a cluster), the scripts are one library of Redis Functions:
+the shared prelude (``_lib.lua``) once, then each script's own file as a
+function (``library``), run with FCALL. The prelude is loaded once rather
+than run on every call, and the configs it decodes are kept between calls.
+On FCALL's "Function not found" (a new, restarted or flushed server) the
+library is loaded (FUNCTION LOAD) and the call sent again. Nothing is sent
+before the first call.
+
+Otherwise (a cluster, the embedded store, Redis < 7, a client that is not a
+redis-py Redis), each script is sent as the prelude followed by the script's
+own file, run with EVALSHA (the SHA1 of that text, computed here); on
+NOSCRIPT the call is sent again as EVAL, which loads and runs the body in one
+command: one extra round trip and nothing else, even when the cache is
+flushed again meanwhile. The same text serves both: each script starts with
+``begin(KEYS, ARGV)``.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio
 
 OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot")
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
@@ -84,12 +94,33 @@ def _lua_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "lua"  # source tree / editable install
 
 
+def _read(name: str) -> str:
+    return (_lua_dir() / f"{name}.lua").read_text("utf-8")
+
+
 @cache
 def script_source(operation: str) -> str:
+    """One script as EVAL runs it: the prelude, then the script's own file."""
     if operation not in OPERATIONS:
         raise ValueError(f"unknown script {operation!r}")
-    folder = _lua_dir()
-    return (folder / "_lib.lua").read_text("utf-8") + "\n" + (folder / f"{operation}.lua").read_text("utf-8")
+    return _read("_lib") + "\nbegin(KEYS, ARGV)\n" + _read(operation)
+
+
+@cache
+def library() -> tuple[str, dict[str, str]]:
+    """The same code as one library of Redis Functions: (source, function name per operation).
+
+    The prelude is loaded once (FUNCTION LOAD) instead of running on every
+    call. Names carry a hash of the code, so two versions of breaker_redis can
+    share a server (a rolling deploy), each calling its own functions.
+    """
+    body = _read("_lib") + "\n" + "".join(
+        f"redis.register_function('@@_{op}', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{_read(op)}\nend)\n"
+        for op in OPERATIONS
+    )
+    tag = "breaker_redis_" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:16]
+    source = f"#!lua name={tag}\n" + body.replace("@@", tag)
+    return source, {op: f"{tag}_{op}" for op in OPERATIONS}
 
 
 def _with_sha(source: str) -> tuple[str, str]:
@@ -111,7 +142,7 @@ class Scripts:
     """The scripts and keys of one key prefix, and the arguments of a call:
     what the sync runner and the asyncio one (breaker_redis/asyncio/store.py) share."""
 
-    def __init__(self, client: Any, prefix: str, ttl_ms: int) -> None:
+    def __init__(self, client: Any, prefix: str, ttl_ms: int, functions: bool | None = None) -> None:
         self.client = client
         self.prefix = validate_prefix(prefix)
         self.channel = f"{prefix}:events"
@@ -119,6 +150,34 @@ class Scripts:
         self.ttl_ms = ttl_ms
         self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
+        # Redis Functions (FCALL) while the server takes them, EVALSHA on a server
+        # without them (Redis < 7, an older fakeredis, an ACL without FCALL). Not
+        # on a cluster: redis-py finds FCALL's keys with a COMMAND GETKEYS round
+        # trip per call (EVALSHA's it reads itself).
+        self.library, self.function_names = library()
+        if functions is None:
+            functions = isinstance(client, (redis.Redis, redis.asyncio.Redis))
+        self.use_functions = functions
+
+    def fcall_failed(self, exc: redis.exceptions.ResponseError, attempt: int) -> bool:
+        """After FCALL failed with ``exc``: True to load the library and call
+        again, False to run this call with EVALSHA; raises ``exc`` when the
+        function itself failed."""
+        message = str(exc)
+        refused = isinstance(exc, redis.exceptions.NoPermissionError)
+        if refused or message.lower().startswith("unknown command"):
+            self.use_functions = False  # an ACL without FCALL, Redis < 7: EVALSHA from now on
+            return False
+        if not message.startswith("Function not found"):
+            raise exc
+        # not loaded there (a new, restarted or flushed server); loaded and gone
+        # again (a FUNCTION FLUSH right after the load): EVAL runs this call
+        return attempt == 1
+
+    @staticmethod
+    def load_failed(exc: redis.exceptions.ResponseError) -> None:
+        if "already exists" not in str(exc):  # not another worker's load meanwhile
+            raise exc
 
     def call(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
@@ -138,6 +197,18 @@ class ScriptRunner(Scripts):
 
     def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         sha, source, keys, argv = self.call(operation, name, now_ms, args)
+        if self.use_functions:
+            function = self.function_names[operation]
+            for attempt in (1, 2):
+                try:
+                    return self.client.fcall(function, len(keys), *keys, *argv)
+                except redis.exceptions.ResponseError as exc:
+                    if not self.fcall_failed(exc, attempt):
+                        break
+                try:
+                    self.client.function_load(self.library)
+                except redis.exceptions.ResponseError as exc:
+                    self.load_failed(exc)
         try:
             return self.client.evalsha(sha, len(keys), *keys, *argv)
         except redis.exceptions.NoScriptError:

@@ -62,7 +62,7 @@ def _make_local_runner(prefix: str, ttl_ms: int) -> ScriptRunner:
     import fakeredis  # imported only when a process first needs it
 
     client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    return ScriptRunner(client, prefix, ttl_ms)
+    return ScriptRunner(client, prefix, ttl_ms, functions=False)  # the embedded store keeps EVALSHA
 
 
 class GateHealth:

@@ -1,8 +1,10 @@
 -- _lib.lua: the prelude that breaker_redis/scripts.py puts in front of every
--- script, so the state machine's shared steps are written once. It runs on
--- every call, so it only defines; the record script's common path (closed,
--- no override) costs five commands: TIME, HMGET state, HMGET window, HSET
--- window, HINCRBY stats.
+-- script, so the state machine's shared steps are written once. Loaded once
+-- as the top of a Redis Functions library, or run on every call in front of
+-- an EVAL script, so it only defines (a library's top level may not even read
+-- the standard globals); each script starts with begin(KEYS, ARGV). The
+-- record script's common path (closed, no override) costs six commands: TIME,
+-- HMGET state, HGETALL config, HMGET window, HSET window, HINCRBY stats.
 --
 -- KEYS (every script, one hash tag {NAME} so one slot):
 --   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq,
@@ -29,24 +31,35 @@
 --     anew (keys evicted, flushed, expired or repaired) starts above it and above
 --     the Redis time in ms, so epochs never go backwards
 
-local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local NAME, CHANNEL, TTL, FLOOR = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[6]) or 0
--- Keys get their TTL renewed this often while in use (and when created): a
--- quarter of the TTL, at most once a minute.
-local TTL_REFRESH_MS = math.min(60000, math.floor(TTL / 4))
+-- This call's keys and arguments and what is derived from them: set by begin(),
+-- which every script calls first. Upvalues rather than the KEYS and ARGV
+-- globals, so the same text runs as an EVAL script (where this prelude runs on
+-- every call) and as a library of Redis Functions (loaded once; each function
+-- gets its keys and arguments as parameters).
+local KEY_LIST, ARGS
+local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG
+local NAME, CHANNEL, TTL, FLOOR, TTL_REFRESH_MS, NOW
+-- Keys found corrupted (a field that does not parse) and repaired by this call,
+-- for the reply: the worker logs them, once each. EVENTS: the transitions of this call.
+local REPAIRED, EVENTS
 
-local NOW
-if ARGV[3] ~= '' then
-  NOW = tonumber(ARGV[3])
-else
-  local t = redis.call('TIME')
-  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function begin(keys, argv)
+  KEY_LIST, ARGS = keys, argv
+  K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG =
+    keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+  NAME, CHANNEL, TTL, FLOOR = argv[1], argv[2], tonumber(argv[4]), tonumber(argv[6]) or 0
+  -- Keys get their TTL renewed this often while in use (and when created): a
+  -- quarter of the TTL, at most once a minute.
+  TTL_REFRESH_MS = math.min(60000, math.floor(TTL / 4))
+  if argv[3] ~= '' then
+    NOW = tonumber(argv[3])
+  else
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  REPAIRED, EVENTS = '', ''
 end
 
--- Keys found corrupted (a field that does not parse) and repaired by this call,
--- for the reply: the worker logs them, once each.
-local REPAIRED = ''
 local function repaired(key)
   if not string.find(',' .. REPAIRED .. ',', ',' .. key .. ',', 1, true) then
     REPAIRED = REPAIRED .. (REPAIRED == '' and '' or ',') .. key
@@ -60,8 +73,10 @@ end
 -- is below the lowest allowed is skipped (the caller's value stays); one above
 -- the highest allowed is clamped to it. Never fatal, never unbounded.
 --   field = {config key, unit, lowest, lowest excluded, highest, integer}
-local function bounds()  -- built only when there are overrides: this prelude runs every call
-  return {
+local BOUNDS  -- built when first needed: under EVAL this prelude runs every call
+local function bounds()
+  if BOUNDS then return BOUNDS end
+  BOUNDS = {
     failure_threshold = {'threshold', 1, 1, false, 1000000, true},
     failure_rate = {'rate', 1, 0, true, 1, false},
     minimum_calls = {'min_calls', 1, 1, false, 1000000, true},
@@ -77,6 +92,7 @@ local function bounds()  -- built only when there are overrides: this prelude ru
     probe_timeout_seconds = {'probe_ms', 1000, 0, true, 3600, false},
     max_concurrent_calls = {'max_conc', 1, 1, false, 1000000, true},
   }
+  return BOUNDS
 end
 
 -- A live value within bounds (in the field's own unit), or nil to skip it.
@@ -124,11 +140,37 @@ end
 -- The caller's config (ARGV 5) with the live overrides applied. The config
 -- hash is read on every call, so a value written with redis-cli holds from
 -- the next script any worker runs (an empty hash costs one short command).
+--
+-- As a Function library (breaker_redis/scripts.py library) this prelude's
+-- upvalues outlive a call, so each distinct config text, with the overrides
+-- in force, is decoded and merged once and kept (at most CONFIGS_KEPT; a pure
+-- function of the two, nothing else is kept). A kept table is never changed.
+-- Under EVAL the cache is new on every call.
+local CONFIGS, CONFIGS_N, CONFIGS_KEPT = {}, 0, 64
 local function load_config()
-  local c = cjson.decode(ARGV[5])
+  local raw = ARGS[5]
   local o = redis.call('HGETALL', K_CONFIG)
-  if #o > 0 then return apply_overrides(c, o) end
+  local key = raw
+  if #o > 0 then  -- the merged config is kept too, under the config text and the overrides
+    local parts = {raw}
+    for i = 1, #o do parts[i + 1] = #o[i] .. ':' .. o[i] end  -- length-prefixed: unambiguous
+    key = table.concat(parts, ',')
+  end
+  local c = CONFIGS[key]
+  if c == nil then
+    c = cjson.decode(raw)
+    if #o > 0 then c = apply_overrides(c, o) end
+    if CONFIGS_N >= CONFIGS_KEPT then CONFIGS, CONFIGS_N = {}, 0 end
+    CONFIGS[key], CONFIGS_N = c, CONFIGS_N + 1
+  end
   return c
+end
+
+-- A numeric field x (false when missing) that is there but not a finite
+-- number, n being tonumber(x): the hash was edited. Beyond 2^53 no worker
+-- wrote it (and inf, nan are no numbers).
+local function unparsable(x, n)
+  return x and (n == nil or n ~= n or n > 9007199254740991 or n < -9007199254740991)
 end
 
 -- State: a missing or corrupted hash reads as a fresh closed breaker whose
@@ -137,24 +179,22 @@ end
 local function load_state()
   local v = redis.call('HMGET', K_STATE, 'state', 'epoch', 'open_until', 'forced',
     'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'born', 'armed', 'arms')
-  local s = {state = v[1], epoch = tonumber(v[2]) or 0, open_until = tonumber(v[3]) or 0,
-    forced = v[4] or '', consec = tonumber(v[5]) or 0, open_ms = tonumber(v[6]) or 0,
-    ho_ok = tonumber(v[7]) or 0, seq = tonumber(v[8]) or 0, ttl_at = tonumber(v[9]) or 0,
-    born = tonumber(v[10]) or 0, armed = v[11] == '1', arms = tonumber(v[12]) or 0,
+  local epoch, open_until, consec, open_ms = tonumber(v[2]), tonumber(v[3]), tonumber(v[5]), tonumber(v[6])
+  local ho_ok, seq, born, arms = tonumber(v[7]), tonumber(v[8]), tonumber(v[10]), tonumber(v[12])
+  local s = {state = v[1], epoch = epoch or 0, open_until = open_until or 0,
+    forced = v[4] or '', consec = consec or 0, open_ms = open_ms or 0,
+    ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = tonumber(v[9]) or 0,
+    born = born or 0, armed = v[11] == '1', arms = arms or 0,
     dirty = false}
   -- a numeric field that is there but not a finite number: the hash was edited; start afresh
-  local function unparsable(x)  -- a missing field reads as false, not nil
-    if not x then return false end
-    local n = tonumber(x)  -- beyond 2^53 no worker wrote it (and inf, nan are no numbers)
-    return n == nil or n ~= n or math.abs(n) > 9007199254740991
-  end
-  local corrupted = unparsable(v[2]) or unparsable(v[3]) or unparsable(v[5]) or unparsable(v[6])
-    or unparsable(v[7]) or unparsable(v[8]) or unparsable(v[10]) or unparsable(v[12])
+  local corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
+    or unparsable(v[6], open_ms) or unparsable(v[7], ho_ok) or unparsable(v[8], seq) or unparsable(v[10], born)
+    or unparsable(v[12], arms)
   if corrupted or (v[1] and v[1] ~= 'closed' and v[1] ~= 'open' and v[1] ~= 'half_open') then
     repaired('state')
   end
   if corrupted or (s.state ~= 'closed' and s.state ~= 'open' and s.state ~= 'half_open') then
-    if unparsable(v[2]) then s.epoch = 0 end
+    if unparsable(v[2], epoch) then s.epoch = 0 end
     s.epoch = math.max(NOW, FLOOR + 1, s.epoch + 1)
     s.state, s.born, s.armed, s.dirty = 'closed', s.epoch, false, true
     s.open_until, s.consec, s.open_ms, s.ho_ok, s.seq, s.arms, s.forced = 0, 0, 0, 0, 0, 0, ''
@@ -175,7 +215,7 @@ end
 local function save_state(s)
   if NOW - s.ttl_at >= TTL_REFRESH_MS or NOW < s.ttl_at then
     s.ttl_at, s.dirty = NOW, true
-    for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], TTL) end  -- cfg: rewritten below
+    for i = 2, 6 do redis.call('PEXPIRE', KEY_LIST[i], TTL) end  -- cfg: rewritten below
   end
   if not s.dirty then return end
   redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
@@ -185,7 +225,7 @@ local function save_state(s)
   -- the caller's config, for readers that have none (the CLI's `show`): written with
   -- the state, so at least at every TTL refresh while a worker runs. A key of its own:
   -- in the state hash, a value this long would make Redis store the hash less compactly
-  if ARGV[5] ~= '' then redis.call('SET', K_CFG, ARGV[5], 'PX', TTL) end
+  if ARGS[5] ~= '' then redis.call('SET', K_CFG, ARGS[5], 'PX', TTL) end
 end
 
 -- A counter that reaches `by` was just created: give a new stats key its TTL.
@@ -205,18 +245,16 @@ end
 -- on: rejections and would_reject decided from memory, then the outcomes of
 -- calls it admitted in observe mode while the breaker was open (they decide
 -- nothing: only an acquire-script probe decides half_open).
+local PENDING = {'rejected', 'would_reject', 'successes', 'failures', 'ignored', 'slow'}
 local function flush_pending(from)
-  stat('rejected', tonumber(ARGV[from]) or 0)
-  stat('would_reject', tonumber(ARGV[from + 1]) or 0)
-  stat('successes', tonumber(ARGV[from + 2]) or 0)
-  stat('failures', tonumber(ARGV[from + 3]) or 0)
-  stat('ignored', tonumber(ARGV[from + 4]) or 0)
-  stat('slow', tonumber(ARGV[from + 5]) or 0)
+  for i = 1, 6 do
+    local n = tonumber(ARGS[from + i - 1])
+    if n and n ~= 0 then stat(PENDING[i], n) end
+  end
 end
 
 -- Every transition: epoch+1, one stream entry, one pub/sub message. Messages
 -- are hints: a worker that hears one asks Redis again before trusting memory.
-local EVENTS = ''
 local EVENTS_KEPT = 10  -- what `breaker-redis show` prints (breaker_redis/reader.py EVENTS_KEPT)
 local function publish(s, kind, extra)
   local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, born = s.born, at = NOW}
@@ -303,12 +341,21 @@ end
 -- slid out (for the writer to drop), the shape in use and whether the hash
 -- starts afresh.
 local WINDOW_CLAIM_MS = 60000
-local function window_read(c)
+-- counts: false when the caller adds no failure and no slow call (a success,
+-- a batch, a snapshot): the current bucket's f and s are then neither read nor
+-- written (a field missing from the hash costs a scan of all of it).
+local function window_read(c, counts)
   local bms, nb = c.bucket_ms, c.buckets
   local cur = math.floor(NOW / bms)
   local sid = tostring(cur)  -- one number formatting, not three
-  local w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 's' .. sid,
-    'nb', 'sat')
+  local w
+  if counts then
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 's' .. sid,
+      'nb', 'sat')
+  else
+    local r = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat')
+    w = {r[1], r[2], r[3], r[4], r[5], r[6], false, false, r[7], r[8]}
+  end
   local head, tc, tf, ts = tonumber(w[1]), tonumber(w[3]) or 0, tonumber(w[4]) or 0, tonumber(w[5]) or 0
   local sbms, snb = tonumber(w[2]), tonumber(w[9]) or nb  -- a hash from before nb was written: ours
   local adopted = false
@@ -349,7 +396,9 @@ local function window_read(c)
     local all = redis.call('HGETALL', K_WINDOW)
     local totals = {c = 0, f = 0, s = 0}
     kept = {}
+    local fcur, scur = 'f' .. cur, 's' .. cur
     for i = 1, #all, 2 do
+      if all[i] == fcur then w[7] = all[i + 1] elseif all[i] == scur then w[8] = all[i + 1] end
       local kind, id = string.sub(all[i], 1, 1), tonumber(string.sub(all[i], 2))
       if id and totals[kind] and id > cur - nb and id <= head then
         local value = tonumber(all[i + 1]) or 0
@@ -378,7 +427,7 @@ end
 
 local SAT_EVERY_MS = 5000  -- a shape's claim (sat) is renewed this often, well within WINDOW_CLAIM_MS
 local function window_add(c, calls, failures, slows)
-  local w = window_read(c)
+  local w = window_read(c, failures ~= 0 or slows ~= 0)
   local fresh = w.reset or w.kept ~= nil  -- the hash is written anew
   if fresh then redis.call('DEL', K_WINDOW) end
   if w.gone then redis.call('HDEL', K_WINDOW, unpack(w.gone)) end

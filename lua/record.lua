@@ -46,12 +46,14 @@ if outcome ~= 'success' and outcome ~= 'failure' then outcome = 'ignored' end
 -- Release what the permit held. A probe lease found already expired means
 -- the probe overran probe_timeout_seconds: it counts as a failed probe.
 local probe, probe_expired = false, false
-for id in string.gmatch(ARGV[10], '%S+') do
-  local score = redis.call('ZSCORE', K_LEASES, id)
-  if score then
-    redis.call('ZREM', K_LEASES, id)
-    if string.sub(id, 1, 2) == 'p:' then
-      probe, probe_expired = true, tonumber(score) <= NOW
+if ARGV[10] ~= '' then  -- most calls hold no lease
+  for id in string.gmatch(ARGV[10], '%S+') do
+    local score = redis.call('ZSCORE', K_LEASES, id)
+    if score then
+      redis.call('ZREM', K_LEASES, id)
+      if string.sub(id, 1, 2) == 'p:' then
+        probe, probe_expired = true, tonumber(score) <= NOW
+      end
     end
   end
 end

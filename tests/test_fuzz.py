@@ -63,7 +63,7 @@ import breaker_redis
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
 from breaker_redis.permit import Permit
-from breaker_redis.scripts import KEY_SUFFIXES, OPERATIONS, breaker_keys, script_source
+from breaker_redis.scripts import KEY_SUFFIXES, OPERATIONS, breaker_keys, library, script_source
 from tests.conftest import Clock
 from tests.redis_server import RedisServer
 
@@ -815,7 +815,7 @@ class FuzzRedis:
 @pytest.fixture(scope="module")
 def fuzz_redis(redis_server: RedisServer) -> Iterator[FuzzRedis]:
     """The session's redis-server, its slow log set to 1 ms for this module (restored after), the
-    scripts loaded (a first EVALSHA's SCRIPT LOAD is not a script run)."""
+    scripts and the functions library loaded (a first call's load is not a script run)."""
     admin = redis_server.client(protocol=2)
     client = redis_server.client()
     before = str(next(iter(admin.config_get("slowlog-log-slower-than").values())))
@@ -825,6 +825,9 @@ def fuzz_redis(redis_server: RedisServer) -> Iterator[FuzzRedis]:
         source = script_source(op)
         admin.script_load(source)
         scripts[hashlib.sha1(source.encode()).hexdigest()] = f"{op}.lua"
+    lib, functions = library()
+    admin.function_load(lib, replace=True)
+    scripts.update({function: f"{op}.lua" for op, function in functions.items()})
     try:
         yield FuzzRedis(redis_server.port, admin, client, scripts)
     finally:
@@ -1022,7 +1025,8 @@ _FIRST_KEY = {b"HMGET", b"HGETALL", b"HSET", b"HDEL", b"HINCRBY", b"HGET", b"HLE
               b"SMEMBERS", b"RPUSH", b"TYPE"}
 _ALL_KEYS = {b"DEL", b"UNLINK", b"EXISTS"}
 _NO_KEYS = {b"TIME", b"PING", b"ECHO", b"PUBLISH", b"FLUSHALL", b"SCAN", b"HELLO", b"CLIENT", b"SELECT",
-            b"INFO", b"SCRIPT", b"COMMAND"}
+            b"INFO", b"SCRIPT", b"COMMAND", b"FUNCTION"}
+_SCRIPTS = {b"EVAL", b"EVALSHA", b"FCALL"}  # name or body or sha, numkeys, keys, ARGV
 
 
 def command_keys(args: list[bytes], admin: redis.Redis) -> list[bytes]:
@@ -1033,7 +1037,7 @@ def command_keys(args: list[bytes], admin: redis.Redis) -> list[bytes]:
         return args[1:]
     if command in _NO_KEYS:
         return []
-    if command in (b"EVAL", b"EVALSHA"):
+    if command in _SCRIPTS:
         return args[3 : 3 + int(args[2])]
     try:  # any other command: ask Redis where its keys are
         return list(execute(admin, "COMMAND", "GETKEYS", *args))
@@ -1060,7 +1064,7 @@ def check_commands(lines: list[tuple[str, list[bytes]]], prefix: str, names: Seq
             else:
                 current.append(args)
             continue
-        if args[0].upper() in (b"EVAL", b"EVALSHA"):
+        if args[0].upper() in _SCRIPTS:
             if script_first:
                 current = []
                 scripts.append((args, current))

@@ -64,12 +64,12 @@ def scripts_refused(breakers: Breakers, admin: redis.Redis, refuse, allow, admit
 
 @pytest.mark.parametrize(
     ("how", "admitted"),
-    # Out of memory, Redis still runs the first call's acquire (it writes nothing), then
-    # refuses to record its failure: that one is lost (a result admitted by Redis is
-    # never replayed on the local store) and 3 local failures trip it. The replica holds
-    # its primary's data, without this breaker: the acquire would create it and is
-    # refused. Busy, Redis refuses every script.
-    [("oom", 4), ("readonly", 3), ("busy", 3)],
+    # Out of memory, Redis refuses every FCALL (a function that may write is refused
+    # whole, where an EVAL script only had its writes refused: its first acquire ran
+    # and the failure after it was lost). The replica holds its primary's data,
+    # without this breaker: the acquire would create it and is refused. Busy, Redis
+    # refuses every script.
+    [("oom", 3), ("readonly", 3), ("busy", 3)],
 )
 def test_redis_that_answers_ping_but_refuses_scripts_trips_locally_without_flapping(
     server, caplog, how, admitted

@@ -50,6 +50,45 @@ def test_a_flush_between_script_load_and_evalsha_changes_nothing(make_breakers, 
         b.acquire()
 
 
+def test_function_flush_between_calls_changes_nothing(make_breakers, store):
+    b = make_breakers().get("pay", TRIP_AT_3)
+    fail(b, 2)
+    store.function_flush()
+    fail(b)
+    store.function_flush()
+    with pytest.raises(BreakerOpen):
+        b.acquire()
+    store.function_flush()
+    snap = b.snapshot()
+    assert (snap["state"], snap["failures"], snap["trips"], snap["store"]) == ("open", 3, 1, "redis")
+
+
+def test_a_flush_right_after_function_load_changes_nothing(make_breakers, store, monkeypatch):
+    """FUNCTION FLUSH right after the library is loaded: that call runs by EVAL,
+    the next one loads the library again; none fails or leaves Redis."""
+    breakers = make_breakers()
+    b = breakers.get("pay", TRIP_AT_3)
+    fail(b, 2)
+    client = breakers.gate.remote.client
+    real_load = client.function_load
+    loads = []
+
+    def load_then_flush(code, replace=False):
+        loads.append(1)
+        reply = real_load(code, replace)
+        if len(loads) == 1:
+            store.function_flush()
+        return reply
+
+    monkeypatch.setattr(client, "function_load", load_then_flush)
+    store.function_flush()
+    fail(b)
+    assert b.snapshot()["store"] == "redis"
+    with pytest.raises(BreakerOpen):
+        b.acquire()
+    assert len(loads) == 2 and breakers.gate.remote.use_functions
+
+
 class CountingRunner:
     """Wraps the remote script runner to count what reaches Redis."""
 

@@ -22,7 +22,7 @@ are written all along) while the sentinels switch masters. What is held:
 How the figures are measured (printed with ``pytest -s`` and written to
 test-artifacts/sentinel-failover.json): a MONITOR connection on each data
 server sees every script call with the caller's address, which /proc maps to
-the worker's pid; a watcher samples each server's role, ``cmdstat_evalsha``
+the worker's pid; a watcher samples each server's role, ``cmdstat_fcall``, ``cmdstat_evalsha``
 and the breakers' stats hashes every 25 ms. The outcomes lost are the stats
 the old master gained after the replica was promoted (the cut) and before it
 was demoted; the answers from the local fallback are those a worker gave
@@ -182,11 +182,14 @@ class PortOwners:
 class ScriptCall:
     at: float  # the server's clock (time.time() of the same host)
     pid: int  # the worker that sent it (0: not resolved)
-    command: str  # EVALSHA (a breaker script) or EVAL (the store gate's health probe)
+    command: str  # FCALL or EVALSHA (a breaker script) or EVAL (the store gate's health probe)
+
+
+BREAKER_SCRIPTS = ("FCALL", "EVALSHA")
 
 
 class Monitor(threading.Thread):
-    """MONITOR on one server: every EVAL/EVALSHA sent by a client (not by a script).
+    """MONITOR on one server: every EVAL/EVALSHA/FCALL sent by a client (not by a script).
 
     Reconnects when the server drops it (a demotion kills every normal client).
     """
@@ -228,7 +231,7 @@ class Monitor(threading.Thread):
         stamp, _, rest = line[1:].partition(b" [")
         client, _, command = rest.partition(b"] ")
         name = command.partition(b" ")[0].strip(b'"').upper()
-        if name not in (b"EVALSHA", b"EVAL"):
+        if name not in (b"FCALL", b"EVALSHA", b"EVAL"):
             return
         address = client.partition(b" ")[2]
         if address == b"lua" or b":" not in address:
@@ -239,11 +242,11 @@ class Monitor(threading.Thread):
     def scripts(
         self, pid: int | None = None, after: float = 0.0, before: float = float("inf")
     ) -> list[float]:
-        """Times of breaker scripts (EVALSHA) from one worker (or any) in (after, before)."""
+        """Times of breaker scripts (FCALL, EVALSHA) from one worker (or any) in (after, before)."""
         return [
             c.at
             for c in list(self.calls)
-            if c.command == "EVALSHA" and (pid is None or c.pid == pid) and after < c.at < before
+            if c.command in BREAKER_SCRIPTS and (pid is None or c.pid == pid) and after < c.at < before
         ]
 
 
@@ -251,7 +254,7 @@ class Monitor(threading.Thread):
 class Sample:
     at: float
     role: str  # master, slave, or unreachable
-    scripts: int  # cmdstat_evalsha calls + rejected_calls + failed_calls
+    scripts: int  # cmdstat_evalsha and cmdstat_fcall: calls + rejected_calls + failed_calls
     stats: dict[str, dict[str, int]]  # breaker -> its stats hash
 
 
@@ -285,8 +288,11 @@ class Watcher(threading.Thread):
             replication, commands, *stats = pipe.execute()
         except (redis.exceptions.RedisError, OSError):
             return Sample(time.time(), "unreachable", -1, {})
-        evalsha = commands.get("cmdstat_evalsha", {})
-        scripts = sum(int(evalsha.get(key, 0)) for key in ("calls", "rejected_calls", "failed_calls"))
+        scripts = sum(
+            int(commands.get(f"cmdstat_{name}", {}).get(key, 0))
+            for name in ("evalsha", "fcall")
+            for key in ("calls", "rejected_calls", "failed_calls")
+        )
         hashes = {
             name: {k.decode(): int(v) for k, v in raw.items()}
             for name, raw in zip(BREAKERS, stats, strict=True)
@@ -639,8 +645,13 @@ def numbers(client: redis.Redis, key: str, *fields: str) -> list[int]:
 
 
 def evalsha_calls(client: redis.Redis) -> int:
-    stats = client.info("commandstats").get("cmdstat_evalsha", {})
-    return sum(int(stats.get(key, 0)) for key in ("calls", "rejected_calls", "failed_calls"))
+    """Breaker scripts run (FCALL and EVALSHA, refused ones included)."""
+    commands = client.info("commandstats")
+    return sum(
+        int(commands.get(f"cmdstat_{name}", {}).get(key, 0))
+        for name in ("evalsha", "fcall")
+        for key in ("calls", "rejected_calls", "failed_calls")
+    )
 
 
 def measure(
@@ -680,7 +691,7 @@ def measure(
         if a.path in BREAKER_PATHS and any(s <= a.ended and a.began <= e for s, e in windows.get(a.pid, []))
     )
     during = Counter(f"{a.path} {a.status}" for a in shop.answers if a.began >= asked)
-    unresolved = sum(c.pid == 0 for m in monitors.values() for c in m.calls if c.command == "EVALSHA")
+    unresolved = sum(c.pid == 0 for m in monitors.values() for c in m.calls if c.command in BREAKER_SCRIPTS)
     figures |= {
         "scripts_on_old_master_after_cut": len(monitors[old].scripts(after=cut)),
         "scripts_on_old_master_after_demotion": len(monitors[old].scripts(after=demotion.at)),

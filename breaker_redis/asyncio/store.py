@@ -34,6 +34,18 @@ class AsyncScriptRunner(Scripts):
 
     async def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         sha, source, keys, argv = self.call(operation, name, now_ms, args)
+        if self.use_functions:  # as ScriptRunner.run
+            function = self.function_names[operation]
+            for attempt in (1, 2):
+                try:
+                    return await self.client.fcall(function, len(keys), *keys, *argv)
+                except redis.exceptions.ResponseError as exc:
+                    if not self.fcall_failed(exc, attempt):
+                        break
+                try:
+                    await self.client.function_load(self.library)
+                except redis.exceptions.ResponseError as exc:
+                    self.load_failed(exc)
         try:
             return await self.client.evalsha(sha, len(keys), *keys, *argv)
         except redis.exceptions.NoScriptError:
