@@ -627,6 +627,26 @@ class Results:
     sync_calls: int = 0
     sync_server_usec: float = 0.0
     sync_client_usec: float = 0.0
+    acquire_calls: int = 0
+    acquire_server_usec: float = 0.0
+
+
+def acquire_server_time(url: str, control: redis.Redis) -> tuple[int, float]:
+    """Server time of the acquire script on a closed breaker: a worker with no
+    subscription (as on a cluster) runs it at every call. The permits are
+    dropped unrecorded (closed: they hold nothing), so only acquire runs."""
+    asking = Breakers.from_url(url, prefix="bench-acquire", listen=False)
+    try:
+        config = BreakerConfig(trip="count", failure_threshold=10**6, window_seconds=60)
+        breaker = asking.get("acquire", config)
+        for _ in range(500):
+            breaker.acquire()
+        control.config_resetstat()
+        median_usec({"acquire": breaker.acquire})
+        return evalsha_stats(control)
+    finally:
+        asking.close()
+        asking.client.close()
 
 
 def unbatched_record(url: str, control: redis.Redis) -> tuple[int, float, float]:
@@ -681,6 +701,7 @@ def measure(url: str, control: redis.Redis, breakers: Breakers, pb_client: redis
     results.failing_evalsha_calls, results.failing_evalsha_usec = evalsha_stats(control)
     results.failing_timed_calls = REPEATS * FAILING_ITERATIONS * sum(1 for f in failing if f.breaker)
     results.sync_calls, results.sync_server_usec, results.sync_client_usec = unbatched_record(url, control)
+    results.acquire_calls, results.acquire_server_usec = acquire_server_time(url, control)
     keys = breaker_keys(breakers.prefix, tripped.name)
     functions = breakers.gate.remote.use_functions
     results.script_command = "FCALL" if functions else "EVALSHA"
@@ -850,6 +871,14 @@ def rows_for(results: Results) -> list[Row]:
             "n/a (no scripts)",
             f"<= {TARGET_RECORD_USEC:g}",
             results.sync_server_usec <= TARGET_RECORD_USEC,
+        ),
+        Row(
+            f"acquire script server time, µs (cmdstat_{results.script_command.lower()} usec_per_call, "
+            "closed, a worker with no subscription)",
+            f"{results.acquire_server_usec:.2f} ({results.acquire_calls:,} runs)",
+            "n/a (no scripts)",
+            "none (measured, as DESIGN section 9 asks)",
+            None,
         ),
         Row(
             "µs per successful call, closed, batching off (every success sent at once)",
