@@ -140,7 +140,8 @@ def test_python_reads_a_live_value_as_the_scripts_do(make_breakers, store, field
     elif field == "window_seconds":  # buckets of whole milliseconds, at least 1
         assert got == max(1, math.floor(applied * 1000 / 10)) * 10 / 1000
     elif field == "max_open_seconds":  # never below the open period in force
-        assert got == max(applied, own["open_seconds"])
+        # read back through Lua's number formatting (14 significant digits)
+        assert got == pytest.approx(max(applied, own["open_seconds"]), rel=1e-13, abs=0), (field, value)
     else:
         assert got == pytest.approx(applied), (field, value)
 
