@@ -248,9 +248,17 @@ class Breaker(Protects):
             self._learn(reply, generation, stamp)
 
     def classify(self, exc: BaseException) -> str:
+        """success / failure / ignored for an exception; a predicate that raises
+        counts a failure (and is logged): the permit must be recorded either way,
+        or a probe slot it holds would stay taken until its lease expires."""
         if not isinstance(exc, Exception):
             return "ignored"  # KeyboardInterrupt, SystemExit, GeneratorExit
-        return self.config.classify(exc)
+        try:
+            return self.config.classify(exc)
+        except Exception:
+            log.exception("breaker_redis: classifying an exception for breaker %r raised; "
+                          "counted as a failure", self.name)
+            return "failure"
 
     # -- 4. learning ----------------------------------------------------------
 

@@ -134,7 +134,8 @@ def refusal_handler(breakers: Breakers | None = None) -> Any:
         if isinstance(exc, BreakerRefused):
             refusal = exc.refusal
         elif isinstance(exc, BreakerOpen):
-            config = breakers.get(exc.breaker).config if breakers is not None else None
+            known = breakers is not None and exc.breaker in breakers
+            config = breakers.get(exc.breaker).config if known and breakers is not None else None
             refusal = Refusal.build(exc, as_json=_request_wants_json(request), config=config)
         else:  # pragma: no cover - registered for those two only
             raise exc

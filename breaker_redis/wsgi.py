@@ -519,7 +519,11 @@ class _Exchange:
         """An exception before the response started: classified by the breaker's
         config and recorded. Returns the body of an answer of ours (the
         fallback of a failure, the 503 of an outbound refusal), or None: the
-        caller re-raises."""
+        caller re-raises. After the response committed (the app called write()),
+        the status is out: the outcome was recorded then, and nothing may be
+        answered in its place."""
+        if self.committed:
+            return None
         if isinstance(exc, BreakerOpen):
             self.settle("ignored")  # an outbound breaker refused: this route's service was not asked
             return self.answer(self.middleware.refusal_answer(exc, self.environ, None))

@@ -496,3 +496,22 @@ def test_trip_opens_for_open_seconds_and_half_open_makes_the_next_call_a_probe(m
         ("closed", "probes_succeeded"),
         ("half_open", "half_opened"),
     ]
+
+
+def _broken_predicate(exc: BaseException) -> bool:
+    raise KeyError("a bug in the app's predicate")
+
+
+@pytest.mark.parametrize("how", ["call", "with"])
+def test_a_predicate_that_raises_counts_a_failure_and_frees_the_probe(make_breakers, how):
+    b = make_breakers().get("pay", BreakerConfig(failure_threshold=2, half_open_max_calls=1,
+                                                 predicate=_broken_predicate))
+    b.half_open()  # the next call is the only probe
+    with pytest.raises(Upstream):  # the call's own exception, not the predicate's
+        if how == "call":
+            b.call(boom)
+        else:
+            with b:
+                boom()
+    snap = b.snapshot()
+    assert (snap["state"], snap["probes_in_flight"], snap["failures"]) == ("open", 0, 1)

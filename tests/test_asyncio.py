@@ -609,3 +609,79 @@ def test_an_outcome_on_its_way_reaches_redis_when_its_caller_is_cancelled(redis_
         await breakers.aclose()
 
     run(main())
+
+
+def _broken_predicate(exc: BaseException) -> bool:
+    raise KeyError("a bug in the app's predicate")
+
+
+@pytest.mark.parametrize("how", ["call", "async_with"])
+def test_a_predicate_that_raises_counts_a_failure_and_frees_the_probe(redis_server, how):
+    redis_server.client().flushall()
+    config = BreakerConfig(failure_threshold=2, half_open_max_calls=1, predicate=_broken_predicate)
+
+    async def main() -> dict[str, Any]:
+        breakers = Breakers.from_url(redis_server.url)
+        pay = breakers.get("pay", config)
+        await pay.half_open()  # the next call is the only probe
+        with pytest.raises(Boom):  # the call's own exception, not the predicate's
+            if how == "call":
+                await pay.call(_raise_boom)
+            else:
+                async with pay:
+                    await _raise_boom()
+        snap = await pay.snapshot()
+        await breakers.aclose()
+        return snap
+
+    snap = run(main())
+    assert (snap["state"], snap["probes_in_flight"], snap["failures"]) == ("open", 0, 1)
+
+
+def test_successes_batched_while_a_batch_is_sent_are_sent_too(redis_server):
+    """The task that sends batches goes round again while successes wait."""
+    redis_server.client().flushall()
+
+    class SlowRecords(HeldReplies):
+        async def evalsha(self, *args: Any) -> Any:
+            await asyncio.sleep(0.05)
+            return await self._client.evalsha(*args)
+
+        async def fcall(self, *args: Any) -> Any:
+            await asyncio.sleep(0.05)
+            return await self._client.fcall(*args)
+
+    async def main() -> int:
+        breakers = Breakers(SlowRecords(async_client_from_url(redis_server.url)))
+        pay = breakers.get("pay", TRIP_AT_3)
+        await subscribed(breakers)
+        await pay.call(lambda: None)  # learns the state; batched
+        for _ in range(20):  # successes keep joining while batches are on their way
+            await asyncio.sleep(0.02)
+            await pay.call(lambda: None)
+
+        async def all_sent() -> bool:
+            return int(redis_server.client().hget("breaker:{pay}:stats", "successes") or 0) == 21
+
+        await _eventually(all_sent, "every batched success to reach Redis")
+        await breakers.aclose()
+        return 21
+
+    assert run(main()) == 21
+
+
+def test_a_new_event_loop_does_not_reuse_the_old_loops_connections(redis_server):
+    """Tests, and a master that used the breakers before forking, move to another loop."""
+    redis_server.client().flushall()
+    breakers = Breakers.from_url(redis_server.url)
+    pay = breakers.get("pay", TRIP_AT_3)
+
+    async def calls() -> None:
+        for _ in range(3):
+            await pay.call(lambda: None)
+
+    run(calls())
+    run(calls())  # a RuntimeError (a future of another loop) escaped here before
+    snap = run(pay.snapshot())
+    run(breakers.aclose())
+    assert snap["successes"] == 6

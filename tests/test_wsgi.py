@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.util import FileWrapper
@@ -810,3 +811,40 @@ def test_a_client_hanging_up_mid_stream_closes_the_app_and_records_once(make):
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+# -- an app that raises after its response committed through write() -------------------------
+
+
+def _served_by_wsgiref(app: Any) -> str:
+    """Run app under wsgiref's own handler (which refuses a second start_response); its error log."""
+    import wsgiref.handlers
+
+    out, err = io.BytesIO(), io.StringIO()
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/pay", "SERVER_NAME": "x", "SERVER_PORT": "80",
+               "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http"}
+    wsgiref.handlers.SimpleHandler(io.BytesIO(), out, err, environ, multithread=False).run(app)
+    return err.getvalue()
+
+
+@pytest.mark.parametrize("raised", ["outbound refusal", "failure with a fallback"])
+def test_nothing_is_answered_after_the_app_committed_through_write(redis_server, raised):
+    redis_server.client().flushall()
+    refusal = BreakerOpen(3.0, "inventory", "open")
+    exc: Exception = refusal if raised == "outbound refusal" else RuntimeError("died")
+
+    def app(environ: Any, start_response: Any) -> Any:
+        write = start_response("200 OK", [("Content-Type", "text/plain")])
+        write(b"partial ")  # committed: the status and headers are out
+        raise exc
+
+    breakers = Breakers.from_url(redis_server.url)
+    try:
+        routes = {"/pay": {"breaker": "pay", "fallback": static("cached")}}
+        errors = _served_by_wsgiref(BreakerMiddleware(app, breakers, routes=routes))
+        assert "Headers already set" not in errors
+        assert type(exc).__name__ in errors  # the app's own exception is what the server saw
+        snap = breakers.get("pay").snapshot()
+        assert (snap["successes"], snap["failures"]) == (1, 0)  # counted by its status, at the commit
+    finally:
+        breakers.close()

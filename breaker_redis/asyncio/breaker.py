@@ -143,21 +143,38 @@ class Breaker:
         )
         self.reset_process()
 
-    def reset_process(self) -> None:
-        """Start afresh (a forked child, a new event loop): what was known belongs to the old one."""
+    def reset_process(self, *, forked: bool = True) -> None:
+        """Start afresh on a new event loop: what was known came through the old
+        loop's subscription, so it is forgotten. The counts kept in memory and
+        the batch are this process's own and go with the next call, unless the
+        process is a forked child: then they are the parent's."""
         self._send_lock = asyncio.Lock()
-        self._memory = Memory()
-        self._pending = dict.fromkeys(_PENDING, 0)
-        self._last_flush = time.monotonic()
-        self._batch_epoch = self._batch_count = self._batch_generation = 0
+        if forked:
+            self._memory = Memory()
+            self._pending = dict.fromkeys(_PENDING, 0)
+            self._last_flush = time.monotonic()
+            self._batch_epoch = self._batch_count = self._batch_generation = 0
+        else:
+            self._memory.forget()
+
+    @property
+    def holds_counts(self) -> bool:
+        """Whether batched successes or counts kept in memory wait to be sent."""
+        return bool(self._batch_count or any(self._pending.values()))
 
     def now_ms(self) -> int:
         return self._shared.now_ms()
 
     def classify(self, exc: BaseException) -> str:
+        """As the sync Breaker.classify: a predicate that raises counts a failure."""
         if not isinstance(exc, Exception):
             return "ignored"  # CancelledError, KeyboardInterrupt, SystemExit
-        return self.config.classify(exc)
+        try:
+            return self.config.classify(exc)
+        except Exception:
+            log.exception("breaker_redis: classifying an exception for breaker %r raised; "
+                          "counted as a failure", self.name)
+            return "failure"
 
     # -- admission -----------------------------------------------------------
 

@@ -150,6 +150,9 @@ class Breakers:
             self.invalidator.ensure_running()
 
     def _restart(self, loop: asyncio.AbstractEventLoop) -> None:
+        forked = os.getpid() != self.pid
+        if self._loop is not None or forked:
+            _drop_connections(self.client)  # they belong to the old loop, or to the parent
         self._loop = loop
         self.pid = os.getpid()
         self._due, self._flusher = {}, None
@@ -157,7 +160,9 @@ class Breakers:
         if self.invalidator is not None:
             self.invalidator.reset()
         for breaker in self._breakers.values():
-            breaker.reset_process()
+            breaker.reset_process(forked=forked)
+            if breaker.holds_counts:
+                self.schedule(breaker)
 
     def schedule(self, breaker: Breaker) -> None:
         """A breaker has successes batched: send them within BATCH_SECONDS (see recorder.py)."""
@@ -166,8 +171,10 @@ class Breakers:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
 
     async def _flush_soon(self) -> None:
-        await asyncio.sleep(BATCH_SECONDS)
-        await self._flush_due()
+        # successes batched while a pass was sending are due again: another pass
+        while self._due:
+            await asyncio.sleep(BATCH_SECONDS)
+            await self._flush_due()
 
     async def _flush_due(self) -> None:
         due, self._due = list(self._due.values()), {}
@@ -215,6 +222,9 @@ class Breakers:
 
     async def aclose(self) -> None:
         """Send what is batched, stop this loop's tasks and close the client's connections."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and (loop is not self._loop or os.getpid() != self.pid):
+            self._restart(loop)  # what the old loop held went with it
         await self.flush()
         flusher, self._flusher = self._flusher, None
         if flusher is not None and not flusher.done():
@@ -227,3 +237,21 @@ class Breakers:
         self._loop = None
         with contextlib.suppress(Exception):
             await self.client.aclose()
+
+
+def _drop_connections(client: Any) -> None:
+    """Forget a client's pooled connections without closing them: closing would
+    need the loop that opened them (gone, or the parent's). A cluster client
+    keeps a pool per node."""
+    pools = [getattr(client, "connection_pool", None)]
+    with contextlib.suppress(Exception):
+        pools += [getattr(node, "connection_pool", None) for node in client.get_nodes()]
+    for pool in pools:
+        reset = getattr(pool, "reset", None)
+        if callable(reset):
+            reset()
+    with contextlib.suppress(Exception):
+        for node in client.get_nodes():  # redis.asyncio.cluster.ClusterNode: its own list
+            node._connections.clear()
+            node._free.clear()
+
