@@ -215,7 +215,7 @@ class Breaker(Protects):
             if joins:
                 shared.recorder.schedule(self)
                 return
-        self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease)
+        self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease, permit.generation)
 
     def flush_batch(self) -> None:
         """Send the batched successes and the counts kept in memory, if any
@@ -223,8 +223,13 @@ class Breaker(Protects):
         if self._batch_count or any(self._pending.values()):
             self._send(0, "", 0, "")
 
-    def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str) -> None:
-        """Run the record script with this outcome ('' for none) and the batch held."""
+    def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str, generation: int = -1) -> None:
+        """Run the record script with this outcome ('' for none) and the batch held.
+
+        ``generation``: the store generation the outcome's permit came from. The
+        store may have switched while this waited for the send lock: then the
+        outcome belongs to a store no longer in use and is dropped, as the
+        batch is (its epoch and lease mean nothing to the other store)."""
         shared = self._shared
         with self._send_lock:
             with self._lock:
@@ -233,6 +238,8 @@ class Breaker(Protects):
                 if self._batch_generation != shared.gate.generation:
                     batch[1] = 0  # counted under a store no longer in use
                 self._batch_count = 0
+            if outcome and generation != shared.gate.generation:
+                outcome = ""
             if not outcome and not batch[1] and not any(pending):
                 return
             try:

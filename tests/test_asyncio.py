@@ -685,3 +685,33 @@ def test_a_new_event_loop_does_not_reuse_the_old_loops_connections(redis_server)
     snap = run(pay.snapshot())
     run(breakers.aclose())
     assert snap["successes"] == 6
+
+
+def test_an_outcome_waiting_while_the_store_switches_is_not_replayed_on_the_other(redis_server, clock):
+    """Two failures admitted by Redis; the first is on its way, the second waits
+    for the send lock; Redis is declared down meanwhile. The second must not run
+    on the local store, whose epochs and leases mean something else."""
+    redis_server.client().flushall()
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        client = HeldReplies(async_client_from_url(redis_server.url))
+        breakers = Breakers(client, clock=clock)
+        pay = breakers.get("pay", TRIP_AT_3)
+        first, second = await pay.acquire(), await pay.acquire()
+        client.hold = "send"
+        sending = asyncio.ensure_future(first.failure())
+        await client.held.wait()
+        waiting = asyncio.ensure_future(second.failure())
+        await asyncio.sleep(0)  # it reaches the send lock and waits there
+        breakers.gate._mark_down(ConnectionError("declared down by the test"), breakers.gate.generation)
+        client.hold = ""
+        client.release.set()
+        await asyncio.gather(sending, waiting)
+        local = breakers.gate._local
+        local_stats = {} if local is None else local.client.hgetall("breaker:{pay}:stats")
+        await breakers.aclose()
+        return local_stats, redis_server.client().hgetall("breaker:{pay}:stats")
+
+    local_stats, redis_stats = run(main())
+    assert local_stats == {}  # nothing recorded on the local store
+    assert int(redis_stats.get(b"failures", 0)) <= 1  # only the failure already on its way

@@ -274,14 +274,19 @@ class Breaker:
                 self._batch_count += 1
                 shared.schedule(self)
                 return
-        await _shielded(self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease), _keep)
+        sending = self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease, permit.generation)
+        await _shielded(sending, _keep)
 
     async def flush_batch(self) -> None:
         """Send the batched successes and the counts kept in memory, if any."""
         if self._batch_count or any(self._pending.values()):
             await self._send(0, "", 0, "")
 
-    async def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str) -> None:
+    async def _send(
+        self, epoch: int, outcome: str, duration_ms: int, lease: str, generation: int = -1
+    ) -> None:
+        """As the sync Breaker._send: an outcome whose store was switched while it
+        waited for the send lock is dropped."""
         shared = self._shared
         async with self._send_lock:
             pending = self._take_pending()
@@ -289,6 +294,8 @@ class Breaker:
             if self._batch_generation != shared.gate.generation:
                 batch[1] = 0
             self._batch_count = 0
+            if outcome and generation != shared.gate.generation:
+                outcome = ""
             if not outcome and not batch[1] and not any(pending):
                 return
             try:
