@@ -22,26 +22,21 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from enum import Enum
 from typing import Any, Protocol
 
 from .config import BreakerConfig
+from .core import BreakerCore
 from .errors import BreakerOpen
 from .invalidation import Invalidator
-from .knowledge import Knowledge, Memory, Reply, Verdict
+from .knowledge import Knowledge, Memory, Reply
 from .permit import Permit
 from .recorder import Recorder
-from .snapshot import OUTCOME_COUNTERS, snapshot_dict
+from .snapshot import snapshot_dict
 from .store import StoreGate, StoreUnavailable
 from .wrappers import Protects
 
 log = logging.getLogger("breaker_redis")
-_listing_clock = time.monotonic  # the tests replace it to step past a quarter of the TTL
-
-# Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
-FLUSH_SECONDS = 1.0
-_PENDING = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
 
 
 class State(str, Enum):
@@ -71,17 +66,18 @@ class Shared(Protocol):
     def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None: ...
 
 
-class Breaker(Protects):
+class Breaker(BreakerCore[Permit], Protects):
     """One named breaker, shared by every thread of this process and, through
-    Redis, by every worker of every host using the same key prefix."""
+    Redis, by every worker of every host using the same key prefix. What it
+    decides and counts without I/O is breaker_redis/core.py's, done here under
+    ``_lock``."""
+
+    _permit = Permit
+    _shared: Shared
 
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
-        self.name = name
-        self.config = config
-        self._lua_config = config.to_lua()
-        self._config_slow_ms = round((config.slow_call_seconds or 0) * 1000)
-        self._listed_pid, self._listed_at = 0, 0.0
+        super().__init__(name, config)
         self.after_fork()
 
     def after_fork(self) -> None:
@@ -89,13 +85,8 @@ class Breaker(Protects):
         self._lock = threading.Lock()  # the counts kept in memory and the batch
         self._send_lock = threading.Lock()  # one record call at a time: outcomes in order
         self._memory = Memory()
-        self._pending = dict.fromkeys(_PENDING, 0)
-        self._last_flush = time.monotonic()
-        self._batch_epoch = self._batch_count = self._batch_generation = 0
+        self._forget_counts()
         self._local_permits = threading.local()
-
-    def now_ms(self) -> int:
-        return self._shared.now_ms()
 
     # -- 1. admission -------------------------------------------------------
 
@@ -121,18 +112,7 @@ class Breaker(Protects):
         except Exception:
             self._restore_pending(pending)
             raise
-        known = self._learn(reply, generation, stamp)
-        if reply.allowed:
-            batchable = reply.allowed == 1 and not reply.lease and known.calm
-            # observe mode while open: the outcome decides nothing (in half_open it may reap a probe)
-            observing = reply.allowed == 2 and reply.state == "open"
-            return Permit(
-                self, reply.epoch, reply.lease, generation, batchable=batchable, observing=observing
-            )
-        retry_after = None
-        if reply.reason == "open" and reply.open_until:
-            retry_after = max(0, reply.open_until - reply.now) / 1000.0
-        raise BreakerOpen(retry_after, self.name, reply.reason)
+        return self._from_reply(reply, generation, self._learn(reply, generation, stamp))
 
     def _drain(self) -> None:
         invalidator = self._shared.invalidator
@@ -145,39 +125,10 @@ class Breaker(Protects):
         subscribed = invalidator is not None and invalidator.healthy
         return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
 
-    def _from_memory(self, known: Knowledge) -> Permit | None:
-        """Admit or deny from what this worker knows; None: ask Redis. Holds _lock.
-
-        Counts kept in memory go to Redis with the next script call; once per
-        FLUSH_SECONDS that call is this one.
-        """
-        verdict = known.decide(self._shared.now_ms())
-        if verdict is Verdict.ADMIT:
-            return Permit(self, known.epoch, "", known.generation, batchable=known.calm)
-        if verdict is Verdict.ASK or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
-            return None
-        if verdict is Verdict.OBSERVE:
-            self._pending["would_reject"] += 1
-            return Permit(self, known.epoch, "", known.generation, observing=True)
-        self._pending["rejected"] += 1
-        if known.forced == "open":
-            raise BreakerOpen(None, self.name, "forced_open")
-        raise BreakerOpen((known.open_until - self._shared.now_ms()) / 1000.0, self.name, "open")
-
-    def _take_pending(self) -> list[int]:
-        """The counts to send with the next script call. Holds _lock."""
-        pending = [self._pending[key] for key in _PENDING]
-        self._pending = dict.fromkeys(_PENDING, 0)
-        self._last_flush = time.monotonic()
-        return pending
-
     def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
         """Put back what a script call that failed did not deliver."""
         with self._lock:
-            for key, count in zip(_PENDING, pending, strict=True):
-                self._pending[key] += count
-            if batch and batch[1] and (self._batch_count == 0 or self._batch_epoch == batch[0]):
-                self._batch_epoch, self._batch_count = batch[0], self._batch_count + batch[1]
+            self._put_back(pending, batch)
 
     # -- 3. outcomes --------------------------------------------------------
 
@@ -189,29 +140,15 @@ class Breaker(Protects):
         shared = self._shared
         if permit.generation != shared.gate.generation:
             return  # admitted by a store that is no longer in use
-        if permit.observing:  # observe mode while open: the outcome only feeds the counters
-            known = self._memory.known
+        if permit.observing:
             with self._lock:
-                if known is not None and known.epoch == permit.epoch:
-                    self._pending[OUTCOME_COUNTERS[outcome]] += 1
-                    self._pending["slow"] += outcome != "ignored" and known.slow(duration_ms)
+                if self._observed(permit, outcome, duration_ms):
                     return
-            # the breaker moved on since: the record script counts it as stale
         if outcome == "success" and permit.batchable and shared.batch_successes:
             self._drain()  # hear of an arming before choosing to batch
             known = self._memory.known
             with self._lock:
-                joins = (
-                    known is not None
-                    and known.calm
-                    and known.epoch == permit.epoch
-                    and self._trusted(known)
-                    and not known.slow(duration_ms)
-                    and (self._batch_count == 0 or self._batch_epoch == permit.epoch)
-                )
-                if joins:
-                    self._batch_epoch, self._batch_generation = permit.epoch, permit.generation
-                    self._batch_count += 1
+                joins = self._join_batch(permit, duration_ms, known is not None and self._trusted(known))
             if joins:
                 shared.recorder.schedule(self)
                 return
@@ -220,7 +157,7 @@ class Breaker(Protects):
     def flush_batch(self) -> None:
         """Send the batched successes and the counts kept in memory, if any
         (the recorder thread, an arming notice, snapshot, close and exit)."""
-        if self._batch_count or any(self._pending.values()):
+        if self.holds_counts:
             self._send(0, "", 0, "")
 
     def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str, generation: int = -1) -> None:
@@ -233,11 +170,7 @@ class Breaker(Protects):
         shared = self._shared
         with self._send_lock:
             with self._lock:
-                pending = self._take_pending()
-                batch = [self._batch_epoch, self._batch_count]
-                if self._batch_generation != shared.gate.generation:
-                    batch[1] = 0  # counted under a store no longer in use
-                self._batch_count = 0
+                pending, batch = self._take_for_send(shared.gate.generation)
             if outcome and generation != shared.gate.generation:
                 outcome = ""
             if not outcome and not batch[1] and not any(pending):
@@ -254,19 +187,6 @@ class Breaker(Protects):
                 return
             self._learn(reply, generation, stamp)
 
-    def classify(self, exc: BaseException) -> str:
-        """success / failure / ignored for an exception; a predicate that raises
-        counts a failure (and is logged): the permit must be recorded either way,
-        or a probe slot it holds would stay taken until its lease expires."""
-        if not isinstance(exc, Exception):
-            return "ignored"  # KeyboardInterrupt, SystemExit, GeneratorExit
-        try:
-            return self.config.classify(exc)
-        except Exception:
-            log.exception("breaker_redis: classifying an exception for breaker %r raised; "
-                          "counted as a failure", self.name)
-            return "failure"
-
     # -- 4. learning ----------------------------------------------------------
 
     def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int, int]:
@@ -277,7 +197,7 @@ class Breaker(Protects):
             operation,
             self.name,
             shared.clock_ms(),
-            [self._lua_config, self._memory.epoch_seen, *args],
+            self._script_args(args),
             fallback=fallback,
         )
         return Reply.decode(raw), generation, stamp
@@ -286,43 +206,23 @@ class Breaker(Protects):
         """Learn from a reply (knowledge.Memory); after a change, the barrier."""
         shared = self._shared
         shared.observe_clock(reply.now)
-        if reply.repaired:
-            self._log_repair(reply.repaired)
-        if generation == shared.gate.generation and shared.gate.healthy:
-            self._keep_listed()
-        own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
-        known = self._memory.learn(reply, generation, stamp, own)
+        known = self._learn_reply(reply, generation, stamp)
+        current = generation == shared.gate.generation and shared.gate.healthy
+        if current and self._listing_due(shared.pid, shared.gate.remote.ttl_ms):
+            shared.register_name(self.name)
         if reply.events and generation == shared.gate.generation and shared.gate.healthy:
             shared.barrier()
             shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
         return known
 
-    def _keep_listed(self) -> None:
-        """The names set (CLI, metrics, dashboard) keeps this breaker while it is
-        in use: listed again every quarter of the key TTL, as the scripts renew
-        the breaker's own keys, and once by each new process."""
-        shared, now = self._shared, _listing_clock()
-        if self._listed_pid == shared.pid and now - self._listed_at < shared.gate.remote.ttl_ms / 4000:
-            return
-        self._listed_pid, self._listed_at = shared.pid, now
-        shared.register_name(self.name)
-
-    def _log_repair(self, keys: str) -> None:
-        """A key edited into something the scripts cannot read was repaired by the
-        call that found it: one line per repair, naming the keys."""
-        prefix = self._shared.gate.remote.prefix
-        names = ", ".join(f"{prefix}:{{{self.name}}}:{key}" for key in keys.split(","))
-        log.warning("breaker_redis: breaker %r: corrupted %s repaired (a field that does not parse "
-                    "was reset; the breaker went on deciding)", self.name, names)
+    def _key_prefix(self) -> str:
+        return self._shared.gate.remote.prefix
 
     def hint(self, payload: dict[str, Any]) -> None:
         """A pushed message about this breaker: if it is news, the next call asks
         Redis, and the batch goes now (the breaker may no longer be calm)."""
         if self._memory.hint(payload):
             self.flush_batch()
-
-    def forget(self) -> None:
-        self._memory.forget()
 
     # -- reading and administration -----------------------------------------
 
@@ -337,7 +237,7 @@ class Breaker(Protects):
             pending = self._take_pending()
         shared = self._shared
         try:
-            args = [self._lua_config, self._memory.epoch_seen, *pending]
+            args = self._script_args(pending)
             raw, _ = shared.gate.run("snapshot", self.name, shared.clock_ms(), args)
         except StoreUnavailable:
             self._restore_pending(pending)
@@ -371,18 +271,6 @@ class Breaker(Protects):
         args = [config, self._memory.epoch_seen, op]
         raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), args)
         self._learn(Reply.decode(raw), gate.generation, stamp)
-
-    @property
-    def known(self) -> Knowledge | None:
-        """What this worker knows of the breaker now, without a command (None: nothing)."""
-        return self._memory.known
-
-    def reconfigure(self, config: BreakerConfig) -> None:
-        """This worker's config from its next script call on (each worker sends its
-        own; live overrides in Redis, Breakers.configure, reach every worker)."""
-        self.config = config
-        self._lua_config = config.to_lua()
-        self._config_slow_ms = round((config.slow_call_seconds or 0) * 1000)
 
     def __repr__(self) -> str:
         return f"<Breaker {self.name!r}>"

@@ -220,7 +220,7 @@ def test_keys_are_renewed_every_quarter_of_the_ttl(make_breakers, store, clock):
 
 
 def test_running_workers_keep_the_names_set(make_breakers, store, monkeypatch):
-    import breaker_redis.breaker as breaker_module
+    import breaker_redis.core as breaker_module
 
     now = [1000.0]
     monkeypatch.setattr(breaker_module, "_listing_clock", lambda: now[0])

@@ -32,15 +32,15 @@ import functools
 import inspect
 import logging
 import sys
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar, cast
 
-from ..breaker import _PENDING, FLUSH_SECONDS, State
+from ..breaker import State
 from ..config import BreakerConfig
+from ..core import BreakerCore
 from ..errors import BreakerOpen
-from ..knowledge import Knowledge, Memory, Reply, Verdict
-from ..snapshot import OUTCOME_COUNTERS, snapshot_dict
+from ..knowledge import Knowledge, Memory, Reply
+from ..snapshot import snapshot_dict
 from .invalidation import AsyncInvalidator
 from .store import AsyncStoreGate, StoreUnavailable
 
@@ -127,17 +127,17 @@ class Permit:
             await self.record(self._breaker.classify(exc))
 
 
-class Breaker:
+class Breaker(BreakerCore[Permit]):
     """One named breaker in this process, shared through Redis with every
-    worker, sync or async, that uses the same key prefix."""
+    worker, sync or async, that uses the same key prefix. What it decides and
+    counts without I/O is breaker_redis/core.py's, as on the sync side."""
+
+    _permit = Permit
+    _shared: Shared
 
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
-        self.name = name
-        self.config = config
-        self._lua_config = config.to_lua()
-        self._config_slow_ms = round((config.slow_call_seconds or 0) * 1000)
-        self._listed_pid, self._listed_at = 0, 0.0
+        super().__init__(name, config)
         self._permits: contextvars.ContextVar[tuple[Permit, ...]] = contextvars.ContextVar(
             f"breaker_redis:{name}", default=()
         )
@@ -151,30 +151,9 @@ class Breaker:
         self._send_lock = asyncio.Lock()
         if forked:
             self._memory = Memory()
-            self._pending = dict.fromkeys(_PENDING, 0)
-            self._last_flush = time.monotonic()
-            self._batch_epoch = self._batch_count = self._batch_generation = 0
+            self._forget_counts()
         else:
             self._memory.forget()
-
-    @property
-    def holds_counts(self) -> bool:
-        """Whether batched successes or counts kept in memory wait to be sent."""
-        return bool(self._batch_count or any(self._pending.values()))
-
-    def now_ms(self) -> int:
-        return self._shared.now_ms()
-
-    def classify(self, exc: BaseException) -> str:
-        """As the sync Breaker.classify: a predicate that raises counts a failure."""
-        if not isinstance(exc, Exception):
-            return "ignored"  # CancelledError, KeyboardInterrupt, SystemExit
-        try:
-            return self.config.classify(exc)
-        except Exception:
-            log.exception("breaker_redis: classifying an exception for breaker %r raised; "
-                          "counted as a failure", self.name)
-            return "failure"
 
     # -- admission -----------------------------------------------------------
 
@@ -195,55 +174,19 @@ class Breaker:
         try:
             reply, generation, stamp = await self._run("acquire", pending)
         except StoreUnavailable:
-            self._restore_pending(pending)
+            self._put_back(pending)
             if shared.gate.policy == "allow":
                 return Permit(self, -1, "", -1)
             raise BreakerOpen(None, self.name, "open") from None
         except BaseException:
-            self._restore_pending(pending)
+            self._put_back(pending)
             raise
-        known = await self._learn(reply, generation, stamp)
-        if reply.allowed:
-            batchable = reply.allowed == 1 and not reply.lease and known.calm
-            observing = reply.allowed == 2 and reply.state == "open"
-            return Permit(
-                self, reply.epoch, reply.lease, generation, batchable=batchable, observing=observing
-            )
-        retry_after = None
-        if reply.reason == "open" and reply.open_until:
-            retry_after = max(0, reply.open_until - reply.now) / 1000.0
-        raise BreakerOpen(retry_after, self.name, reply.reason)
+        return self._from_reply(reply, generation, await self._learn(reply, generation, stamp))
 
     def _trusted(self, known: Knowledge) -> bool:
         gate, invalidator = self._shared.gate, self._shared.invalidator
         subscribed = invalidator is not None and invalidator.healthy and not invalidator.pending()
         return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
-
-    def _from_memory(self, known: Knowledge) -> Permit | None:
-        verdict = known.decide(self._shared.now_ms())
-        if verdict is Verdict.ADMIT:
-            return Permit(self, known.epoch, "", known.generation, batchable=known.calm)
-        if verdict is Verdict.ASK or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
-            return None
-        if verdict is Verdict.OBSERVE:
-            self._pending["would_reject"] += 1
-            return Permit(self, known.epoch, "", known.generation, observing=True)
-        self._pending["rejected"] += 1
-        if known.forced == "open":
-            raise BreakerOpen(None, self.name, "forced_open")
-        raise BreakerOpen((known.open_until - self._shared.now_ms()) / 1000.0, self.name, "open")
-
-    def _take_pending(self) -> list[int]:
-        pending = [self._pending[key] for key in _PENDING]
-        self._pending = dict.fromkeys(_PENDING, 0)
-        self._last_flush = time.monotonic()
-        return pending
-
-    def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
-        for key, count in zip(_PENDING, pending, strict=True):
-            self._pending[key] += count
-        if batch and batch[1] and (self._batch_count == 0 or self._batch_epoch == batch[0]):
-            self._batch_epoch, self._batch_count = batch[0], self._batch_count + batch[1]
 
     # -- outcomes --------------------------------------------------------------
 
@@ -253,25 +196,12 @@ class Breaker:
         shared = self._shared
         if permit.generation != shared.gate.generation:
             return
-        if permit.observing:
-            known = self._memory.known
-            if known is not None and known.epoch == permit.epoch:
-                self._pending[OUTCOME_COUNTERS[outcome]] += 1
-                self._pending["slow"] += outcome != "ignored" and known.slow(duration_ms)
-                return
+        if permit.observing and self._observed(permit, outcome, duration_ms):
+            return
         if outcome == "success" and permit.batchable and shared.batch_successes:
             known = self._memory.known
-            joins = (
-                known is not None
-                and known.calm
-                and known.epoch == permit.epoch
-                and self._trusted(known)  # an unread notice may be an arming: then send at once
-                and not known.slow(duration_ms)
-                and (self._batch_count == 0 or self._batch_epoch == permit.epoch)
-            )
-            if joins:
-                self._batch_epoch, self._batch_generation = permit.epoch, permit.generation
-                self._batch_count += 1
+            # an unread notice may be an arming: then the success is sent at once
+            if self._join_batch(permit, duration_ms, known is not None and self._trusted(known)):
                 shared.schedule(self)
                 return
         sending = self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease, permit.generation)
@@ -279,7 +209,7 @@ class Breaker:
 
     async def flush_batch(self) -> None:
         """Send the batched successes and the counts kept in memory, if any."""
-        if self._batch_count or any(self._pending.values()):
+        if self.holds_counts:
             await self._send(0, "", 0, "")
 
     async def _send(
@@ -289,11 +219,7 @@ class Breaker:
         waited for the send lock is dropped."""
         shared = self._shared
         async with self._send_lock:
-            pending = self._take_pending()
-            batch = [self._batch_epoch, self._batch_count]
-            if self._batch_generation != shared.gate.generation:
-                batch[1] = 0
-            self._batch_count = 0
+            pending, batch = self._take_for_send(shared.gate.generation)
             if outcome and generation != shared.gate.generation:
                 outcome = ""
             if not outcome and not batch[1] and not any(pending):
@@ -305,7 +231,7 @@ class Breaker:
             except StoreUnavailable:
                 return
             except Exception:
-                self._restore_pending(pending, batch)
+                self._put_back(pending, batch)
                 log.exception("breaker_redis: could not record an outcome of breaker %r", self.name)
                 return
             await self._learn(reply, generation, stamp)
@@ -319,7 +245,7 @@ class Breaker:
             operation,
             self.name,
             shared.clock_ms(),
-            [self._lua_config, self._memory.epoch_seen, *args],
+            self._script_args(args),
             fallback=fallback,
         )
         return Reply.decode(raw), generation, stamp
@@ -327,34 +253,21 @@ class Breaker:
     async def _learn(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
         shared = self._shared
         shared.observe_clock(reply.now)
-        if reply.repaired:
-            prefix = shared.gate.remote.prefix
-            names = ", ".join(f"{prefix}:{{{self.name}}}:{key}" for key in reply.repaired.split(","))
-            log.warning("breaker_redis: breaker %r: corrupted %s repaired (a field that does not parse "
-                        "was reset; the breaker went on deciding)", self.name, names)
-        own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
-        known = self._memory.learn(reply, generation, stamp, own)
+        known = self._learn_reply(reply, generation, stamp)
         if generation == shared.gate.generation and shared.gate.healthy:
-            await self._keep_listed()
+            if self._listing_due(shared.pid, shared.gate.remote.ttl_ms):
+                await shared.register_name(self.name)
             if reply.events:
                 await shared.barrier()
                 shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
         return known
 
-    async def _keep_listed(self) -> None:
-        """Listed in the names set once per process and every quarter of the key TTL (see breaker.py)."""
-        shared, now = self._shared, time.monotonic()
-        if self._listed_pid == shared.pid and now - self._listed_at < shared.gate.remote.ttl_ms / 4000:
-            return
-        self._listed_pid, self._listed_at = shared.pid, now
-        await shared.register_name(self.name)
+    def _key_prefix(self) -> str:
+        return self._shared.gate.remote.prefix
 
     def hint(self, payload: dict[str, Any]) -> bool:
         """A pushed message about this breaker; True when it was news and a batch is waiting."""
-        return self._memory.hint(payload) and bool(self._batch_count or any(self._pending.values()))
-
-    def forget(self) -> None:
-        self._memory.forget()
+        return self._memory.hint(payload) and self.holds_counts
 
     # -- the ways to protect a call ----------------------------------------------
 
@@ -423,10 +336,10 @@ class Breaker:
         pending = self._take_pending()
         shared = self._shared
         try:
-            args = [self._lua_config, self._memory.epoch_seen, *pending]
+            args = self._script_args(pending)
             raw, _ = await shared.gate.run("snapshot", self.name, shared.clock_ms(), args)
         except StoreUnavailable:
-            self._restore_pending(pending)
+            self._put_back(pending)
             raise
         return snapshot_dict(self.name, raw, shared.gate.kind)
 
