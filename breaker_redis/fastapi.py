@@ -68,7 +68,7 @@ from .asgi import BreakerMiddleware, header_value, judge_status
 from .asyncio import Breaker, BreakerConfig, Breakers, Permit
 from .errors import BreakerOpen
 from .refusal import Refusal, default_message, wants_json
-from .routes import DEFAULT_FAILURE_STATUSES, Classifier, RouteSpec, Warnings, statuses_or
+from .routes import Classifier, Warnings, make_spec
 
 __all__ = [
     "BreakerGuard",
@@ -181,16 +181,10 @@ class BreakerGuard:
     ) -> None:
         if not isinstance(breakers, Breakers):
             raise TypeError("breakers must be a breaker_redis.asyncio.Breakers")
-        if classify is not None and not callable(classify):
-            raise TypeError(f"classify must be callable (got {classify!r})")
+        route = {"failure_statuses": failure_statuses, "ignore_statuses": ignore_statuses,
+                 "classify": classify, "message": message}
+        self.spec = make_spec(name, route)  # the route format of the middlewares
         self.breaker: Breaker = breakers.get(name, config)
-        self.spec = RouteSpec(
-            name=name,
-            failure_statuses=statuses_or(failure_statuses, DEFAULT_FAILURE_STATUSES),
-            ignore_statuses=statuses_or(ignore_statuses, frozenset()),
-            classify=classify,
-            message=message,
-        )
         self._warnings = Warnings()
 
     def depends(self) -> Any:

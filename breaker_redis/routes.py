@@ -68,7 +68,7 @@ def prefix_matches(prefix: str, path: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def statuses_or(value: Iterable[int] | None, default: frozenset[int]) -> frozenset[int]:
+def _statuses(value: Iterable[int] | None, default: frozenset[int]) -> frozenset[int]:
     return default if value is None else frozenset(int(s) for s in value)
 
 
@@ -79,8 +79,8 @@ def make_spec(name: str, route: Mapping[str, Any]) -> RouteSpec:
     return RouteSpec(
         name=name,
         fallback=as_fallback(route.get("fallback")),
-        failure_statuses=statuses_or(route.get("failure_statuses"), DEFAULT_FAILURE_STATUSES),
-        ignore_statuses=statuses_or(route.get("ignore_statuses"), frozenset()),
+        failure_statuses=_statuses(route.get("failure_statuses"), DEFAULT_FAILURE_STATUSES),
+        ignore_statuses=_statuses(route.get("ignore_statuses"), frozenset()),
         classify=classify,
         message=route.get("message"),
         fallback_on_failure=bool(route.get("fallback_on_failure", True)),
