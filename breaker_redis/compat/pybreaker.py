@@ -164,31 +164,29 @@ class CircuitBreakerState:
         return f"<{type(self).__name__} of {self._breaker!r}>"
 
 
-class CircuitClosedState(CircuitBreakerState):
+class _NamedState(CircuitBreakerState):
+    """pybreaker's concrete states: (cb, prev_state, notify), the name fixed per class."""
+
+    state_name = ""
+
     def __init__(
         self, cb: CircuitBreaker, prev_state: CircuitBreakerState | None = None, notify: bool = False
     ) -> None:
-        super().__init__(cb, STATE_CLOSED)
+        super().__init__(cb, self.state_name)
         if notify:
             cb._notify_state_change(prev_state, self)
 
 
-class CircuitOpenState(CircuitBreakerState):
-    def __init__(
-        self, cb: CircuitBreaker, prev_state: CircuitBreakerState | None = None, notify: bool = False
-    ) -> None:
-        super().__init__(cb, STATE_OPEN)
-        if notify:
-            cb._notify_state_change(prev_state, self)
+class CircuitClosedState(_NamedState):
+    state_name = STATE_CLOSED
 
 
-class CircuitHalfOpenState(CircuitBreakerState):
-    def __init__(
-        self, cb: CircuitBreaker, prev_state: CircuitBreakerState | None = None, notify: bool = False
-    ) -> None:
-        super().__init__(cb, STATE_HALF_OPEN)
-        if notify:
-            cb._notify_state_change(prev_state, self)
+class CircuitOpenState(_NamedState):
+    state_name = STATE_OPEN
+
+
+class CircuitHalfOpenState(_NamedState):
+    state_name = STATE_HALF_OPEN
 
 
 # -- where a breaker lives ------------------------------------------------------
