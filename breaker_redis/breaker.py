@@ -183,7 +183,7 @@ class Breaker(BreakerCore[Permit], Protects):
                 return
             except Exception:
                 self._restore_pending(pending, batch)
-                log.exception("breaker_redis: could not record an outcome of breaker %r", self.name)
+                log.exception("could not record an outcome of breaker %r", self.name)
                 return
             self._learn(reply, generation, stamp)
 

@@ -102,7 +102,7 @@ class BreakerCore(Generic[P]):
         try:
             return self.config.classify(exc)
         except Exception:
-            log.exception("breaker_redis: classifying an exception for breaker %r raised; "
+            log.exception("classifying an exception for breaker %r raised; "
                           "counted as a failure", self.name)
             return "failure"
 
@@ -202,7 +202,7 @@ class BreakerCore(Generic[P]):
         if reply.repaired:
             prefix, name = self._key_prefix(), self.name
             names = ", ".join(f"{prefix}:{{{name}}}:{key}" for key in reply.repaired.split(","))
-            log.warning("breaker_redis: breaker %r: corrupted %s repaired (a field that does not parse "
+            log.warning("breaker %r: corrupted %s repaired (a field that does not parse "
                         "was reset; the breaker went on deciding)", name, names)
         own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
         return self._memory.learn(reply, generation, stamp, own)

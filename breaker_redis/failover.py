@@ -93,7 +93,7 @@ class SentinelFollower:
             index = self._sentinels.index(sentinel)
             self._sentinels[0], self._sentinels[index] = self._sentinels[index], self._sentinels[0]
         log.warning(
-            "breaker_redis: Sentinel moved master %r from %s:%s to %s:%s; reconnecting to the new master",
+            "Sentinel moved master %r from %s:%s to %s:%s; reconnecting to the new master",
             *parts,
         )
         # Asks the sentinels now: the pool learns the new address and closes its

@@ -151,7 +151,7 @@ class Function(Fallback):
         try:
             value = self.fn(context)
         except Exception:
-            log.exception("breaker_redis: fallback function of breaker %r failed", context.breaker)
+            log.exception("fallback function of breaker %r failed", context.breaker)
             return None
         if value is None:
             return None
@@ -250,7 +250,7 @@ class Cached(Fallback):
             pipe.pexpire(key, self.ttl_ms)
             pipe.execute()
         except Exception as exc:  # the cache is best effort; the response already succeeded
-            log.warning("breaker_redis: could not cache a response of breaker %r: %s", context.breaker, exc)
+            log.warning("could not cache a response of breaker %r: %s", context.breaker, exc)
 
     def serve(self, context: FallbackContext) -> Served | None:
         key = self.redis_key(context)
@@ -259,7 +259,7 @@ class Cached(Fallback):
         try:
             raw = context.store.hgetall(key)
         except Exception as exc:
-            log.warning("breaker_redis: could not read the cached fallback of %r: %s", context.breaker, exc)
+            log.warning("could not read the cached fallback of %r: %s", context.breaker, exc)
             return None
         entry = {_text(k): v for k, v in (raw or {}).items()}
         try:

@@ -176,7 +176,7 @@ class Invalidator:
 
     def _lost(self, pubsub: Any, exc: BaseException | None) -> None:
         if self.healthy and exc is not None:
-            log.info("breaker_redis: event subscription lost (%s); asking Redis at every call", exc)
+            log.info("event subscription lost (%s); asking Redis at every call", exc)
         self.healthy = False
         if pubsub is not None and pubsub is self._pubsub:
             self._pubsub = self._socket = None

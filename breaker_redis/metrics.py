@@ -38,7 +38,7 @@ class BreakerCollector(Collector):
             snapshots = self._reader.snapshots()
         except Exception as exc:
             if not self._failing:
-                log.warning("breaker_redis: metrics cannot read Redis (%s: %s)", type(exc).__name__, exc)
+                log.warning("metrics cannot read Redis (%s: %s)", type(exc).__name__, exc)
             self._failing = True
             up.add_metric([], 0)
             yield up

@@ -183,4 +183,4 @@ class Warnings:
             if len(self._last) > 10_000:
                 self._last.clear()
             self._last[key] = now
-        log.exception("breaker_redis: " + message, name)
+        log.exception(message, name)

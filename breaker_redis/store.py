@@ -112,7 +112,7 @@ class GateHealth:
         if not flapping:
             self._local, self._delay, self._flaps = None, self._min_backoff, 0
             log.warning(
-                "breaker_redis: Redis unavailable (%s: %s); on_store_error=%s until it runs a "
+                "Redis unavailable (%s: %s); on_store_error=%s until it runs a "
                 "script again",
                 type(exc).__name__,
                 exc,
@@ -123,7 +123,7 @@ class GateHealth:
             if now - self._last_flap_log >= STEADY_SECONDS:
                 self._last_flap_log = now
                 log.warning(
-                    "breaker_redis: Redis failed again (%s: %s) %.1fs after it came back; keeping "
+                    "Redis failed again (%s: %s) %.1fs after it came back; keeping "
                     "on_store_error=%s and its local state (%d such returns; this is logged once "
                     "a minute while it lasts)",
                     type(exc).__name__,
@@ -144,7 +144,7 @@ class GateHealth:
         self._up_since = now
         self.generation += 1
         if not self._flaps:
-            log.warning("breaker_redis: Redis answers again after %.1fs; back to shared state", down_for)
+            log.warning("Redis answers again after %.1fs; back to shared state", down_for)
 
 
 class StoreGate(GateHealth):
@@ -209,7 +209,7 @@ class StoreGate(GateHealth):
         except redis.exceptions.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
-            log.warning("breaker_redis: breaker %r had a corrupted key (%s); its keys were reset", name, exc)
+            log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
             self.remote.drop_keys(name)
             return self.remote.run(operation, name, now_ms, args)
 

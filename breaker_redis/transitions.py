@@ -50,4 +50,4 @@ def notify(callbacks: list[TransitionCallback], transitions: list[Transition]) -
             try:
                 callback(transition)
             except Exception:
-                log.exception("breaker_redis: on_transition callback %r failed for %s", callback, transition)
+                log.exception("on_transition callback %r failed for %s", callback, transition)

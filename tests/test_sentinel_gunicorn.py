@@ -93,7 +93,7 @@ ARTIFACTS = Path(
 LOG_CONFIG: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"stamped": {"format": "%(created).3f [%(process)d] %(levelname)s %(message)s"}},
+    "formatters": {"stamped": {"format": "%(created).3f [%(process)d] %(levelname)s %(name)s: %(message)s"}},
     "handlers": {
         "stderr": {"class": "logging.StreamHandler", "formatter": "stamped", "stream": "ext://sys.stderr"}
     },

@@ -232,7 +232,7 @@ class Breaker(BreakerCore[Permit]):
                 return
             except Exception:
                 self._put_back(pending, batch)
-                log.exception("breaker_redis: could not record an outcome of breaker %r", self.name)
+                log.exception("could not record an outcome of breaker %r", self.name)
                 return
             await self._learn(reply, generation, stamp)
 
@@ -417,7 +417,7 @@ def _ended(task: asyncio.Future[Any]) -> None:
         return
     exc = task.exception()
     if exc is not None and not isinstance(exc, BreakerOpen):
-        log.warning("breaker_redis: a breaker call left running by a cancelled caller failed: %r", exc)
+        log.warning("a breaker call left running by a cancelled caller failed: %r", exc)
 
 
 def _hand_back(task: asyncio.Future[Permit]) -> None:

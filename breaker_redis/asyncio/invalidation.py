@@ -183,13 +183,13 @@ class AsyncInvalidator:
                 if self._subscription is subscription:
                     self._subscription = None
                 if exc is not None:
-                    log.info("breaker_redis: event subscription lost (%s); asking Redis at every call", exc)
+                    log.info("event subscription lost (%s); asking Redis at every call", exc)
                 delay = 0.1
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.healthy = False
-                log.debug("breaker_redis: could not subscribe to events (%s)", exc)
+                log.debug("could not subscribe to events (%s)", exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -224,7 +224,7 @@ class AsyncInvalidator:
             if isinstance(payload, dict):
                 self._on_message(payload)
         elif kind not in ("pong", "unsubscribe"):
-            log.info("breaker_redis: the event subscription got %r; asking Redis at every call", message)
+            log.info("the event subscription got %r; asking Redis at every call", message)
             subscription = self._subscription
             if subscription is not None:
                 subscription.transport.close()

@@ -111,7 +111,7 @@ class AsyncStoreGate(GateHealth):
         except redis.exceptions.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
-            log.warning("breaker_redis: breaker %r had a corrupted key (%s); its keys were reset", name, exc)
+            log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
             await self.remote.drop_keys(name)
             return await self.remote.run(operation, name, now_ms, args)
 

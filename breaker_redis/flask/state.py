@@ -38,7 +38,7 @@ class Warnings:
         now = time.monotonic()
         if now - self._last.get(key, -1e18) >= 60:
             self._last[key] = now
-            log.exception("breaker_redis: " + message, name)
+            log.exception("" + message, name)
 
 
 @dataclass
