@@ -165,7 +165,7 @@ class Breakers:
 
     def register_name(self, name: str) -> None:
         with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
-            self._runner.register_name(name)
+            self._runner.register_name(name, self.clock_ms())
 
     def barrier(self) -> None:
         """One round trip after a reply that made a change, before the call returns.

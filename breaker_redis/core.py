@@ -25,6 +25,7 @@ _listing_clock = time.monotonic  # the tests replace it to step past a quarter o
 
 # Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
 FLUSH_SECONDS = 1.0
+LOST_LOG_SECONDS = 60.0  # a breaker's "Redis lost its state" is logged at most this often
 PENDING = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
 
 
@@ -63,6 +64,7 @@ class BreakerCore(Generic[P]):
         self.name = name
         self.reconfigure(config)
         self._listed_pid, self._listed_at = 0, 0.0
+        self._losses, self._lost_logged_at = 0, -1e18
 
     def reconfigure(self, config: BreakerConfig) -> None:
         """This worker's config from its next script call on (each worker sends its
@@ -204,8 +206,35 @@ class BreakerCore(Generic[P]):
             names = ", ".join(f"{prefix}:{{{name}}}:{key}" for key in reply.repaired.split(","))
             log.warning("breaker %r: corrupted %s repaired (a field that does not parse "
                         "was reset; the breaker went on deciding)", name, names)
+        if reply.lost:
+            self._state_lost(reply)
         own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
         return self._memory.learn(reply, generation, stamp, own)
+
+    def _state_lost(self, reply: Reply) -> None:
+        """Redis lost the state this worker knew: say so, at most once a minute per
+        breaker (an evicting Redis can do it many times a second)."""
+        self._losses += 1
+        now = time.monotonic()
+        if now - self._lost_logged_at < LOST_LOG_SECONDS:
+            return
+        self._lost_logged_at, losses, self._losses = now, self._losses, 0
+        state = f"{self._key_prefix()}:{{{self.name}}}:state"
+        if reply.lost == "restored":
+            what = f"restored from what this worker knew: {reply.state}"
+            if reply.forced:
+                what += f", forced {reply.forced}"
+            elif reply.state == "open":
+                what += f" until {reply.open_until} (Redis time, ms)"
+        else:
+            what = "this worker knew it closed: it starts again closed with an empty window"
+        log.warning(
+            "breaker %r: Redis lost its state (%s is gone%s); %s. The likely cause is a maxmemory-policy "
+            "that evicts keys without a TTL (allkeys-lru, allkeys-lfu, allkeys-random): give breaker_redis "
+            "a Redis with noeviction or volatile-*, whose breaker keys are never evicted (README: Redis "
+            "memory). Counted in stats as state_lost",
+            self.name, state, f"; {losses} times since the last such line" if losses > 1 else "", what,
+        )
 
     def _key_prefix(self) -> str:
         raise NotImplementedError
@@ -221,4 +250,4 @@ class BreakerCore(Generic[P]):
         return True
 
     def _script_args(self, args: list[Any]) -> list[Any]:
-        return [self._lua_config, self._memory.epoch_seen, *args]
+        return [self._lua_config, self._memory.floor_arg(), *args]

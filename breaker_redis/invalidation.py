@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import acl
 from .background import ProcessThread
 from .scripts import text
 
@@ -57,6 +58,8 @@ class Invalidator:
         self._socket: Any = None
         self._readable: Callable[[float], bool] = _never
         self.healthy = False
+        prefix = channel.removesuffix(":events")
+        self._permission = acl.PermissionLog(client, prefix, "the event subscription")
 
     def ensure_running(self) -> None:
         """Start the listener once per process, whatever the concurrency of first calls."""
@@ -177,6 +180,8 @@ class Invalidator:
     def _lost(self, pubsub: Any, exc: BaseException | None) -> None:
         if self.healthy and exc is not None:
             log.info("event subscription lost (%s); asking Redis at every call", exc)
+        if exc is not None:
+            self._permission.note(exc)
         self.healthy = False
         if pubsub is not None and pubsub is self._pubsub:
             self._pubsub = self._socket = None

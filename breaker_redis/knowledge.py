@@ -36,6 +36,9 @@ from .scripts import text
 # A backstop: knowledge is re-checked with Redis at least this often, even
 # while the subscription reports no change.
 TRUST_SECONDS = 30.0
+# What a worker knows is offered for restoring a lost state this long after it
+# was learned: knowledge in use is renewed at least every TRUST_SECONDS.
+RESTORE_SECONDS = 2 * TRUST_SECONDS
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Reply:
     arms: int
     born: int  # the epoch the state hash was created with: one per incarnation of the keys
     repaired: str = ""  # keys of the breaker this call found corrupted and repaired ("stats,window")
+    lost: str = ""  # '' or 'restored' / 'lost': Redis had lost the state the worker knew (lua/_lib.lua)
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
@@ -78,6 +82,7 @@ class Reply:
             int(raw[13]),
             int(raw[14]),
             text(raw[15]) if len(raw) > 15 else "",
+            text(raw[16]) if len(raw) > 16 else "",
         )
 
 
@@ -229,6 +234,20 @@ class Memory:
         self.epoch_seen = 0  # the floor for a state hash created anew (lua/_lib.lua)
         self._invalidations = self._opaque_at = 0
         self._announced: Announcement | None = None
+
+    def floor_arg(self) -> str:
+        """ARGV 6 of a script (lua/_lib.lua): the highest epoch seen and, when this
+        worker knows the state now, that state, which the scripts restore should
+        Redis have lost it (keys evicted, flushed, deleted). Knowledge not
+        renewed for RESTORE_SECONDS is not offered: it may be what an idle
+        breaker swept long ago was."""
+        known = self.known
+        if known is None or time.monotonic() - known.learned_at > RESTORE_SECONDS:
+            return str(self.epoch_seen)
+        return (
+            f"{self.epoch_seen} {known.state} {known.epoch} {known.born} {known.open_until} "
+            f"{known.forced or '-'}"
+        )
 
     def stamp(self) -> int:
         """Taken before a script is sent, handed back to learn() with its reply."""

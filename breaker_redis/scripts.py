@@ -20,7 +20,9 @@ flushed again meanwhile. The same text serves both: each script starts with
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import time
 import unicodedata
 from collections.abc import Sequence
 from functools import cache
@@ -31,8 +33,9 @@ from typing import Any
 import redis
 import redis.asyncio
 
-OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot")
+OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot", "health", "sweep")
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
+SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 
 # A name becomes part of a key (prefix:{NAME}:suffix), of the names SET and of
 # the JSON messages the scripts publish (encoded there with cjson), so it may
@@ -147,9 +150,11 @@ class Scripts:
         self.prefix = validate_prefix(prefix)
         self.channel = f"{prefix}:events"
         self.names_key = f"{prefix}:names"
+        self.health_key = f"{prefix}:health"  # lua/health.lua's, outside every breaker's hash tag
         self.ttl_ms = ttl_ms
         self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
+        self._swept = (0, 0.0)  # (pid, when) of this process's last sweep
         # Redis Functions (FCALL) while the server takes them, EVALSHA on a server
         # without them (Redis < 7, an older fakeredis, an ACL without FCALL). Not
         # on a cluster: redis-py finds FCALL's keys with a COMMAND GETKEYS round
@@ -174,10 +179,21 @@ class Scripts:
         # again (a FUNCTION FLUSH right after the load): EVAL runs this call
         return attempt == 1
 
-    @staticmethod
-    def load_failed(exc: redis.exceptions.ResponseError) -> None:
-        if "already exists" not in str(exc):  # not another worker's load meanwhile
+    def load_failed(self, exc: redis.exceptions.ResponseError) -> None:
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            self.use_functions = False  # an ACL with FCALL but not FUNCTION LOAD: EVALSHA from now on
+        elif "already exists" not in str(exc):  # not another worker's load meanwhile
             raise exc
+
+    def sweep_due(self) -> bool:
+        """Whether this process sweeps now: at its first listing, then every
+        quarter of the key TTL, as the scripts stamp a breaker's use."""
+        now, pid = time.monotonic(), os.getpid()
+        last_pid, last = self._swept
+        if last_pid == pid and now - last < self.ttl_ms / 4000:
+            return False
+        self._swept = (pid, now)
+        return True
 
     def call(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
@@ -185,7 +201,7 @@ class Scripts:
         """(sha, source, keys, argv) of one script call."""
         argv: list[Any] = [name, self.channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
         argv.extend(args)
-        keys = self._keys.get(name)
+        keys = [self.health_key] if operation == "health" else self._keys.get(name)
         if keys is None:
             keys = self._keys[name] = breaker_keys(self.prefix, name)
         sha, source = self._scripts[operation]
@@ -221,9 +237,21 @@ class ScriptRunner(Scripts):
     def drop_keys(self, name: str) -> None:
         self.client.delete(*breaker_keys(self.prefix, name))
 
-    def register_name(self, name: str) -> None:
-        """Add a name to the listing set (outside the scripts: it lives in another slot)."""
+    def register_name(self, name: str, now_ms: int | None = None) -> None:
+        """Add a name to the listing set (outside the scripts: it lives in another slot),
+        and now and then sweep a few idle breakers (Scripts.sweep_due)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.sadd(self.names_key, name)
-        pipe.pexpire(self.names_key, self.ttl_ms)
+        pipe.persist(self.names_key)  # a TTL an older version gave it
         pipe.execute()
+        if self.sweep_due():
+            self.sweep(now_ms)
+
+    def sweep(self, now_ms: int | None = None) -> list[str]:
+        """Remove the breakers idle for the key TTL among a few names picked at
+        random (lua/sweep.lua); the names removed."""
+        picked = [text(name) for name in self.client.srandmember(self.names_key, SWEEP_PICKS)]
+        gone = [name for name in picked if self.run("sweep", name, now_ms, ()) == 1]
+        if gone:
+            self.client.srem(self.names_key, *gone)
+        return gone

@@ -33,6 +33,7 @@ _STAT_FIELDS = (
     "would_reject",
     "trips",
     "stale",
+    "state_lost",  # times a worker found the state it knew gone (evicted, flushed, deleted)
 )
 
 

@@ -30,7 +30,8 @@ from typing import Any
 
 import redis
 
-from .scripts import ScriptRunner
+from . import acl
+from .scripts import ScriptRunner, Scripts
 
 log = logging.getLogger("breaker_redis")
 
@@ -53,9 +54,6 @@ class StoreUnavailable(Exception):
 
 
 STEADY_SECONDS = 60.0  # Redis healthy this long: the next outage starts afresh
-# A script that writes, as the breaker's scripts do: refused by a read-only
-# replica, by a server out of memory (noeviction) and by one busy with a script.
-_PROBE_SCRIPT = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)"
 
 
 def _make_local_runner(prefix: str, ttl_ms: int) -> ScriptRunner:
@@ -73,6 +71,7 @@ class GateHealth:
 
     policy: str
     generation: int
+    remote: Scripts
     _min_backoff: float
     _max_backoff: float
     _local: ScriptRunner | None
@@ -90,6 +89,9 @@ class GateHealth:
         self._flaps = 0  # switches back to Redis that did not last STEADY_SECONDS
         self._last_flap_log = -1e18
         self._local = None
+        self.problem: str | None = None  # a permission Redis refuses, while it does (acl.explain)
+        what = f"the breakers' scripts (on_store_error={policy} until granted)"
+        self._permission = acl.PermissionLog(self.remote.client, self.remote.prefix, what)
 
     @property
     def healthy(self) -> bool:
@@ -109,8 +111,11 @@ class GateHealth:
         flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
         self._down_since = now
         self.generation += 1
+        self._noted_permission(exc)
         if not flapping:
             self._local, self._delay, self._flaps = None, self._min_backoff, 0
+            if self.problem is not None:
+                return True  # said once as an error (_noted_permission), not as an outage
             log.warning(
                 "Redis unavailable (%s: %s); on_store_error=%s until it runs a "
                 "script again",
@@ -134,13 +139,20 @@ class GateHealth:
                 )
         return True
 
-    def _probe_failed(self) -> None:
+    def _noted_permission(self, exc: BaseException) -> None:
+        """A permission Redis refuses is a configuration error, not an outage: say
+        which one and the ACL line that grants it, once per process and permission."""
+        self.problem = self._permission.note(exc)
+
+    def _probe_failed(self, exc: BaseException) -> None:
         self._delay = min(self._delay * 2, self._max_backoff)
+        self._noted_permission(exc)
 
     def _came_back(self) -> None:
         now = time.monotonic()
         down_for = now - (self._down_since or now)
         self._down_since = None
+        self.problem = None
         self._up_since = now
         self.generation += 1
         if not self._flaps:
@@ -154,6 +166,8 @@ class StoreGate(GateHealth):
     worker learned from one store is never trusted for the other.
     """
 
+    remote: ScriptRunner
+
     def __init__(
         self,
         remote: ScriptRunner,
@@ -163,8 +177,8 @@ class StoreGate(GateHealth):
         max_backoff: float = 2.0,
         on_switch: Callable[[], None] | None = None,
     ) -> None:
-        self._init_health(policy, min_backoff, max_backoff)
         self.remote = remote
+        self._init_health(policy, min_backoff, max_backoff)
         self._on_switch = on_switch
         self._lock = threading.Lock()
         self._prober: threading.Thread | None = None
@@ -228,16 +242,16 @@ class StoreGate(GateHealth):
         self._prober.start()
 
     def _probe(self) -> None:
-        """Raises unless Redis runs a script that writes (see the module's docstring)."""
-        key = f"{self.remote.prefix}:health"
-        self.remote.client.eval(_PROBE_SCRIPT, 1, key, str(time.time()))
+        """Raises unless Redis runs a script that writes and calls every command the
+        breakers' scripts call (lua/health.lua; see the module's docstring)."""
+        self.remote.run("health", "health", None, ())
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(self._delay):
             try:
                 self._probe()
-            except Exception:
-                self._probe_failed()
+            except Exception as exc:
+                self._probe_failed(exc)
                 continue
             with self._lock:
                 self._came_back()

@@ -8,9 +8,11 @@
 --
 -- KEYS (every script, one hash tag {NAME} so one slot):
 --   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq,
---                   ttl_at (last TTL refresh),
+--                   ttl_at (when a worker last used the keys, renewed at most once a
+--                   minute: an idle breaker is removed by sweep.lua after the key TTL),
 --                   born (the epoch this hash was created with), armed ('1' while a
---                   late success could change a decision), arms (how often it armed)
+--                   late success could change a decision), arms (how often it armed),
+--                   lost (the born of the last incarnation whose loss was counted)
 --   2 window HASH   head, bms (bucket ms), nb (buckets), sat (when a caller of this shape last
 --                   wrote it), tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket; bms and nb let a
 --                   reader without the config (the CLI) read the window
@@ -22,14 +24,21 @@
 --                   (a list, not a stream: Redis 7 gives a stream's first entry a 4 KB node)
 --   7 cfg    STRING the config JSON (ARGV 5) of the last acquire/record that wrote the state,
 --                   for readers without the apps' configs (the CLI's `show`)
+-- No key carries a TTL: under a volatile-* maxmemory-policy Redis then never
+-- evicts them (under allkeys-* it may: see load_state for what a worker does
+-- about it); breakers idle longer than the key TTL are removed by sweep.lua.
 -- ARGV (every script):
---   1 name  2 pub/sub channel  3 now_ms ('' = Redis TIME; tests only)  4 key TTL ms
+--   1 name  2 pub/sub channel  3 now_ms ('' = Redis TIME; tests only)
+--   4 key TTL ms: a breaker unused this long is idle (sweep.lua)
 --   5 config: JSON from breaker_redis/config.py (to_lua_json), times in ms:
 --     trip, mode, threshold, rate, min_calls, slow_ms, slow_rate, bucket_ms, buckets,
 --     open_ms, backoff, max_open_ms, ho_max, ho_successes, probe_ms, max_conc
 --   6 the highest epoch the caller knows ('' or 0 if none): a state hash created
 --     anew (keys evicted, flushed, expired or repaired) starts above it and above
---     the Redis time in ms, so epochs never go backwards
+--     the Redis time in ms, so epochs never go backwards; followed, when the caller
+--     knows the breaker's state now, by that state: 'floor state epoch born
+--     open_until forced' (forced '-' for none), which acquire and record restore
+--     when they find it lost (load_state)
 
 -- This call's keys and arguments and what is derived from them: set by begin(),
 -- which every script calls first. Upvalues rather than the KEYS and ARGV
@@ -38,18 +47,29 @@
 -- gets its keys and arguments as parameters).
 local KEY_LIST, ARGS
 local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG
-local NAME, CHANNEL, TTL, FLOOR, TTL_REFRESH_MS, NOW
+local NAME, CHANNEL, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
 -- Keys found corrupted (a field that does not parse) and repaired by this call,
 -- for the reply: the worker logs them, once each. EVENTS: the transitions of this call.
-local REPAIRED, EVENTS
+-- LOST: '' or what this call found of a state the caller knew and Redis had lost
+-- ('restored' from the caller's knowledge, or 'lost': it knew it closed).
+local REPAIRED, EVENTS, LOST
 
 local function begin(keys, argv)
   KEY_LIST, ARGS = keys, argv
   K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG =
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
-  NAME, CHANNEL, TTL, FLOOR = argv[1], argv[2], tonumber(argv[4]), tonumber(argv[6]) or 0
-  -- Keys get their TTL renewed this often while in use (and when created): a
-  -- quarter of the TTL, at most once a minute.
+  NAME, CHANNEL, TTL = argv[1], argv[2], tonumber(argv[4])
+  local floor, state, epoch, born, open_until, forced =
+    string.match(argv[6] or '', '^(%d+) ([a-z_]+) (%d+) (%d+) (%d+) ([a-z-]+)$')
+  if floor then
+    FLOOR = tonumber(floor)
+    KNOWN = {state = state, epoch = tonumber(epoch), born = tonumber(born), open_until = tonumber(open_until),
+      forced = forced == '-' and '' or forced}
+  else
+    FLOOR, KNOWN = tonumber(argv[6]) or 0, nil
+  end
+  -- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
+  -- older version lose it: a quarter of the TTL, at most once a minute.
   TTL_REFRESH_MS = math.min(60000, math.floor(TTL / 4))
   if argv[3] ~= '' then
     NOW = tonumber(argv[3])
@@ -57,7 +77,7 @@ local function begin(keys, argv)
     local t = redis.call('TIME')
     NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  REPAIRED, EVENTS = '', ''
+  REPAIRED, EVENTS, LOST = '', '', ''
 end
 
 local function repaired(key)
@@ -173,18 +193,55 @@ local function unparsable(x, n)
   return x and (n == nil or n ~= n or n > 9007199254740991 or n < -9007199254740991)
 end
 
+local transition, stat, drop_probes  -- defined below; load_state restores with them
+
+-- A state the caller knows and Redis lost: its keys were evicted (an evicting
+-- maxmemory-policy), flushed or deleted, and created anew, here or by a worker
+-- that knew nothing (then nothing has happened to the new one since: epoch ==
+-- born). The caller's open, half-open or forced state is restored (a
+-- transition, cause 'restored', so every worker hears of it), so an open
+-- breaker stays open until the open_until it had, for a worker that starts
+-- now too. A caller that knew it closed can restore nothing (the window's
+-- counts are gone). Either way the loss is counted once per new incarnation
+-- (stats state_lost) and the reply says so, for the worker to log it.
+local function restore_lost(s)
+  if KNOWN == nil or s.epoch ~= s.born or KNOWN.born == s.born or s.state ~= 'closed' or s.forced ~= '' then
+    return
+  end
+  local repair = s.lost == s.born  -- created by a repair (logged as one), not counted as a loss
+  if not repair then
+    s.lost, s.dirty = s.born, true
+    stat('state_lost', 1)
+  end
+  if KNOWN.state == 'closed' and KNOWN.forced == '' then
+    if not repair then LOST = 'lost' end
+    return
+  end
+  if not repair then LOST = 'restored' end
+  local to = KNOWN.state
+  if KNOWN.forced ~= '' then to = KNOWN.forced end
+  s.forced, s.consec, s.ho_ok = KNOWN.forced, 0, 0
+  s.open_until = (to == 'open' and KNOWN.forced == '') and KNOWN.open_until or 0
+  if to == 'half_open' then drop_probes() end  -- an earlier incarnation's: their results are stale
+  -- above every epoch the caller saw (a worker that knew nothing may have created the
+  -- new hash from a lower floor), so epochs never go backwards for anyone
+  s.epoch = math.max(s.epoch, FLOOR)
+  transition(s, to, 'restored')
+end
+
 -- State: a missing or corrupted hash reads as a fresh closed breaker whose
 -- epoch starts above every epoch handed out before (see ARGV 6), so a worker
 -- never mistakes the new breaker's results for old ones or the reverse.
-local function load_state()
+-- restore: acquire and record restore a lost state the caller knows (restore_lost).
+local function load_state(restore)
   local v = redis.call('HMGET', K_STATE, 'state', 'epoch', 'open_until', 'forced',
-    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'born', 'armed', 'arms')
+    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'born', 'armed', 'arms', 'lost')
   local epoch, open_until, consec, open_ms = tonumber(v[2]), tonumber(v[3]), tonumber(v[5]), tonumber(v[6])
   local ho_ok, seq, born, arms = tonumber(v[7]), tonumber(v[8]), tonumber(v[10]), tonumber(v[12])
   local s = {state = v[1], epoch = epoch or 0, open_until = open_until or 0,
     forced = v[4] or '', consec = consec or 0, open_ms = open_ms or 0,
     ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = tonumber(v[9]) or 0,
-    born = born or 0, armed = v[11] == '1', arms = arms or 0,
+    born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = tonumber(v[13]) or 0,
     dirty = false}
   -- a numeric field that is there but not a finite number: the hash was edited; start afresh
   local corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
@@ -198,8 +255,10 @@ local function load_state()
     s.epoch = math.max(NOW, FLOOR + 1, s.epoch + 1)
     s.state, s.born, s.armed, s.dirty = 'closed', s.epoch, false, true
     s.open_until, s.consec, s.open_ms, s.ho_ok, s.seq, s.arms, s.forced = 0, 0, 0, 0, 0, 0, ''
+    s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
   end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
+  if restore then restore_lost(s) end
   return s
 end
 
@@ -210,35 +269,36 @@ local function current_epoch(s, epoch)
   return epoch == s.epoch or (epoch ~= nil and epoch < s.born and s.epoch == s.born)
 end
 
--- Writes the state if it changed, and renews every key's TTL once a minute
--- (keys created in between got theirs when they were created).
+-- Writes the state if it changed, and stamps the keys' use once a minute
+-- (ttl_at, for sweep.lua), dropping any TTL an older version gave them.
 local function save_state(s)
   if NOW - s.ttl_at >= TTL_REFRESH_MS or NOW < s.ttl_at then
     s.ttl_at, s.dirty = NOW, true
-    for i = 2, 6 do redis.call('PEXPIRE', KEY_LIST[i], TTL) end  -- cfg: rewritten below
+    for i = 2, 6 do redis.call('PERSIST', KEY_LIST[i]) end  -- cfg: rewritten below
   end
   if not s.dirty then return end
   redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
     'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq,
-    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms)
-  redis.call('PEXPIRE', K_STATE, TTL)
+    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms, 'lost', s.lost)
+  redis.call('PERSIST', K_STATE)
   -- the caller's config, for readers that have none (the CLI's `show`): written with
-  -- the state, so at least at every TTL refresh while a worker runs. A key of its own:
+  -- the state, so at least once a minute while a worker runs. A key of its own:
   -- in the state hash, a value this long would make Redis store the hash less compactly
-  if ARGS[5] ~= '' then redis.call('SET', K_CFG, ARGS[5], 'PX', TTL) end
+  if ARGS[5] ~= '' then redis.call('SET', K_CFG, ARGS[5]) end
 end
 
--- A counter that reaches `by` was just created: give a new stats key its TTL.
 -- A counter that does not parse (the hash was edited) starts again from `by`.
-local function stat(field, by)
+stat = function(field, by)
   if by == 0 then return end
   local n = redis.pcall('HINCRBY', K_STATS, field, by)
   if type(n) == 'table' and n.err then
+    local message = tostring(n.err)  -- (a string on Redis; the embedded store may give another type)
+    if not string.find(message, 'not an integer', 1, true) and not string.find(message, 'overflow', 1, true) then
+      error(n)  -- not a corrupted counter (a permission, the wrong type): as redis.call would
+    end
     repaired('stats')
     redis.call('HSET', K_STATS, field, by)
-    n = by
   end
-  if n == by then redis.call('PEXPIRE', K_STATS, TTL) end
 end
 
 -- What a worker counted in memory arrives here in batches, from ARGV[from]
@@ -262,18 +322,19 @@ local function publish(s, kind, extra)
   redis.call('PUBLISH', CHANNEL, cjson.encode(msg))
 end
 
-local function transition(s, to, cause)
+transition = function(s, to, cause)
   local from = s.state
   s.state, s.epoch, s.armed, s.dirty = to, s.epoch + 1, false, true
   local line = string.format('%d %s %s %s %d %d %s', NOW, from, to, cause, s.epoch, s.open_until,
     s.forced ~= '' and s.forced or '-')
-  if type(redis.pcall('LPUSH', K_EVENTS, line)) == 'table' then  -- an error reply: another type
-    redis.call('DEL', K_EVENTS)                                     -- written there by hand
+  local pushed = redis.pcall('LPUSH', K_EVENTS, line)
+  if type(pushed) == 'table' and pushed.err then
+    if not string.find(tostring(pushed.err), 'WRONGTYPE', 1, true) then error(pushed) end
+    redis.call('DEL', K_EVENTS)  -- another type, written there by hand
     repaired('events')
     redis.call('LPUSH', K_EVENTS, line)
   end
   redis.call('LTRIM', K_EVENTS, 0, EVENTS_KEPT - 1)
-  redis.call('PEXPIRE', K_EVENTS, TTL)
   publish(s, 'transition', {from = from, to = to, open_until = s.open_until, forced = s.forced, cause = cause})
   EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. from .. '>' .. to .. ':' .. cause
 end
@@ -305,7 +366,7 @@ local function probe_ids()
   return ids
 end
 
-local function drop_probes()
+drop_probes = function()
   local ids = probe_ids()
   if #ids > 0 then redis.call('ZREM', K_LEASES, unpack(ids)) end
 end
@@ -326,7 +387,6 @@ local function take_lease(s, kind, ttl_ms)
   s.seq, s.dirty = s.seq + 1, true
   local id = kind == 'p' and ('p:' .. s.epoch .. ':' .. s.seq) or ('b:' .. s.seq)
   redis.call('ZADD', K_LEASES, NOW + ttl_ms, id)
-  redis.call('PEXPIRE', K_LEASES, TTL)
   return id
 end
 
@@ -450,7 +510,6 @@ local function window_add(c, calls, failures, slows)
     f[#f + 1], f[#f + 2] = 'sat', NOW  -- this shape claimed
   end
   redis.call('HSET', K_WINDOW, unpack(f))
-  if fresh then redis.call('PEXPIRE', K_WINDOW, TTL) end
   return w
 end
 
@@ -487,10 +546,11 @@ end
 
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
 -- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
---  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated)}
+--  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated),
+--  lost ('', 'restored' or 'lost': see restore_lost)}
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
-    s.born, REPAIRED}
+    s.born, REPAIRED, LOST}
 end

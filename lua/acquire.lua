@@ -10,7 +10,7 @@
 -- Returns the common reply; allowed is 1 (go), 2 (observe mode: would have been
 --         denied, go anyway) or 0 (denied, reason open | half_open_full |
 --         forced_open | bulkhead); lease is the id to hand back to record.lua.
-local s = load_state()
+local s = load_state(true)
 local cfg = load_config()
 flush_pending(7)
 

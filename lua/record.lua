@@ -17,7 +17,7 @@
 -- Reads : state, config, window, leases.  Writes: stats (always), window
 --         (closed), state (consecutive count, armed flag, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
-local s = load_state()
+local s = load_state(true)
 local cfg = load_config()
 flush_pending(11)
 local epoch, outcome, duration = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]) or 0

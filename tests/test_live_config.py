@@ -176,18 +176,23 @@ def test_reset_repairs_a_corrupted_counter(make_breakers, store, caplog):
     [("epoch", "abc"), ("open_until", "soon"), ("consec", "inf"), ("state", "ajar"), ("born", "nan")],
 )
 def test_a_corrupted_state_field_starts_a_fresh_breaker_with_a_newer_epoch(make_breakers, store, caplog,
-                                                                           field, value):
+                                                                           clock, field, value):
+    """A worker that knows nothing finds a fresh closed breaker; one that knew it
+    open restores it (as after an eviction: lua/_lib.lua restore_lost)."""
     pay = make_breakers().get("pay", COUNT_5)
     fail(pay, 5)
     epoch = pay.snapshot()["epoch"]
     store.hset(STATE, field, value)
+    clock.advance(1_000)  # (an epoch edited away is guessed from the time: epochs grow with it)
+    newcomer = make_breakers().get("pay", COUNT_5)
     with caplog.at_level(logging.WARNING, logger="breaker_redis"):
-        assert admits(pay)  # a fresh closed breaker; no exception reaches the caller
+        assert admits(newcomer)  # a fresh closed breaker; no exception reaches the caller
     assert "breaker:{pay}:state" in caplog.text
-    snap = pay.snapshot()
+    snap = newcomer.snapshot()
     assert snap["state"] == "closed" and snap["epoch"] > epoch  # epochs never go backwards
-    pay.acquire().failure()  # the window kept its failures: this one trips it again
-    assert not admits(pay)
+    assert not admits(pay)  # the worker that knew it open restores it
+    snap = pay.snapshot()
+    assert snap["state"] == "open" and snap["epoch"] > epoch and snap["state_lost"] == 0  # a repair
 
 
 def test_a_window_head_far_in_the_future_is_repaired(make_breakers, store, caplog):
@@ -205,18 +210,43 @@ def test_a_window_head_far_in_the_future_is_repaired(make_breakers, store, caplo
 # -- TTLs and the names set ----------------------------------------------------------------------
 
 
-def test_keys_are_renewed_every_quarter_of_the_ttl(make_breakers, store, clock):
+def test_use_is_stamped_every_quarter_of_the_ttl_and_old_ttls_are_dropped(make_breakers, store, clock):
     pay = make_breakers(key_ttl_seconds=8).get("pay", COUNT_5)
     fail(pay)
     created = int(store.hget(STATE, "ttl_at"))
+    for key in ("state", "window", "stats"):  # as an older version left them
+        store.pexpire(f"breaker:{{pay}}:{key}", 60_000)
     clock.advance(1_999)
     fail(pay)
     assert int(store.hget(STATE, "ttl_at")) == created  # not yet
     clock.advance(1)
     fail(pay)
     assert int(store.hget(STATE, "ttl_at")) == created + 2_000  # a quarter of 8 s
-    for key in ("state", "window", "stats"):
-        assert 7_000 < store.pttl(f"breaker:{{pay}}:{key}") <= 8_000
+    for key in ("state", "window", "stats", "cfg"):
+        assert store.pttl(f"breaker:{{pay}}:{key}") == -1  # no TTL: never an eviction candidate
+
+
+def test_idle_breakers_are_swept_and_busy_ones_kept(make_breakers, store, clock):
+    """Keys carry no TTL, so idle breakers are removed by a sweep: a worker sweeps a
+    few names at random at its first listing and every quarter of the key TTL."""
+    breakers = make_breakers(key_ttl_seconds=8)
+    idle, busy = breakers.get("idle", COUNT_5), breakers.get("busy", COUNT_5)
+    fail(idle)
+    fail(busy)
+    breakers.configure("configured", open_seconds=5)  # overrides before first use: kept
+    runner = breakers._runner
+    assert sorted(runner.sweep(clock())) == []
+    clock.advance(7_999)
+    fail(busy)  # stamps its use (a quarter of the TTL has passed)
+    assert runner.sweep(clock()) == []  # nothing idle for 8 s yet
+    clock.advance(1)
+    assert runner.sweep(clock()) == ["idle"]
+    assert store.keys("breaker:{idle}:*") == []
+    assert {n.decode() for n in store.smembers("breaker:names")} == {"busy", "configured"}
+    assert store.exists("breaker:{busy}:state") and store.exists("breaker:{configured}:config")
+    store.sadd("breaker:names", "ghost")  # listed, no key left: the name goes
+    assert runner.sweep(clock()) == ["ghost"]
+    assert admits(idle)  # a swept breaker starts again closed at its next use
 
 
 def test_running_workers_keep_the_names_set(make_breakers, store, monkeypatch):

@@ -183,7 +183,7 @@ class Breakers:
 
     async def register_name(self, name: str) -> None:
         with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
-            await self._runner.register_name(name)
+            await self._runner.register_name(name, self.clock_ms())
 
     async def barrier(self) -> None:
         """One round trip after a reply that made a change (see Breakers.barrier on the sync side)."""

@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 
-from ..scripts import Scripts, breaker_keys
-from ..store import _PROBE_SCRIPT, _UNAVAILABLE, GateHealth, StoreUnavailable, _make_local_runner
+from ..scripts import SWEEP_PICKS, Scripts, breaker_keys, text
+from ..store import _UNAVAILABLE, GateHealth, StoreUnavailable, _make_local_runner
 
 log = logging.getLogger("breaker_redis")
 
@@ -54,11 +53,20 @@ class AsyncScriptRunner(Scripts):
     async def drop_keys(self, name: str) -> None:
         await self.client.delete(*breaker_keys(self.prefix, name))
 
-    async def register_name(self, name: str) -> None:
-        pipe = self.client.pipeline(transaction=False)
+    async def register_name(self, name: str, now_ms: int | None = None) -> None:
+        pipe = self.client.pipeline(transaction=False)  # as ScriptRunner.register_name
         pipe.sadd(self.names_key, name)
-        pipe.pexpire(self.names_key, self.ttl_ms)
+        pipe.persist(self.names_key)
         await pipe.execute()
+        if self.sweep_due():
+            await self.sweep(now_ms)
+
+    async def sweep(self, now_ms: int | None = None) -> list[str]:
+        picked = [text(name) for name in await self.client.srandmember(self.names_key, SWEEP_PICKS)]
+        gone = [name for name in picked if await self.run("sweep", name, now_ms, ()) == 1]
+        if gone:
+            await self.client.srem(self.names_key, *gone)
+        return gone
 
 
 class AsyncStoreGate(GateHealth):
@@ -66,6 +74,8 @@ class AsyncStoreGate(GateHealth):
 
     ``generation`` changes at each switch of store, as in store.StoreGate.
     """
+
+    remote: AsyncScriptRunner
 
     def __init__(
         self,
@@ -76,8 +86,8 @@ class AsyncStoreGate(GateHealth):
         max_backoff: float = 2.0,
         on_switch: Callable[[], None] | None = None,
     ) -> None:
-        self._init_health(policy, min_backoff, max_backoff)
         self.remote = remote
+        self._init_health(policy, min_backoff, max_backoff)
         self._on_switch = on_switch
         self._prober: asyncio.Task[None] | None = None
 
@@ -124,16 +134,15 @@ class AsyncStoreGate(GateHealth):
             self._on_switch()
 
     async def _probe(self) -> None:
-        key = f"{self.remote.prefix}:health"
-        await self.remote.client.eval(_PROBE_SCRIPT, 1, key, str(time.time()))
+        await self.remote.run("health", "health", None, ())  # as StoreGate._probe
 
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.sleep(self._delay)
             try:
                 await self._probe()
-            except Exception:
-                self._probe_failed()
+            except Exception as exc:
+                self._probe_failed(exc)
                 continue
             self._came_back()
             if self._on_switch:

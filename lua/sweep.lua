@@ -1,0 +1,26 @@
+-- sweep.lua: remove one breaker if nobody has used it for the key TTL. The
+-- keys carry no TTL of their own (an evicting Redis would take a key with a
+-- TTL first: see _lib.lua), so idle breakers are removed here instead: each
+-- worker sweeps a few names picked at random from the names set, rarely
+-- (breaker_redis/breakers.py).
+--
+-- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
+-- ARGV  : 1-4 common (4: the key TTL, the idle time after which it goes)
+-- Reads : state (ttl_at: stamped at most once a minute while in use), and
+--         whether any key exists.
+-- Writes: deletes every key of an idle breaker.
+-- Returns 1 when the breaker is gone (removed now, or no key of it left:
+--         the caller drops the name from the names set), else 0. A breaker
+--         with live overrides and no state yet (configured before first use)
+--         stays.
+local used = redis.call('HMGET', K_STATE, 'ttl_at', 'state')
+if used[2] then
+  local at = tonumber(used[1])
+  if not at or (NOW - at < TTL and at <= NOW + TTL) then return 0 end  -- in use (or unknown: kept)
+  redis.call('DEL', unpack(KEY_LIST))
+  return 1
+end
+for i = 2, #KEY_LIST do
+  if redis.call('EXISTS', KEY_LIST[i]) == 1 then return 0 end
+end
+return 1
