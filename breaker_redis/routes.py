@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -42,6 +42,66 @@ MARKERS = frozenset(h.lower() for h in (FALLBACK_HEADER, BREAKER_HEADER, REASON_
 
 # classify(info) -> "success" / "failure" / "ignored", True / False, or None
 Classifier = Callable[[Any], "str | bool | None"]
+
+# In the ASGI scope / WSGI environ of a guarded request: what its guards did (RequestGuards).
+GUARDS_KEY = "breaker_redis.guards"
+
+
+class RequestGuards:
+    """What the guards of one request did, seen by every guard nested inside.
+
+    A route may be guarded at two layers: the ASGI middleware and a FastAPI
+    dependency, or the WSGI middleware around a Flask app that protects the
+    route too. The outermost guard of a breaker takes the request's one
+    permit and records its one outcome; an inner guard of the same breaker
+    (the same key prefix and name) finds that permit here and neither asks
+    nor records. A guard of another breaker that refuses the request notes it
+    here, so that the outer guards count the request as ignored: their
+    service was not asked. One object per request, made by the first guard
+    that admits it and shared by the scope copies of the guards inside.
+    """
+
+    __slots__ = ("permits", "refused")
+
+    def __init__(self) -> None:
+        self.permits: dict[str, Any] = {}
+        self.refused: str | None = None
+
+
+def _guard_id(prefix: str, name: str) -> str:
+    return f"{prefix}:{{{name}}}"  # the breaker's keys: the same breaker for every Breakers on them
+
+
+def _guards(carrier: Mapping[str, Any]) -> RequestGuards | None:
+    guards = carrier.get(GUARDS_KEY)
+    return guards if isinstance(guards, RequestGuards) else None
+
+
+def held_permit(carrier: Mapping[str, Any], prefix: str, name: str) -> Any:
+    """The permit an outer guard holds for this breaker in this request, or None."""
+    guards = _guards(carrier)
+    return None if guards is None else guards.permits.get(_guard_id(prefix, name))
+
+
+def hold_permit(carrier: MutableMapping[str, Any], prefix: str, name: str, permit: Any) -> None:
+    """Note the permit this guard took, for the guards nested inside it."""
+    guards = _guards(carrier)
+    if guards is None:
+        guards = carrier[GUARDS_KEY] = RequestGuards()
+    guards.permits[_guard_id(prefix, name)] = permit
+
+
+def note_refusal(carrier: Mapping[str, Any], name: str) -> None:
+    """A guard refused the request: the outer guards (if any) count it as ignored."""
+    guards = _guards(carrier)
+    if guards is not None and guards.refused is None:
+        guards.refused = name
+
+
+def refused_inside(carrier: Mapping[str, Any]) -> bool:
+    """Whether a guard nested inside refused this request (its service was not asked)."""
+    guards = _guards(carrier)
+    return guards is not None and guards.refused is not None
 
 
 @dataclass(frozen=True)
