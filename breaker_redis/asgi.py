@@ -60,7 +60,6 @@ the loop.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
@@ -99,6 +98,7 @@ from .routes import (
     prefix_matches,
     refused_inside,
     remember_limit,
+    route_breakers,
     status_line,
 )
 
@@ -317,13 +317,9 @@ class BreakerMiddleware:
         self.app = app
         self.breakers = breakers
         self.cache_client = cache_client
-        self.routes, configs = parse_routes(routes)
-        self._resolved: dict[str, Breaker] = {}
+        self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
+        self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
         for prefix, spec in self.routes:
-            if spec.name not in self._resolved:
-                config = configs.get(spec.name)
-                built = dataclasses.replace(breakers.defaults, **config) if config else None
-                self._resolved[spec.name] = breakers.get(spec.name, built)  # no I/O
             if cache_client is None and _needs_blocking_store(spec.fallback):
                 raise ValueError(
                     f"routes[{prefix!r}]: cached() reads and writes Redis with a blocking client, "

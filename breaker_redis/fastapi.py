@@ -191,7 +191,7 @@ class BreakerGuard:
             raise TypeError("breakers must be a breaker_redis.asyncio.Breakers")
         route = {"failure_statuses": failure_statuses, "ignore_statuses": ignore_statuses,
                  "classify": classify, "message": message}
-        self.spec = make_spec(name, route)  # the route format of the middlewares
+        self.spec = make_spec(name, route, f"BreakerGuard({name!r})")  # the middlewares' route format
         self.breaker: Breaker = breakers.get(name, config)
         self._prefix = breakers.prefix
         self._warnings = Warnings()

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -82,6 +81,7 @@ from .routes import (
     prefix_matches,
     refused_inside,
     remember_limit,
+    route_breakers,
     status_line,
 )
 
@@ -241,13 +241,8 @@ class BreakerMiddleware:
             raise TypeError(f"breakers must be a breaker_redis.Breakers (got {type(breakers).__name__})")
         self.app = app
         self.breakers = breakers
-        self.routes, configs = parse_routes(routes)
-        self._resolved: dict[str, Breaker] = {}
-        for _prefix, spec in self.routes:
-            if spec.name not in self._resolved:
-                config = configs.get(spec.name)
-                built = dataclasses.replace(breakers.defaults, **config) if config else None
-                self._resolved[spec.name] = breakers.get(spec.name, built)  # no I/O: built lazily
+        self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
+        self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
         self._warnings = Warnings()
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
