@@ -109,7 +109,7 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
     gate = Gate(str(state.admin_token))
 
     def status() -> Any:
-        names = set(state.breakers.names()) | set(state.declared) | set(state.route_configs)
+        names = set(state.breakers.names()) | state.app_names()
         return jsonify(breakers=[state.breaker(n).snapshot() for n in sorted(names)])
 
     def metrics() -> Any:
