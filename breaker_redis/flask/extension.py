@@ -1,4 +1,4 @@
-"""FlaskBreakers: reading the app's config, declaring breakers, the public API.
+"""FlaskBreakers: building an app's protection from its settings, declaring breakers, the public API.
 
 Nothing here talks to Redis at import or ``init_app`` time: the Breakers are
 built on a client that connects on first use, in the worker process, so the
