@@ -42,6 +42,12 @@ and recording run to their end even when the request is cancelled
 (breaker_redis.asyncio does it), so a request cancelled while its script is
 in flight still settles what the script took.
 
+One permit per breaker and request: an admitted request's scope (a copy)
+carries the permit (``breaker_redis.routes.RequestGuards``), and a guard of
+the same breaker inside it (a FastAPI dependency, another middleware) neither
+asks nor records; a guard of another breaker that refuses inside makes this
+one count the request as ignored.
+
 ``cached()`` reads and writes Redis with a *blocking* client (it is shared
 with the Flask and WSGI integrations, so one cache entry serves them all).
 Run on the event loop it would stall every request of the worker, so here
@@ -54,7 +60,6 @@ the loop.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
@@ -86,9 +91,14 @@ from .routes import (
     UNPROTECTED_METHODS,
     RouteSpec,
     Warnings,
+    held_permit,
+    hold_permit,
+    note_refusal,
     parse_routes,
     prefix_matches,
+    refused_inside,
     remember_limit,
+    route_breakers,
     status_line,
 )
 
@@ -307,13 +317,9 @@ class BreakerMiddleware:
         self.app = app
         self.breakers = breakers
         self.cache_client = cache_client
-        self.routes, configs = parse_routes(routes)
-        self._resolved: dict[str, Breaker] = {}
+        self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
+        self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
         for prefix, spec in self.routes:
-            if spec.name not in self._resolved:
-                config = configs.get(spec.name)
-                built = dataclasses.replace(breakers.defaults, **config) if config else None
-                self._resolved[spec.name] = breakers.get(spec.name, built)  # no I/O
             if cache_client is None and _needs_blocking_store(spec.fallback):
                 raise ValueError(
                     f"routes[{prefix!r}]: cached() reads and writes Redis with a blocking client, "
@@ -343,10 +349,15 @@ class BreakerMiddleware:
         if spec is None:
             await self._pass_through(scope, receive, send)
             return
+        if held_permit(scope, self.breakers.prefix, spec.name) is not None:
+            # An outer guard of this breaker holds the request's permit: it asks and records.
+            await self._pass_through(scope, receive, send)
+            return
         breaker = self._resolved[spec.name]
         try:
             permit = await breaker.acquire()
         except BreakerOpen as refused:
+            note_refusal(scope, spec.name)
             if not await self.send_fallback(spec, scope, receive, send, refused):
                 await self.send_refusal(refused, scope, send, spec)
             return
@@ -356,6 +367,8 @@ class BreakerMiddleware:
             self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
             await self._pass_through(scope, receive, send)
             return
+        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
+        hold_permit(scope, self.breakers.prefix, spec.name, permit)
         await _Exchange(self, spec, breaker, permit, scope, receive, send).run()
 
     async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -599,6 +612,8 @@ class _Exchange:
     # -- deciding and recording --------------------------------------------------------------
 
     def classify(self) -> str:
+        if refused_inside(self.scope):
+            return "ignored"  # a guard of another breaker refused it: this route's service was not asked
         return judge_status(self.spec, self.status or 0, self.headers, self.scope, self.middleware.warn)
 
     async def settle(self, outcome: str) -> None:

@@ -78,19 +78,28 @@ def describe(client: Any) -> str:
 
 
 class Target(Reader):
-    """The Redis and key prefix the commands act on (a Reader), for messages too."""
+    """The Redis and key prefix the commands act on (a Reader), for messages too.
 
-    def __init__(self, client: Any, prefix: str, *, owns_client: bool = True) -> None:
+    ``declared``: the breakers an app declares (``flask breakers``), known
+    before their first call as the app's admin endpoints know them; the
+    ``breaker-redis`` command knows only what Redis knows.
+    """
+
+    def __init__(
+        self, client: Any, prefix: str, *, owns_client: bool = True, declared: Iterable[str] = ()
+    ) -> None:
         super().__init__(client, prefix, owns_client=owns_client)
         self.where = describe(client)
+        self.declared = frozenset(declared)
 
     def require(self, name: str, create: bool = False) -> str:
-        """The name, if it is valid and known (or ``create``, which lists it)."""
+        """The name, if it is valid and known, to Redis or as declared by the app
+        (or ``create``, which lists it). A switch lists a declared name itself."""
         try:
             validate_name(name)
         except ValueError as exc:
             raise Invalid(str(exc)) from None
-        if not self.known(name):
+        if name not in self.declared and not self.known(name):
             if not create:
                 raise Failed(
                     f"unknown breaker {name!r}: no such breaker under prefix {self.prefix!r} "

@@ -50,6 +50,12 @@ middleware). Older FastAPI, or a plain ``Depends(guard)``, exits after the
 response was sent: the trip is recorded a moment after the client has the
 answer.
 
+Under ``breaker_redis.asgi.BreakerMiddleware`` guarding the same path with
+the same breaker (or below another guard of it), the dependency neither asks
+nor records: the outer guard holds the request's one permit
+(``breaker_redis.routes.RequestGuards``, in the scope) and the dependency
+yields that one. Nothing is counted twice.
+
 Fallbacks are the middleware's job (a dependency cannot answer in place of
 the path operation); inside one, ``await breaker.call(fn, fallback=...)``.
 """
@@ -68,7 +74,7 @@ from .asgi import BreakerMiddleware, header_value, judge_status
 from .asyncio import Breaker, BreakerConfig, Breakers, Permit
 from .errors import BreakerOpen
 from .refusal import Refusal, default_message, wants_json
-from .routes import Classifier, Warnings, make_spec
+from .routes import Classifier, Warnings, held_permit, hold_permit, make_spec, note_refusal, refused_inside
 
 __all__ = [
     "BreakerGuard",
@@ -131,6 +137,8 @@ def refusal_handler(breakers: Breakers | None = None) -> Any:
     refusal advertise its open period as Retry-After (else 1 s)."""
 
     async def handle(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, (BreakerRefused, BreakerOpen)):
+            note_refusal(request.scope, exc.breaker)  # an outer guard counts the request ignored
         if isinstance(exc, BreakerRefused):
             refusal = exc.refusal
         elif isinstance(exc, BreakerOpen):
@@ -183,8 +191,9 @@ class BreakerGuard:
             raise TypeError("breakers must be a breaker_redis.asyncio.Breakers")
         route = {"failure_statuses": failure_statuses, "ignore_statuses": ignore_statuses,
                  "classify": classify, "message": message}
-        self.spec = make_spec(name, route)  # the route format of the middlewares
+        self.spec = make_spec(name, route, f"BreakerGuard({name!r})")  # the middlewares' route format
         self.breaker: Breaker = breakers.get(name, config)
+        self._prefix = breakers.prefix
         self._warnings = Warnings()
 
     def depends(self) -> Any:
@@ -194,10 +203,18 @@ class BreakerGuard:
         return Depends(self)  # pragma: no cover - FastAPI < 0.121
 
     async def __call__(self, request: Request, response: Response) -> AsyncIterator[Permit | None]:
+        scope = request.scope
+        held: Permit | None = held_permit(scope, self._prefix, self.breaker.name)
+        if held is not None:
+            # The middleware (or another guard) of this breaker holds the request's
+            # permit: it asked, and it records the one outcome. Nothing is counted twice.
+            yield held
+            return
         permit: Permit | None = None
         try:
             permit = await self.breaker.acquire()
         except BreakerOpen as refused:
+            note_refusal(scope, self.breaker.name)
             as_json = _request_wants_json(request)
             config = self.breaker.config
             raise BreakerRefused(refused, as_json=as_json, message=self.spec.message, config=config) from None
@@ -208,6 +225,7 @@ class BreakerGuard:
         if permit is None:
             yield None
             return
+        hold_permit(scope, self._prefix, self.breaker.name, permit)
         try:
             yield permit
         except BaseException as exc:
@@ -215,7 +233,9 @@ class BreakerGuard:
             raise
         status = response.status_code  # None unless the path operation set it
         outcome = "success"
-        if status is not None:
+        if refused_inside(scope):
+            outcome = "ignored"  # a guard of another breaker refused it: the service was not asked
+        elif status is not None:
             headers = response.headers.items()
             outcome = judge_status(self.spec, int(status), headers, request.scope, self._warn)
         await self._settle(permit, outcome)
@@ -230,8 +250,8 @@ class BreakerGuard:
         """An exception thrown in at the yield (see the module docstring)."""
         if not isinstance(exc, Exception):
             return "ignored"  # cancelled, or the generator closed: nothing is known
-        if isinstance(exc, (BreakerOpen, RequestValidationError)):
-            return "ignored"  # an outbound breaker refused, or the request was invalid: not asked
+        if isinstance(exc, (BreakerOpen, RequestValidationError)) or refused_inside(request.scope):
+            return "ignored"  # a breaker refused (outbound or another guard), or the request was invalid
         if isinstance(exc, StarletteHTTPException):
             headers = (exc.headers or {}).items()
             return judge_status(self.spec, exc.status_code, headers, request.scope, self._warn)

@@ -7,18 +7,20 @@ mixes frameworks writes its routes once. No web framework is imported here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from .config import config_field_names
+from .config import BreakerConfig, config_field_names
 from .fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
-from .fallbacks import Cached, Chain, Fallback, as_fallback
+from .fallbacks import Cached, Chain, Fallback, as_fallback, cached, chain, function, static
 from .refusal import BREAKER_HEADER, REASON_HEADER
+from .scripts import validate_name
 
 log = logging.getLogger("breaker_redis")
 
@@ -42,6 +44,66 @@ MARKERS = frozenset(h.lower() for h in (FALLBACK_HEADER, BREAKER_HEADER, REASON_
 
 # classify(info) -> "success" / "failure" / "ignored", True / False, or None
 Classifier = Callable[[Any], "str | bool | None"]
+
+# In the ASGI scope / WSGI environ of a guarded request: what its guards did (RequestGuards).
+GUARDS_KEY = "breaker_redis.guards"
+
+
+class RequestGuards:
+    """What the guards of one request did, seen by every guard nested inside.
+
+    A route may be guarded at two layers: the ASGI middleware and a FastAPI
+    dependency, or the WSGI middleware around a Flask app that protects the
+    route too. The outermost guard of a breaker takes the request's one
+    permit and records its one outcome; an inner guard of the same breaker
+    (the same key prefix and name) finds that permit here and neither asks
+    nor records. A guard of another breaker that refuses the request notes it
+    here, so that the outer guards count the request as ignored: their
+    service was not asked. One object per request, made by the first guard
+    that admits it and shared by the scope copies of the guards inside.
+    """
+
+    __slots__ = ("permits", "refused")
+
+    def __init__(self) -> None:
+        self.permits: dict[str, Any] = {}
+        self.refused: str | None = None
+
+
+def _guard_id(prefix: str, name: str) -> str:
+    return f"{prefix}:{{{name}}}"  # the breaker's keys: the same breaker for every Breakers on them
+
+
+def _guards(carrier: Mapping[str, Any]) -> RequestGuards | None:
+    guards = carrier.get(GUARDS_KEY)
+    return guards if isinstance(guards, RequestGuards) else None
+
+
+def held_permit(carrier: Mapping[str, Any], prefix: str, name: str) -> Any:
+    """The permit an outer guard holds for this breaker in this request, or None."""
+    guards = _guards(carrier)
+    return None if guards is None else guards.permits.get(_guard_id(prefix, name))
+
+
+def hold_permit(carrier: MutableMapping[str, Any], prefix: str, name: str, permit: Any) -> None:
+    """Note the permit this guard took, for the guards nested inside it."""
+    guards = _guards(carrier)
+    if guards is None:
+        guards = carrier[GUARDS_KEY] = RequestGuards()
+    guards.permits[_guard_id(prefix, name)] = permit
+
+
+def note_refusal(carrier: Mapping[str, Any], name: str) -> None:
+    """A guard refused the request: the outer guards (if any) count it as ignored."""
+    guards = _guards(carrier)
+    if guards is not None and guards.refused is None:
+        guards.refused = name
+
+
+def refused_inside(carrier: Mapping[str, Any]) -> bool:
+    """Whether a guard nested inside refused this request (its service was not asked)."""
+    guards = _guards(carrier)
+    return guards is not None and guards.refused is not None
 
 
 @dataclass(frozen=True)
@@ -68,23 +130,79 @@ def prefix_matches(prefix: str, path: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def _statuses(value: Iterable[int] | None, default: frozenset[int]) -> frozenset[int]:
-    return default if value is None else frozenset(int(s) for s in value)
+def _statuses(value: Any, default: frozenset[int], where: str, option: str) -> frozenset[int]:
+    if value is None:
+        return default
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"{where}: {option} must be a collection of HTTP status codes, "
+            f"such as {{502, 503}} or range(500, 600) (got {value!r})"
+        )
+    codes = set()
+    for code in value:
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise TypeError(f"{where}: {option} must hold int status codes (got {code!r} in {value!r})")
+        if not 100 <= code <= 599:
+            raise ValueError(f"{where}: {option} holds {code}, not an HTTP status code (100-599)")
+        codes.add(int(code))
+    return frozenset(codes)
 
 
-def make_spec(name: str, route: Mapping[str, Any]) -> RouteSpec:
+_FACTORIES = {"static": static, "cached": cached, "function": function, "chain": chain}
+
+
+def _fallback(value: Any, where: str) -> Fallback | None:
+    """as_fallback, but a factory or class handed over uncalled (``fallback=cached``
+    for ``cached()``) is an error now, not a fallback that fails at every refusal."""
+    for factory_name, factory in _FACTORIES.items():
+        if value is factory:
+            raise TypeError(f"{where}: fallback={factory_name} must be called: fallback={factory_name}(...)")
+    if isinstance(value, type) and issubclass(value, Fallback):
+        cls = value.__name__
+        raise TypeError(f"{where}: fallback={cls} is a class: give an instance, fallback={cls}(...)")
+    try:
+        return as_fallback(value)
+    except (TypeError, ValueError) as exc:
+        why = f"fallback {value!r} is not a Fallback, a callable or a body"
+        raise type(exc)(f"{where}: {why}: {exc}") from None
+
+
+def make_spec(name: str, route: Mapping[str, Any], where: str | None = None) -> RouteSpec:
+    """A RouteSpec from route options, each checked: a wrong type or value is an
+    error naming ``where`` (the route, e.g. ``routes['/pay']``) and the option."""
+    where = where or f"route {name!r}"
+    try:
+        validate_name(name)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
     classify = route.get("classify")
     if classify is not None and not callable(classify):
-        raise TypeError(f"route {name!r}: classify must be callable (got {classify!r})")
+        raise TypeError(f"{where}: classify must be callable or None (got {classify!r})")
+    message = route.get("message")
+    if message is not None and not isinstance(message, str):
+        raise TypeError(f"{where}: message must be a str or None (got {message!r})")
+    on_failure = route.get("fallback_on_failure", True)
+    if not isinstance(on_failure, bool):
+        raise TypeError(f"{where}: fallback_on_failure must be True or False (got {on_failure!r})")
     return RouteSpec(
         name=name,
-        fallback=as_fallback(route.get("fallback")),
-        failure_statuses=_statuses(route.get("failure_statuses"), DEFAULT_FAILURE_STATUSES),
-        ignore_statuses=_statuses(route.get("ignore_statuses"), frozenset()),
+        fallback=_fallback(route.get("fallback"), where),
+        failure_statuses=_statuses(
+            route.get("failure_statuses"), DEFAULT_FAILURE_STATUSES, where, "failure_statuses"
+        ),
+        ignore_statuses=_statuses(route.get("ignore_statuses"), frozenset(), where, "ignore_statuses"),
         classify=classify,
-        message=route.get("message"),
-        fallback_on_failure=bool(route.get("fallback_on_failure", True)),
+        message=message,
+        fallback_on_failure=on_failure,
     )
+
+
+def route_config(defaults: BreakerConfig, config: Mapping[str, Any], where: str) -> BreakerConfig:
+    """A route's BreakerConfig fields over the defaults; a bad one is an error naming the route."""
+    try:
+        return dataclasses.replace(defaults, **config)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def split_options(options: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -105,7 +223,7 @@ def split_options(options: Mapping[str, Any], where: str) -> tuple[dict[str, Any
 
 
 def parse_routes(
-    value: Any, setting: str = "routes"
+    value: Any, setting: str = "routes", defaults: BreakerConfig | None = None
 ) -> tuple[list[tuple[str, RouteSpec]], dict[str, dict[str, Any]]]:
     """``{"/pay": "pay", "/cart": {"breaker": "cart", "fallback": ..., **config}, "/x": RouteSpec(...)}``.
 
@@ -113,7 +231,9 @@ def parse_routes(
     RouteSpec objects, or anything with RouteSpec's attributes). Returns the
     (prefix, spec) pairs, longest prefix first so that the first match is
     the most specific, and the BreakerConfig fields each breaker was given.
-    ``setting`` names the routes in error messages (``BREAKER_ROUTES`` for Flask).
+    ``setting`` names the routes in error messages (``BREAKER_ROUTES`` for Flask);
+    with ``defaults`` each route's BreakerConfig fields are checked over them
+    here, so that a bad one names its route.
     """
     if value is None:
         return [], {}
@@ -127,18 +247,19 @@ def parse_routes(
         where = f"{setting}[{prefix!r}]"
         config: dict[str, Any] = {}
         if isinstance(target, str):
-            spec = make_spec(target, {})
+            spec = make_spec(target, {}, where)
         elif isinstance(target, Mapping):
             route, config = split_options(target, where)
             if not isinstance(route.get("breaker"), str):
-                raise ValueError(f"{where}: needs 'breaker': NAME")
-            spec = make_spec(route["breaker"], route)
+                raise ValueError(f"{where}: needs 'breaker': NAME (got {route.get('breaker')!r})")
+            spec = make_spec(route["breaker"], route, where)
         elif isinstance(getattr(target, "name", None), str):  # a RouteSpec, ours or Flask's
-            spec = make_spec(
-                target.name, {k: getattr(target, k) for k in ROUTE_OPTIONS[1:] if hasattr(target, k)}
-            )
+            options = {k: getattr(target, k) for k in ROUTE_OPTIONS[1:] if hasattr(target, k)}
+            spec = make_spec(target.name, options, where)
         else:
-            raise TypeError(f"{where}: give a breaker name, a dict or a RouteSpec")
+            raise TypeError(f"{where}: give a breaker name, a dict or a RouteSpec (got {target!r})")
+        if config and defaults is not None:
+            route_config(defaults, config, where)
         if config:  # a bare name uses the breaker as configured elsewhere; fields configure it
             if configs.get(spec.name, config) != config:
                 raise ValueError(
@@ -148,6 +269,20 @@ def parse_routes(
         routes.append((prefix, spec))
     routes.sort(key=lambda item: len(item[0]), reverse=True)  # longest prefix wins
     return routes, configs
+
+
+def route_breakers(
+    breakers: Any, routes: list[tuple[str, RouteSpec]], configs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The Breaker (sync or asyncio) of every route's name, built with the fields
+    its routes give it over the Breakers' defaults: no I/O, so at start-up."""
+    resolved: dict[str, Any] = {}
+    for _prefix, spec in routes:
+        if spec.name not in resolved:
+            config = configs.get(spec.name)
+            built = dataclasses.replace(breakers.defaults, **config) if config else None
+            resolved[spec.name] = breakers.get(spec.name, built)
+    return resolved
 
 
 def status_line(code: int) -> str:

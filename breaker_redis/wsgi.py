@@ -38,6 +38,12 @@ reading early) records one not yet settled, by the status if the app gave
 one, else as ignored; an iterable dropped without ``close()`` (against PEP
 3333) is settled by the next request through this middleware in the process.
 
+One permit per breaker and request: an admitted request's environ carries
+the permit (``breaker_redis.routes.RequestGuards``), and a guard of the same
+breaker inside (the Flask extension, another middleware) neither asks nor
+records; a guard of another breaker that refuses inside makes this one count
+the request as ignored.
+
 This module is part of the core: it imports no web framework.
 """
 
@@ -45,7 +51,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -69,9 +74,14 @@ from .routes import (
     UNPROTECTED_METHODS,
     RouteSpec,
     Warnings,
+    held_permit,
+    hold_permit,
+    note_refusal,
     parse_routes,
     prefix_matches,
+    refused_inside,
     remember_limit,
+    route_breakers,
     status_line,
 )
 
@@ -231,13 +241,8 @@ class BreakerMiddleware:
             raise TypeError(f"breakers must be a breaker_redis.Breakers (got {type(breakers).__name__})")
         self.app = app
         self.breakers = breakers
-        self.routes, configs = parse_routes(routes)
-        self._resolved: dict[str, Breaker] = {}
-        for _prefix, spec in self.routes:
-            if spec.name not in self._resolved:
-                config = configs.get(spec.name)
-                built = dataclasses.replace(breakers.defaults, **config) if config else None
-                self._resolved[spec.name] = breakers.get(spec.name, built)  # no I/O: built lazily
+        self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
+        self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
         self._warnings = Warnings()
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
@@ -261,10 +266,14 @@ class BreakerMiddleware:
             spec = self.route_for(request_path(environ))
         if spec is None:
             return self._pass_through(environ, start_response)
+        if held_permit(environ, self.breakers.prefix, spec.name) is not None:
+            # An outer guard of this breaker holds the request's permit: it asks and records.
+            return self._pass_through(environ, start_response)
         breaker = self._resolved[spec.name]
         try:
             permit = breaker.acquire()
         except BreakerOpen as refused:
+            note_refusal(environ, spec.name)
             answer = self.fallback_answer(spec, environ, refused) or self.refusal_answer(
                 refused, environ, spec
             )
@@ -275,6 +284,7 @@ class BreakerMiddleware:
             # request through rather than turn the breaker into the outage.
             self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
             return self._pass_through(environ, start_response)
+        hold_permit(environ, self.breakers.prefix, spec.name, permit)  # seen by a Flask app inside
         return _Exchange(self, spec, breaker, permit, environ, start_response).run()
 
     def _pass_through(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -469,6 +479,8 @@ class _Exchange:
         code = _status_code(status)
         if code is None:
             return "failure"  # not a status a server can send: it will answer 500
+        if refused_inside(self.environ):
+            return "ignored"  # a guard of another breaker refused it: this route's service was not asked
         try:
             if spec.classify is not None:
                 verdict = spec.classify(ResponseInfo(code, status, Headers(list(self.headers)), self.environ))

@@ -593,3 +593,37 @@ def test_flask_breakers_with_redis_down_exits_1():
     assert result.exit_code == 1
     assert "cannot reach Redis at 127.0.0.1:" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_flask_breakers_knows_the_breakers_the_app_declares_before_their_first_call(url, prefix):
+    """`flask breakers open pay` works for a breaker the app declares (protect, a bare
+    BREAKER_ROUTES name, breaker()) but never called, as POST /_breakers/pay/open does;
+    `breaker-redis open pay`, which knows no app, still asks for --create."""
+    app = Flask(__name__)
+    app.config.update(BREAKER_REDIS_URL=url, BREAKER_KEY_PREFIX=prefix, BREAKER_ROUTES={"/cart": "cart"},
+                      BREAKER_ADMIN_TOKEN="t")
+    extension = FlaskBreakers(app)
+
+    @app.post("/pay")
+    @extension.protect("pay")
+    def pay():
+        return "ok"
+
+    assert run(url, prefix, "open", "pay").exit_code == 1  # no app: Redis does not know it yet
+    runner = app.test_cli_runner()
+    result = runner.invoke(args=["breakers", "open", "pay"])
+    assert (result.exit_code, result.stdout) == (0, "pay: open (forced)\n"), result.output
+    result = runner.invoke(args=["breakers", "show", "cart"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[1].split() == ["state", "closed"]
+    result = runner.invoke(args=["breakers", "config", "cart", "failure_threshold=2"])
+    assert (result.exit_code, result.stdout) == (0, "cart: failure_threshold=2\n"), result.output
+    result = runner.invoke(args=["breakers", "open", "nope"])
+    assert result.exit_code == 1 and "unknown breaker 'nope'" in result.stderr
+    # the admin endpoint agrees, for the bare route name too
+    answer = app.test_client().post("/_breakers/cart/open", headers={"Authorization": "Bearer t"})
+    assert answer.status_code == 200 and answer.get_json()["forced"] == "open"
+    # and from now on Redis knows them: the app-less command sees them
+    assert rows(run(url, prefix, "status").stdout).keys() == {"cart", "pay"}
+    assert run(url, prefix, "close", "pay").exit_code == 0
+    extension.breakers.close()

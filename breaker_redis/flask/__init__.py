@@ -10,7 +10,8 @@ view makes to other services go through ``breakers.call`` / ``.outbound``.
 This is the only part of breaker_redis that imports Flask. Its modules, one
 job each (the public API is what this package exports):
 
-- ``extension``: FlaskBreakers, reading the config, declaring breakers;
+- ``extension``: FlaskBreakers, building an app's protection, declaring breakers;
+- ``settings``: the ``BREAKER_*`` keys and constructor arguments, each checked;
 - ``hooks``: the before/after/teardown request hooks and classification;
 - ``refusal``: the 503 ``BreakerOpenError`` and how it is rendered;
 - ``serving``: serving a route's fallback and remembering good responses;

@@ -14,6 +14,12 @@ Authentication (RFC 6750): ``Authorization: Bearer TOKEN`` and nothing else
 it or with a wrong one the answer is 401 with ``WWW-Authenticate: Bearer``.
 An action on a name that neither Redis nor this app knows is a 404: an
 admin call never creates a breaker.
+
+While Redis is down or does not answer, every endpoint answers a JSON 503
+(``{"error": "Redis is unreachable: ..."}``, ``Retry-After: 1``) after the
+client's own timeouts (0.25 s a command), never an HTML 500: an operator
+reaching for the switch during an outage needs to be told why it does not
+work. ``/metrics`` says ``breaker_redis_up 0`` instead, as Prometheus expects.
 """
 
 from __future__ import annotations
@@ -23,13 +29,32 @@ import hmac
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from flask import Flask, Response, jsonify, request
 
+from ..store import StoreUnavailable
 from .state import AppState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # prometheus_client.CONTENT_TYPE_LATEST
 ACTIONS = {"open": "force_open", "close": "force_closed", "auto": "clear_force", "reset": "reset"}
 REALM = "breaker_redis"
+REDIS_DOWN = (redis.exceptions.RedisError, StoreUnavailable, OSError)
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, StoreUnavailable, OSError)
+RETRY_SECONDS = 1  # the store gate probes Redis again within 2 s
+
+
+def redis_down(exc: BaseException) -> Response:
+    """The 503 an admin endpoint answers when Redis cannot be read or written."""
+    cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ else exc
+    if isinstance(exc, _UNREACHABLE):
+        error = f"Redis is unreachable: {cause}"
+    else:
+        error = f"Redis answered with an error: {cause}"
+    response = jsonify(error=error)
+    response.status_code = 503
+    response.headers["Retry-After"] = str(RETRY_SECONDS)
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 class Gate:
@@ -63,10 +88,15 @@ class Gate:
         return response
 
     def guard(self, view: Callable[..., Any]) -> Callable[..., Any]:
+        """The view behind the token; Redis down is the JSON 503, not a 500."""
+
         def guarded(*args: Any, **kwargs: Any) -> Any:
             if not self.authorized():
                 return self.denied()
-            return view(*args, **kwargs)
+            try:
+                return view(*args, **kwargs)
+            except REDIS_DOWN as exc:
+                return redis_down(exc)
 
         guarded.__name__ = view.__name__
         return guarded
@@ -79,7 +109,7 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
     gate = Gate(str(state.admin_token))
 
     def status() -> Any:
-        names = set(state.breakers.names()) | set(state.declared) | set(state.route_configs)
+        names = set(state.breakers.names()) | state.app_names()
         return jsonify(breakers=[state.breaker(n).snapshot() for n in sorted(names)])
 
     def metrics() -> Any:

@@ -3,7 +3,10 @@
 The commands are breaker_redis.cli's own; only where they act differs: the
 Redis client and key prefix of the app's ``FlaskBreakers`` (from
 ``BREAKER_REDIS_URL`` / ``BREAKER_KEY_PREFIX``, or the ``client=`` /
-``breakers=`` the extension was given), read inside the app context.
+``breakers=`` the extension was given), read inside the app context, and the
+breakers the app declares (``protect``, ``breaker``, ``outbound``,
+``BREAKER_ROUTES``) count as known before their first call, as they do for
+the admin endpoints.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ def _app_target() -> Target:
     state = current_app.extensions.get(EXTENSION_KEY)
     if state is None:
         raise click.ClickException("FlaskBreakers.init_app(app) was not called for this app")
-    breakers = cast(AppState, state).breakers
-    return Target(breakers.client, breakers.prefix, owns_client=False)
+    app_state = cast(AppState, state)
+    breakers = app_state.breakers
+    # The breakers the app declares are known before their first call, as to its admin endpoints.
+    return Target(breakers.client, breakers.prefix, owns_client=False, declared=app_state.app_names())
 
 
 def breakers_group() -> click.Group:

@@ -34,8 +34,7 @@ from typing import Any
 import redis
 from flask import Flask, Response, abort, request
 
-from ..store import StoreUnavailable
-from .admin import Gate
+from .admin import REDIS_DOWN, Gate
 from .state import AppState
 
 STREAM_SECONDS = 15.0
@@ -43,7 +42,6 @@ POLL_MS = 1000  # single-threaded servers: one frame per request, the page asks 
 FRAME_SECONDS = 1.0
 TRANSITIONS_SHOWN = 5
 STATIC_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
-_REDIS_DOWN = (redis.exceptions.RedisError, StoreUnavailable, OSError)
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -122,7 +120,7 @@ def stream_events(state: AppState, seconds: float | None = None, retry_ms: int =
                 if pubsub is None and seconds != 0:
                     pubsub = _subscribe(client, channel)
                 yield event("snapshot", frame(state))
-            except _REDIS_DOWN as exc:
+            except REDIS_DOWN as exc:
                 if pubsub is not None:
                     pubsub.close()
                     pubsub = None
@@ -136,7 +134,7 @@ def stream_events(state: AppState, seconds: float | None = None, retry_ms: int =
                     time.sleep(wait)
                 else:
                     _wait_for_change(pubsub, wait)
-            except _REDIS_DOWN:
+            except REDIS_DOWN:
                 pubsub.close()
                 pubsub = None
     finally:

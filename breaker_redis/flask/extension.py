@@ -1,4 +1,4 @@
-"""FlaskBreakers: reading the app's config, declaring breakers, the public API.
+"""FlaskBreakers: building an app's protection from its settings, declaring breakers, the public API.
 
 Nothing here talks to Redis at import or ``init_app`` time: the Breakers are
 built on a client that connects on first use, in the worker process, so the
@@ -8,7 +8,6 @@ What happens during a request is in ``hooks``; this module only sets it up.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -18,30 +17,22 @@ from flask import Flask, current_app
 
 from ..breaker import Breaker
 from ..breakers import Breakers
-from ..config import BreakerConfig
+from ..routes import route_config
+from ..scripts import validate_name
+from ..urls import client_from_url
 from ..wrappers import MISSING
 from .admin import install_admin
 from .cli import breakers_group
 from .hooks import install_hooks, protected_view
 from .outbound import guarded_call
-from .routes import CONFIG_FIELDS, Classifier, make_spec, parse_routes
+from .routes import CONFIG_FIELDS, Classifier, make_spec
+from .settings import CONFIG_KEYS as CONFIG_KEYS
+from .settings import EXTRA_ARGUMENTS as EXTRA_ARGUMENTS
+from .settings import read_settings
 from .state import EXTENSION_KEY, AppState, Warnings
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-
-# Constructor argument -> (config key, default). Constructor arguments win.
-CONFIG_KEYS: dict[str, tuple[str, Any]] = {
-    "redis_url": ("BREAKER_REDIS_URL", "redis://127.0.0.1:6379/0"),
-    "key_prefix": ("BREAKER_KEY_PREFIX", "breaker"),
-    "defaults": ("BREAKER_DEFAULTS", None),
-    "routes": ("BREAKER_ROUTES", None),
-    "on_store_error": ("BREAKER_ON_STORE_ERROR", "local"),
-    "admin_token": ("BREAKER_ADMIN_TOKEN", None),
-    "dashboard": ("BREAKER_DASHBOARD", False),
-}
-# Constructor arguments with no config key: objects, not settings.
-EXTRA_ARGUMENTS = ("client", "breakers", "clock", "listen", "key_ttl_seconds", "admin_path")
 
 
 class FlaskBreakers:
@@ -63,100 +54,84 @@ class FlaskBreakers:
             )
         self.overrides = overrides
         self.app = app
-        # Breaker configs declared by protect()/outbound()/breaker(), for every app.
+        # Breaker configs declared by protect()/outbound()/breaker(), for every app,
+        # and where each was declared (for errors).
         self._declared: dict[str, dict[str, Any]] = {}
+        self._declared_where: dict[str, str] = {}
         self._declared_lock = threading.Lock()
         self._warnings = Warnings()
+        self._states: list[AppState] = []  # every app initialised: a later declaration is checked on each
         if app is not None:
             self.init_app(app)
 
     # -- set-up ----------------------------------------------------------------
 
-    def _setting(self, app: Flask, name: str) -> Any:
-        key, default = CONFIG_KEYS[name]
-        if name in self.overrides:
-            return self.overrides[name]
-        return app.config.get(key, default)
-
     def init_app(self, app: Flask) -> None:
-        """Read the config, build the Breakers (no connection yet), install the hooks."""
-        defaults = self._defaults(self._setting(app, "defaults"))
+        """Read and check the config, build the Breakers (no connection yet), install the hooks.
+
+        Everything that can be wrong is an error here, naming the key or the
+        route: a ``BREAKER_*`` value, a route option, a breaker name, a
+        config declared by ``protect()`` that does not hold over this app's
+        ``BREAKER_DEFAULTS``. An unknown ``BREAKER_*`` key is a warning.
+        """
+        settings = read_settings(app.config, self.overrides)
+        defaults = settings.defaults
         breakers = self.overrides.get("breakers")
         if breakers is None:
-            options: dict[str, Any] = {
-                "on_store_error": self._setting(app, "on_store_error"),
-                "defaults": defaults,
-            }
+            options: dict[str, Any] = {"on_store_error": settings.on_store_error, "defaults": defaults}
             for extra in ("clock", "listen", "key_ttl_seconds"):
                 if extra in self.overrides:
                     options[extra] = self.overrides[extra]
-            prefix = self._setting(app, "key_prefix")
             client = self.overrides.get("client")
-            if client is not None:
-                breakers = Breakers(client, prefix, **options)
-            else:
-                breakers = Breakers.from_url(self._setting(app, "redis_url"), prefix, **options)
+            if client is None:
+                label = "redis_url" if "redis_url" in self.overrides else "BREAKER_REDIS_URL"
+                try:
+                    client = client_from_url(settings.redis_url)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"{label}: {exc}") from None
+            breakers = Breakers(client, settings.key_prefix, **options)
         elif not isinstance(breakers, Breakers):
             raise TypeError("breakers= must be a breaker_redis.Breakers")
-        routes, route_configs = parse_routes(self._setting(app, "routes"))
-        token = self._setting(app, "admin_token")
-        dashboard = self._setting(app, "dashboard")
-        if not isinstance(dashboard, bool):
-            raise TypeError(f"BREAKER_DASHBOARD must be True or False, not {dashboard!r}")
-        if dashboard and not token:
-            raise ValueError(
-                "BREAKER_DASHBOARD is True but BREAKER_ADMIN_TOKEN is not set: "
-                "the dashboard is only served behind the admin token"
-            )
         state = AppState(
             breakers,
             defaults,
-            routes,
-            route_configs,
-            str(token) if token else None,
+            settings.routes,
+            settings.route_configs,
+            settings.admin_token,
             self._declared,
             self._warnings,
         )
         # Fail at start-up, not at the first request: every declared config
         # must agree with BREAKER_ROUTES and be valid over BREAKER_DEFAULTS.
-        for name, config in route_configs.items():
+        for name, config in settings.route_configs.items():
             self._declare(name, config, f"BREAKER_ROUTES[{name!r}]", check_only=True)
-        for config in [*route_configs.values(), *self._declared.values()]:
-            dataclasses.replace(defaults, **config)
+        with self._declared_lock:
+            declared = list(self._declared.items())
+        for name, config in declared:
+            route_config(defaults, config, self._declared_where.get(name, repr(name)))
         app.extensions[EXTENSION_KEY] = state
+        self._states.append(state)
 
         install_hooks(app, state)
         app.cli.add_command(breakers_group(), "breakers")  # flask breakers status | show NAME | ...
         if state.admin_token:
-            path = str(self.overrides.get("admin_path", "/_breakers"))
-            install_admin(app, state, path, dashboard=dashboard)
-
-    @staticmethod
-    def _defaults(value: Any) -> BreakerConfig:
-        if value is None:
-            return BreakerConfig()
-        if isinstance(value, BreakerConfig):
-            return value
-        if isinstance(value, Mapping):
-            unknown = set(value) - CONFIG_FIELDS
-            if unknown:
-                raise ValueError(f"BREAKER_DEFAULTS: unknown BreakerConfig fields {sorted(unknown)}")
-            return BreakerConfig(**dict(value))
-        raise TypeError("BREAKER_DEFAULTS must be a dict of BreakerConfig fields or a BreakerConfig")
+            install_admin(app, state, settings.admin_path, dashboard=settings.dashboard)
 
     def _declare(self, name: str, config: Mapping[str, Any], where: str, check_only: bool = False) -> None:
         """One config per breaker name: two places configuring it differently is
         an error at declaration time, not a surprise at the first outage.
-        With the app already initialised the config is validated now too."""
-        state = self.app.extensions.get(EXTENSION_KEY) if self.app is not None else None
-        if isinstance(state, AppState) and config:
-            dataclasses.replace(state.defaults, **config)
+        With an app already initialised the config is checked over its defaults now too."""
+        _check_name(name, where)
+        if config:
+            for state in self._states:
+                route_config(state.defaults, config, where)
         with self._declared_lock:
             known = self._declared.get(name)
             if known is not None and known != dict(config):
                 raise ValueError(f"{where}: breaker {name!r} is already declared with {known}")
             if known is None and (config or not check_only):
                 self._declared[name] = dict(config)
+                self._declared_where[name] = where
 
     @staticmethod
     def _check_config(config: Mapping[str, Any], where: str) -> None:
@@ -212,19 +187,18 @@ class FlaskBreakers:
         (success), or None to fall back to the status lists. Other keyword
         arguments are BreakerConfig fields over ``BREAKER_DEFAULTS``.
         """
-        self._check_config(config, f"protect({name!r})")
-        self._declare(name, config, f"protect({name!r})")
-        spec = make_spec(
-            name,
-            {
-                "fallback": fallback,
-                "failure_statuses": failure_statuses,
-                "ignore_statuses": ignore_statuses,
-                "classify": classify,
-                "message": message,
-                "fallback_on_failure": fallback_on_failure,
-            },
-        )
+        where = f"protect({name!r})"
+        self._check_config(config, where)
+        self._declare(name, config, where)
+        options = {
+            "fallback": fallback,
+            "failure_statuses": failure_statuses,
+            "ignore_statuses": ignore_statuses,
+            "classify": classify,
+            "message": message,
+            "fallback_on_failure": fallback_on_failure,
+        }
+        spec = make_spec(name, options, where)
 
         def decorate(view: F) -> F:
             return protected_view(view, spec)
@@ -248,9 +222,11 @@ class FlaskBreakers:
 
     def outbound(self, name: str, fallback: Any = MISSING, **config: Any) -> Callable[[F], F]:
         """Decorator form of ``call``: ``@breakers.outbound("inventory", fallback=[])``."""
+        where = f"outbound({name!r})"
+        _check_name(name, where)
         if config:
-            self._check_config(config, f"outbound({name!r})")
-            self._declare(name, config, f"outbound({name!r})")
+            self._check_config(config, where)
+            self._declare(name, config, where)
 
         def decorate(fn: F) -> F:
             @functools.wraps(fn)
@@ -260,3 +236,11 @@ class FlaskBreakers:
             return cast(F, wrapper)
 
         return decorate
+
+
+def _check_name(name: str, where: str) -> None:
+    """A breaker name is checked where it is written, not at its first request."""
+    try:
+        validate_name(name)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None

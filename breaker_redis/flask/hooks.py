@@ -31,6 +31,7 @@ from werkzeug.exceptions import HTTPException
 from ..breaker import Breaker
 from ..errors import BreakerOpen
 from ..permit import Permit
+from ..routes import held_permit, hold_permit, note_refusal
 from .refusal import BreakerOpenError, retry_after_seconds
 from .routes import RouteSpec, prefix_matches
 from .serving import fallback_context, freeze, serve
@@ -125,10 +126,16 @@ def before_request(state: AppState) -> Any:
     spec = spec_for_request(state)
     if spec is None:
         return None
+    environ, prefix = request.environ, state.breakers.prefix
+    if held_permit(environ, prefix, spec.name) is not None:
+        # A WSGI middleware around the app guards this route with the same breaker:
+        # it holds the request's permit, asks and records. Nothing is counted twice.
+        return None
     breaker = state.breaker(spec.name)
     try:
         permit = breaker.acquire()
     except BreakerOpen as refused:
+        note_refusal(environ, spec.name)
         served = serve(state, spec, refused)
         if served is not None:
             return served
@@ -139,6 +146,7 @@ def before_request(state: AppState) -> Any:
         state.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
         return None
     setattr(g, PENDING_KEY, Pending(spec, breaker, permit))
+    hold_permit(environ, prefix, spec.name, permit)
     return None
 
 
@@ -154,6 +162,7 @@ def inner_refusal(refused: BreakerOpen) -> Any:
     pending = g.get(PENDING_KEY)
     if isinstance(pending, Pending):
         pending.refused_inside = True
+    note_refusal(request.environ, refused.breaker)  # and a WSGI middleware around the app ignores it
     config = None
     state = current_app.extensions.get(EXTENSION_KEY)
     if isinstance(state, AppState) and refused.breaker in state.resolved:

@@ -72,7 +72,8 @@ class AppState:
 
     def app_names(self) -> set[str]:
         """The breakers this app declared or built, whether or not Redis has them yet."""
-        return set(self.declared) | set(self.route_configs) | set(self.resolved)
+        routed = {spec.name for _prefix, spec in self.routes}  # a bare name in BREAKER_ROUTES too
+        return set(self.declared) | set(self.route_configs) | routed | set(self.resolved)
 
     def knows(self, name: str) -> bool:
         """Declared by this app, or known in Redis (an admin call never creates a breaker)."""
