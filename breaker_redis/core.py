@@ -220,8 +220,9 @@ class BreakerCore(Generic[P]):
             return
         self._lost_logged_at, losses, self._losses = now, self._losses, 0
         state = f"{self._key_prefix()}:{{{self.name}}}:state"
-        if reply.lost == "restored":
-            what = f"restored from what this worker knew: {reply.state}"
+        if reply.lost.startswith("restored"):
+            source = "this worker knew" if reply.lost == "restored" else "its last transition said"
+            what = f"restored from what {source}: {reply.state}"
             if reply.forced:
                 what += f", forced {reply.forced}"
             elif reply.state == "open":

@@ -61,7 +61,9 @@ class Reply:
     arms: int
     born: int  # the epoch the state hash was created with: one per incarnation of the keys
     repaired: str = ""  # keys of the breaker this call found corrupted and repaired ("stats,window")
-    lost: str = ""  # '' or 'restored' / 'lost': Redis had lost the state the worker knew (lua/_lib.lua)
+    # Redis had lost the breaker's state (lua/_lib.lua restore_lost): 'restored' from what this
+    # worker knew, 'restored_events' from the last transition, 'lost' (it knew it closed), or ''
+    lost: str = ""
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
@@ -234,20 +236,25 @@ class Memory:
         self.epoch_seen = 0  # the floor for a state hash created anew (lua/_lib.lua)
         self._invalidations = self._opaque_at = 0
         self._announced: Announcement | None = None
+        # (state, epoch, born, open_until, forced) of the last transition message, and when
+        self._heard: tuple[tuple[str, int, int, int, str], float] | None = None
 
     def floor_arg(self) -> str:
-        """ARGV 6 of a script (lua/_lib.lua): the highest epoch seen and, when this
-        worker knows the state now, that state, which the scripts restore should
-        Redis have lost it (keys evicted, flushed, deleted). Knowledge not
-        renewed for RESTORE_SECONDS is not offered: it may be what an idle
-        breaker swept long ago was."""
-        known = self.known
-        if known is None or time.monotonic() - known.learned_at > RESTORE_SECONDS:
+        """ARGV 6 of a script (lua/_lib.lua): the highest epoch seen and what this
+        worker knows of the state now, which the scripts restore should Redis
+        have lost it (keys evicted, flushed, deleted): its knowledge, or, once
+        a transition message made it forget, what that message announced (a
+        worker that heard of a trip and has not asked since knows the breaker
+        is open). Nothing older than RESTORE_SECONDS is offered: it may be what
+        an idle breaker swept long ago was."""
+        known, now = self.known, time.monotonic()
+        if known is not None and now - known.learned_at <= RESTORE_SECONDS:
+            state = (known.state, known.epoch, known.born, known.open_until, known.forced)
+        elif known is None and self._heard is not None and now - self._heard[1] <= RESTORE_SECONDS:
+            state = self._heard[0]
+        else:
             return str(self.epoch_seen)
-        return (
-            f"{self.epoch_seen} {known.state} {known.epoch} {known.born} {known.open_until} "
-            f"{known.forced or '-'}"
-        )
+        return f"{self.epoch_seen} {state[0]} {state[1]} {state[2]} {state[3]} {state[4] or '-'}"
 
     def stamp(self) -> int:
         """Taken before a script is sent, handed back to learn() with its reply."""
@@ -288,6 +295,7 @@ class Memory:
             if announced is None or not announced.extends(self._announced):
                 self._opaque_at = self._invalidations
             self._announced = announced
+            self._heard = _transition_heard(payload)
             return True
 
     def forget(self) -> None:
@@ -296,3 +304,17 @@ class Memory:
             self.known = None
             self._invalidations += 1
             self._opaque_at = self._invalidations
+
+
+def _transition_heard(payload: dict[str, Any]) -> tuple[tuple[str, int, int, int, str], float] | None:
+    """What a transition message announced, for restoring a lost state (Memory.floor_arg)."""
+    if payload.get("kind") != "transition":
+        return None
+    try:
+        state, forced = str(payload["to"]), str(payload.get("forced") or "")
+        heard = (state, int(payload["epoch"]), int(payload["born"]), int(payload["open_until"]), forced)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if state not in ("closed", "open", "half_open") or forced not in ("", "open", "closed"):
+        return None
+    return heard, time.monotonic()

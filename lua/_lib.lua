@@ -195,37 +195,54 @@ end
 
 local transition, stat, drop_probes  -- defined below; load_state restores with them
 
--- A state the caller knows and Redis lost: its keys were evicted (an evicting
--- maxmemory-policy), flushed or deleted, and created anew, here or by a worker
--- that knew nothing (then nothing has happened to the new one since: epoch ==
--- born). The caller's open, half-open or forced state is restored (a
--- transition, cause 'restored', so every worker hears of it), so an open
--- breaker stays open until the open_until it had, for a worker that starts
--- now too. A caller that knew it closed can restore nothing (the window's
--- counts are gone). Either way the loss is counted once per new incarnation
--- (stats state_lost) and the reply says so, for the worker to log it.
-local function restore_lost(s)
-  if KNOWN == nil or s.epoch ~= s.born or KNOWN.born == s.born or s.state ~= 'closed' or s.forced ~= '' then
+-- The newest line of the events list (see transition), as a state to restore
+-- from; nil if there is none or it does not parse.
+local function last_transition()
+  local line = redis.call('LINDEX', K_EVENTS, 0)
+  if type(line) ~= 'string' then return nil end
+  local to, epoch, open_until, forced = string.match(line, '^%d+ [a-z_]+ ([a-z_]+) [a-z_]+ (%d+) (%d+) ([a-z-]+)$')
+  if not to then return nil end
+  return {state = to, epoch = tonumber(epoch), born = -1, open_until = tonumber(open_until),
+    forced = forced == '-' and '' or forced, source = 'events'}
+end
+
+-- A state Redis lost: its keys were evicted (an evicting maxmemory-policy),
+-- flushed or deleted, and created anew, here (created) or by a worker that
+-- knew nothing (then nothing has happened to the new one since: epoch ==
+-- born). What it was comes from the caller's knowledge (KNOWN), or, when the
+-- caller knows nothing and the hash is created here, from the breaker's last
+-- transition (the events list, another key, which may well have survived).
+-- An open, half-open or forced state is restored (a transition, cause
+-- 'restored', so every worker hears of it): an open breaker stays open until
+-- the open_until it had, for a worker that starts now too. A caller that
+-- knew it closed can restore nothing (the window's counts are gone). A loss
+-- is counted once per new incarnation (stats state_lost) and the reply says
+-- so, for the worker to log it.
+local function restore_lost(s, created)
+  local was = KNOWN
+  if was == nil and created then was = last_transition() end
+  if was == nil or s.epoch ~= s.born or was.born == s.born or s.state ~= 'closed' or s.forced ~= '' then
     return
   end
   local repair = s.lost == s.born  -- created by a repair (logged as one), not counted as a loss
-  if not repair then
+  local restorable = was.state ~= 'closed' or was.forced ~= ''
+  if not repair and (restorable or was.source == nil) then
     s.lost, s.dirty = s.born, true
     stat('state_lost', 1)
   end
-  if KNOWN.state == 'closed' and KNOWN.forced == '' then
-    if not repair then LOST = 'lost' end
+  if not restorable then
+    if not repair and was.source == nil then LOST = 'lost' end
     return
   end
-  if not repair then LOST = 'restored' end
-  local to = KNOWN.state
-  if KNOWN.forced ~= '' then to = KNOWN.forced end
-  s.forced, s.consec, s.ho_ok = KNOWN.forced, 0, 0
-  s.open_until = (to == 'open' and KNOWN.forced == '') and KNOWN.open_until or 0
+  if not repair then LOST = was.source == 'events' and 'restored_events' or 'restored' end
+  local to = was.state
+  if was.forced ~= '' then to = was.forced end
+  s.forced, s.consec, s.ho_ok = was.forced, 0, 0
+  s.open_until = (to == 'open' and was.forced == '') and was.open_until or 0
   if to == 'half_open' then drop_probes() end  -- an earlier incarnation's: their results are stale
   -- above every epoch the caller saw (a worker that knew nothing may have created the
   -- new hash from a lower floor), so epochs never go backwards for anyone
-  s.epoch = math.max(s.epoch, FLOOR)
+  s.epoch = math.max(s.epoch, FLOOR, was.epoch)
   transition(s, to, 'restored')
 end
 
@@ -250,7 +267,8 @@ local function load_state(restore)
   if corrupted or (v[1] and v[1] ~= 'closed' and v[1] ~= 'open' and v[1] ~= 'half_open') then
     repaired('state')
   end
-  if corrupted or (s.state ~= 'closed' and s.state ~= 'open' and s.state ~= 'half_open') then
+  local created = corrupted or (s.state ~= 'closed' and s.state ~= 'open' and s.state ~= 'half_open')
+  if created then
     if unparsable(v[2], epoch) then s.epoch = 0 end
     s.epoch = math.max(NOW, FLOOR + 1, s.epoch + 1)
     s.state, s.born, s.armed, s.dirty = 'closed', s.epoch, false, true
@@ -258,7 +276,7 @@ local function load_state(restore)
     s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
   end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
-  if restore then restore_lost(s) end
+  if restore then restore_lost(s, created) end
   return s
 end
 
@@ -313,7 +331,7 @@ local function flush_pending(from)
   end
 end
 
--- Every transition: epoch+1, one stream entry, one pub/sub message. Messages
+-- Every transition: epoch+1, one line in the events list, one pub/sub message. Messages
 -- are hints: a worker that hears one asks Redis again before trusting memory.
 local EVENTS_KEPT = 10  -- what `breaker-redis show` prints (breaker_redis/reader.py EVENTS_KEPT)
 local function publish(s, kind, extra)

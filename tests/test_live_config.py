@@ -177,8 +177,9 @@ def test_reset_repairs_a_corrupted_counter(make_breakers, store, caplog):
 )
 def test_a_corrupted_state_field_starts_a_fresh_breaker_with_a_newer_epoch(make_breakers, store, caplog,
                                                                            clock, field, value):
-    """A worker that knows nothing finds a fresh closed breaker; one that knew it
-    open restores it (as after an eviction: lua/_lib.lua restore_lost)."""
+    """The state is repaired as a fresh breaker with a newer epoch, and what it was is
+    restored: from the last transition for a worker that knows nothing, from what it
+    knew for one that does (as after an eviction: lua/_lib.lua restore_lost)."""
     pay = make_breakers().get("pay", COUNT_5)
     fail(pay, 5)
     epoch = pay.snapshot()["epoch"]
@@ -186,13 +187,17 @@ def test_a_corrupted_state_field_starts_a_fresh_breaker_with_a_newer_epoch(make_
     clock.advance(1_000)  # (an epoch edited away is guessed from the time: epochs grow with it)
     newcomer = make_breakers().get("pay", COUNT_5)
     with caplog.at_level(logging.WARNING, logger="breaker_redis"):
-        assert admits(newcomer)  # a fresh closed breaker; no exception reaches the caller
-    assert "breaker:{pay}:state" in caplog.text
+        assert not admits(newcomer)  # open, as the last transition said; no other exception
+    assert "breaker:{pay}:state" in caplog.text and "lost its state" not in caplog.text  # a repair
     snap = newcomer.snapshot()
-    assert snap["state"] == "closed" and snap["epoch"] > epoch  # epochs never go backwards
+    assert snap["state"] == "open" and snap["epoch"] > epoch and snap["state_lost"] == 0
+    store.hset(STATE, field, value)
+    store.delete("breaker:{pay}:events")
+    clock.advance(1_000)
+    fresh = make_breakers().get("pay", COUNT_5)
+    assert admits(fresh)  # nothing to restore from: a fresh closed breaker
+    assert fresh.snapshot()["epoch"] > snap["epoch"]  # epochs never go backwards
     assert not admits(pay)  # the worker that knew it open restores it
-    snap = pay.snapshot()
-    assert snap["state"] == "open" and snap["epoch"] > epoch and snap["state_lost"] == 0  # a repair
 
 
 def test_a_window_head_far_in_the_future_is_repaired(make_breakers, store, caplog):

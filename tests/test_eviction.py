@@ -1,0 +1,215 @@
+"""A Redis that evicts keys: the breaker keeps protecting, and says what is wrong.
+
+Real redis-servers with ``maxmemory 2mb`` and another client filling them with
+cache entries (1 KB each), as when breaker_redis shares the cache Redis a team
+already has:
+
+- ``volatile-lru`` (the cache's entries carry a TTL): the breaker's keys carry
+  none, so Redis never evicts them. Thousands of evictions after a trip, every
+  worker refuses, one that starts after the trip too, and nothing was lost.
+- ``allkeys-lru``: Redis may evict a breaker's state. A worker that knew it open
+  restores it at its next script call (on the way to flushing its refusals,
+  once a second while it refuses), logs one WARNING naming the cause, and the
+  loss is counted; from then on a worker that starts is refused again. A worker
+  that starts before any knowing worker has restored it finds a fresh closed
+  breaker (admitted), and hears of the restore like of any trip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from breaker_redis import BreakerConfig, Breakers
+from breaker_redis import core as core_module
+from breaker_redis.reader import Reader
+from tests.redis_server import RedisServer, wait_until
+from tests.workers import admits, fail
+
+pytestmark = pytest.mark.real
+
+CONFIG = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
+STATE = "breaker:{pay}:state"
+
+
+class Filler:
+    """Another client of the same Redis writing 1 KB cache entries as fast as it can."""
+
+    def __init__(self, client: redis.Redis, ttl: bool) -> None:
+        self.client, self.ttl = client, ttl
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        value, n = b"x" * 1024, 0
+        while not self.stop.is_set():
+            pipe = self.client.pipeline(transaction=False)
+            for _ in range(50):
+                n += 1
+                pipe.set(f"cache:{n}", value, ex=3600 if self.ttl else None)
+            with contextlib.suppress(redis.exceptions.ResponseError):  # OOM, nothing evictable: again
+                pipe.execute()
+
+    def __enter__(self) -> Filler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
+def evicted(client: redis.Redis) -> int:
+    return int(client.info("stats")["evicted_keys"])
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    made = RedisServer().start()
+    admin = made.client()
+    admin.config_set("maxmemory", 2 * 1024 * 1024)
+    admin.config_set("maxmemory-policy", request.param)
+    admin.close()
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def workers(server: RedisServer) -> Iterator[list[Breakers]]:
+    made: list[Breakers] = []
+    yield made
+    for breakers in made:
+        breakers.close()
+
+
+def subscribed(breakers: Breakers) -> Breakers:
+    breakers.get("pay", CONFIG).acquire().ignore()  # first use: connects and subscribes
+    wait_until(lambda: breakers.invalidator is not None and breakers.invalidator.healthy, timeout=10,
+               what="the event subscription")
+    return breakers
+
+
+def trip(workers: list[Breakers], url: str) -> None:
+    workers.extend(subscribed(Breakers.from_url(url)) for _ in range(3))
+    fail(workers[0].get("pay", CONFIG), 5)
+    for breakers in workers:
+        assert not admits(breakers.get("pay", CONFIG))
+
+
+@pytest.mark.parametrize("server", ["volatile-lru"], indirect=True)
+def test_volatile_lru_never_evicts_a_breakers_keys(server: RedisServer, workers: list[Breakers]) -> None:
+    admin = server.client()
+    trip(workers, server.url)
+    before = evicted(admin)
+    with Filler(server.client(), ttl=True):
+        wait_until(lambda: evicted(admin) - before >= 5_000, timeout=60, what="5,000 evictions")
+        for breakers in workers:
+            for _ in range(20):
+                assert not admits(breakers.get("pay", CONFIG))
+        newcomer = Breakers.from_url(server.url)  # a worker that starts after the trip
+        workers.append(newcomer)
+        assert not admits(newcomer.get("pay", CONFIG))
+    assert admin.hget(STATE, "state") == b"open"
+    assert newcomer.get("pay", CONFIG).snapshot()["state_lost"] == 0
+    admin.close()
+
+
+def evict_the_state(server: RedisServer) -> None:
+    admin = server.client()
+    with Filler(server.client(), ttl=False):
+        wait_until(lambda: not admin.exists(STATE), timeout=60, what="Redis to evict the breaker's state")
+    # the pressure ends: what follows (the restore) must not be evicted in turn before it is checked
+    admin.config_set("maxmemory", 0)
+    admin.close()
+
+
+@pytest.mark.parametrize("server", ["allkeys-lru"], indirect=True)
+def test_allkeys_lru_a_worker_that_knew_restores_the_open_state(
+    server: RedisServer, workers: list[Breakers], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="breaker_redis")
+    trip(workers, server.url)
+    open_until = int(server.client().hget(STATE, "open_until"))
+    evict_the_state(server)
+    # refusals from memory go to Redis once a second; here at once, so the first call restores
+    monkeypatch.setattr(core_module, "FLUSH_SECONDS", 0.0)
+    assert not admits(workers[1].get("pay", CONFIG))
+    admin = server.client()
+    assert admin.hget(STATE, "state") == b"open"
+    assert int(admin.hget(STATE, "open_until")) == open_until  # the same open period
+    newcomer = Breakers.from_url(server.url)
+    workers.append(newcomer)
+    assert not admits(newcomer.get("pay", CONFIG))
+    snap = newcomer.get("pay", CONFIG).snapshot()
+    assert (snap["state"], snap["state_lost"]) == ("open", 1)
+    lines = [r.getMessage() for r in caplog.records if "lost its state" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "restored" in lines[0] and "allkeys-lru" in lines[0] and "noeviction or volatile-*" in lines[0]
+    history = [(e["from"], e["to"], e["cause"]) for e in Reader(admin, "breaker").transitions("pay", 10)]
+    assert history[-1] == ("closed", "open", "restored")
+    admin.close()
+
+
+@pytest.mark.parametrize("server", ["allkeys-lru"], indirect=True)
+def test_allkeys_lru_a_newcomer_first_finds_it_closed_when_its_history_is_gone_too(
+    server: RedisServer, workers: list[Breakers], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trip(workers, server.url)
+    evict_the_state(server)
+    server.client().delete("breaker:{pay}:events")  # the last transition evicted as well
+    newcomer = subscribed(Breakers.from_url(server.url))  # knows nothing: a fresh closed breaker
+    workers.append(newcomer)
+    assert admits(newcomer.get("pay", CONFIG))  # the window this policy leaves (README: Redis memory)
+    monkeypatch.setattr(core_module, "FLUSH_SECONDS", 0.0)
+    assert not admits(workers[0].get("pay", CONFIG))  # knew it open: restores it over the fresh one
+    assert not admits(newcomer.get("pay", CONFIG))  # heard the restore, as it hears a trip
+    admin = server.client()
+    assert admin.hget(STATE, "state") == b"open"
+    assert workers[0].get("pay", CONFIG).snapshot()["state_lost"] == 1
+    admin.close()
+
+
+@pytest.mark.parametrize("server", ["noeviction"], indirect=True)
+def test_a_newcomer_restores_the_open_state_from_the_last_transition(
+    server: RedisServer, workers: list[Breakers], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The state hash gone (deleted here as an eviction would take it), the events list
+    kept: a worker that knows nothing restores what the last transition says."""
+    caplog.set_level(logging.WARNING, logger="breaker_redis")
+    trip(workers, server.url)
+    admin = server.client()
+    open_until = int(admin.hget(STATE, "open_until"))
+    admin.delete(STATE)
+    newcomer = Breakers.from_url(server.url, listen=False)
+    workers.append(newcomer)
+    assert not admits(newcomer.get("pay", CONFIG))
+    assert (admin.hget(STATE, "state"), int(admin.hget(STATE, "open_until"))) == (b"open", open_until)
+    lines = [r.getMessage() for r in caplog.records if "lost its state" in r.getMessage()]
+    assert len(lines) == 1 and "its last transition said: open" in lines[0]
+    assert newcomer.get("pay", CONFIG).snapshot()["state_lost"] == 1
+    for breakers in workers[:3]:  # they hear of the restore (a transition) and refuse
+        assert not admits(breakers.get("pay", CONFIG))
+    admin.close()
+
+
+@pytest.mark.parametrize("server", ["noeviction"], indirect=True)
+def test_a_worker_that_only_heard_of_the_trip_restores_it(
+    server: RedisServer, workers: list[Breakers]
+) -> None:
+    """A transition message makes a worker forget and ask at its next call; until it
+    asks, what the message announced is what it knows, and what it restores."""
+    config = CONFIG
+    workers.extend(subscribed(Breakers.from_url(server.url)) for _ in range(2))
+    fail(workers[0].get("pay", config), 5)  # worker 1 has the trip's message in its socket
+    admin = server.client()
+    open_until = int(admin.hget(STATE, "open_until"))
+    admin.delete(STATE, "breaker:{pay}:events")  # everything that says open, gone
+    assert not admits(workers[1].get("pay", config))  # heard it: restores it
+    assert (admin.hget(STATE, "state"), int(admin.hget(STATE, "open_until"))) == (b"open", open_until)
+    admin.close()
