@@ -1,4 +1,4 @@
-"""Every rule of DESIGN.md section 2 with exact trip points, on fakeredis, on
+"""Every rule of docs/design.md section 2 with exact trip points, on fakeredis, on
 a real redis-server and on a 3-master Redis Cluster (the `store` fixture),
 with time driven through now_ms."""
 
