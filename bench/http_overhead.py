@@ -7,7 +7,7 @@ distribution's packages; without wrk the script says so and exits 1). It
 starts a redis-server (or the embedded server), the demo's upstream and
 gunicorn, drives ``/plain`` and ``/guarded`` (bench/http_app.py) in alternating
 rounds (the machine is noisy: alternation spreads the noise over both), prints
-one table and stops everything. The target (DESIGN.md section 9) is a ratio of
+one table and stops everything. The target (docs/design.md, section 11) is a ratio of
 at least 0.85 of the requests/s without the breaker.
 """
 

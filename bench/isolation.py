@@ -13,7 +13,7 @@ Each client is a closed loop (the next request when the last one answered),
 in processes of their own; an answer counts in the second it arrived. The
 script prints a table per run (requests/s
 and errors per route and phase, /products during the outage against its
-healthy rate, the DESIGN.md section 9 target being at least 0.9x) and draws
+healthy rate, the target of docs/design.md section 11 being at least 0.9x) and draws
 both runs over time, with the breaker's state, in docs/isolation.png
 (matplotlib, installed from the package index when missing).
 """

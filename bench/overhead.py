@@ -26,7 +26,7 @@ loopback port, measures, prints one markdown table and stops the server:
    trip and with a full history
    after traffic that includes a trip.
 
-Targets are those of DESIGN.md section 9. A missed target is reported, not an
+Targets are those of docs/design.md, section 11. A missed target is reported, not an
 error: the script exits 0 unless the benchmark itself cannot run.
 """
 
@@ -877,7 +877,7 @@ def rows_for(results: Results) -> list[Row]:
             "closed, a worker with no subscription)",
             f"{results.acquire_server_usec:.2f} ({results.acquire_calls:,} runs)",
             "n/a (no scripts)",
-            "none (measured, as DESIGN section 9 asks)",
+            "none (measured for the record; docs/design.md section 11)",
             None,
         ),
         Row(

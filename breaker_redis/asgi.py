@@ -22,7 +22,7 @@ When the outcome is recorded, and why. The app's ``http.response.start``
 names the status; the middleware classifies it (5xx: failure by default)
 and records the outcome *before* passing the message on, so a client that
 has the status of the call that tripped the breaker finds every worker
-refusing already (the boundary of DESIGN section 2). An exception before
+refusing already (the boundary of docs/boundary.md). An exception before
 the response started is classified by the breaker's config and re-raised
 (unless the route's fallback answers a failure in its place, or it is an
 outbound ``BreakerOpen``, which becomes the 503). An exception, a

@@ -1,7 +1,8 @@
 """What a protected route answers instead of failing: static, cached, function, chain.
 
-The Go seed's three degradation strategies (a default value, the last cached
-data, a simplified implementation) plus a chain that tries them in order.
+The three usual ways to degrade instead of failing (a default value, the
+last cached data, a simplified implementation) plus a chain that tries them
+in order.
 They are framework-neutral on purpose: a fallback produces either a
 ``FallbackResponse`` (status, headers, bytes) or, for ``function``, whatever
 the framework's view could return; the integration (``breaker_redis.flask``)
@@ -113,7 +114,7 @@ def _encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
 
 
 class Static(Fallback):
-    """A fixed response, the Go seed's default value: ``static({"items": []})``."""
+    """A fixed response, a default value: ``static({"items": []})``."""
 
     kind = "static"
 

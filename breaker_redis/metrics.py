@@ -5,7 +5,7 @@ hosts share it, with no multiprocess directory and nothing kept per process.
 it on your own registry, or let the Flask extension serve it at
 ``<admin path>/metrics`` (behind the token) or ``breaker-redis metrics`` print
 or serve it. Each scrape runs one snapshot script per breaker. The metric
-names are fixed (DESIGN section 7). When Redis cannot be read, a scrape shows
+names are fixed (docs/design.md section 9). When Redis cannot be read, a scrape shows
 ``breaker_redis_up 0`` and nothing else, and says why once in the log.
 """
 

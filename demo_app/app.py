@@ -1,14 +1,15 @@
 """The demo shop: ``demo_app.app:app``.
 
-- ``/pay``: protected by the ``pay`` breaker with the OpenResty seed's
-  numbers (decorator style); no fallback, so a refused payment gets the
-  friendly 503 with Retry-After.
+- ``/pay``: protected by the ``pay`` breaker (decorator style) with the
+  numbers of the classic OpenResty ``lua_shared_dict`` breaker: 5 failures
+  in 10 s open it for 10 s (demo_app/settings.py); no fallback, so a
+  refused payment gets the friendly 503 with Retry-After.
 - ``/cart``: protected by the ``cart`` breaker through ``BREAKER_ROUTES``
   (no decorator, like an OpenResty ``location``); while the upstream fails
   or the breaker is open it answers the last good cart every worker saw,
   else an empty cart.
-- ``/recommend``: not a protected route, but its outbound call is (the Go
-  seed's ServiceWrapper), degrading to a simplified function: bestsellers.
+- ``/recommend``: not a protected route, but its outbound call is
+  (``breakers.call``), degrading to a simplified function: bestsellers.
 - ``/products``: unprotected and local; it keeps answering whatever the
   upstream does, which is the point of a breaker.
 

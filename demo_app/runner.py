@@ -1,4 +1,4 @@
-"""``python -m demo_app``: the OpenResty seed's /pay walk-through on 4 gunicorn workers.
+"""``python -m demo_app``: a payment service failing and recovering behind /pay, on 4 gunicorn workers.
 
 Starts Redis (the URL given, else a local redis-server, else an embedded
 fakeredis server), the flaky upstream and gunicorn; then drives traffic
@@ -185,15 +185,15 @@ class Demo:
         )
         story = self.story
 
-        # healthy: the seed's first three payments succeed.
+        # healthy: the first three payments succeed.
         for _ in range(3):
             a = self.request("/pay", "POST")
             self.line("healthy", f"POST /pay -> {a.worker}:{a.status}")
         self.tick("healthy")
 
-        # failing: the seed's pay.py now fails 80 % of the calls.
+        # failing: the payment service now fails 80 % of the calls (a fixed random sequence).
         self.control(fail_rate=0.8, seed=7)
-        print("        -- the upstream now fails 80% of calls (the seed's pay.py) --")
+        print("        -- the upstream now fails 80% of calls --")
         failures = 0
         for _ in range(60):
             a = self.request("/pay", "POST")
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "else embedded), server, embedded (default: $BREAKER_DEMO_REDIS or auto)",
     )
     parser.add_argument(
-        "--open-seconds", type=float, default=10.0, help="how long /pay stays open (the seed's 10 s)"
+        "--open-seconds", type=float, default=10.0, help="how long /pay stays open (default 10 s)"
     )
     parser.add_argument(
         "--keep-running",

@@ -1,9 +1,10 @@
 """The demo's breaker numbers, shared by the app and the runner.
 
-``/pay`` uses the OpenResty seed's numbers: trip after 5 failures in 10 s,
-stay open 10 s, let one probe through at a time, close after 2 successes.
-The open period can be shortened with ``DEMO_PAY_OPEN_SECONDS`` so that the
-tests run in seconds; everything else is the seed's.
+``/pay`` uses the numbers of the classic OpenResty breaker kept in a
+``lua_shared_dict``: trip after 5 failures in 10 s, stay open 10 s, let one
+probe through at a time, close after 2 successes. The open period can be
+shortened with ``DEMO_PAY_OPEN_SECONDS`` so that the tests run in seconds;
+the other numbers stay.
 """
 
 from __future__ import annotations

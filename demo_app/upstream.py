@@ -7,8 +7,9 @@ use to tell the story and to check it:
 
 - ``POST /_control`` JSON ``{"fail_rate": 0..1, "latency_ms": n, "hang": bool}``
   and optionally ``"path"`` (only that path), ``"succeed_first": n`` (the
-  first n hits of a path succeed, like the seed's pay.py) and ``"seed"`` (a
-  fixed random sequence, so an 80 % failure run is reproducible);
+  first n hits of a path succeed: a service that breaks after a few good
+  calls) and ``"seed"`` (a fixed random sequence, so an 80 % failure run is
+  reproducible);
 - ``GET /_stats`` -> ``{"hits": {"/pay": n}, "max_concurrency": {"/pay": n},
   "max_concurrency_total": n, "in_flight": {...}}``;
 - ``POST /_reset``: healthy again, counters zeroed, hung calls released.

@@ -5,8 +5,8 @@ next to the Flask demo (``demo_app.app:app`` on sync workers) in
 tests/test_mixed_workers.py: both read the demo's environment
 (``BREAKER_REDIS_URL``, ``BREAKER_KEY_PREFIX``, ``UPSTREAM_URL``,
 ``DEMO_PAY_OPEN_SECONDS``) and protect ``/pay`` with the same breaker, ``pay``,
-with the same BreakerConfig (``demo_app.settings.pay_config()``: the
-OpenResty seed's numbers), so they share one breaker in Redis.
+with the same BreakerConfig (``demo_app.settings.pay_config()``: 5 failures
+in 10 s open it for 10 s), so they share one breaker in Redis.
 
 - ``/pay``: behind ``breaker_redis.asgi.BreakerMiddleware``; calls the
   upstream with the demo's 1 s timeout and answers as the Flask view does

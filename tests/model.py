@@ -1,6 +1,6 @@
 """A pure-Python reference model of ONE breaker's state machine.
 
-Written from DESIGN.md section 2 and the comments of lua/*.lua, to be compared
+Written from docs/design.md section 2 and the comments of lua/*.lua, to be compared
 with the real thing by tests/test_model.py. Time is an integer number of
 milliseconds given to every call; nothing happens between calls (every
 transition is lazy, made by the acquire or record that notices it).

@@ -1,4 +1,4 @@
-"""The Python API of DESIGN.md section 4: the ways to protect a call, exception
+"""The Python API of docs/design.md section 7: the ways to protect a call, exception
 classification, fallbacks, validation, live config, threads."""
 
 from __future__ import annotations

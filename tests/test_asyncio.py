@@ -1,4 +1,4 @@
-"""breaker_redis.asyncio: the same breakers, awaited (DESIGN sections 2 and 10).
+"""breaker_redis.asyncio: the same breakers, awaited (docs/design.md sections 2 and 8, docs/asyncio.md).
 
 Each test runs its own event loop (``asyncio.run``) and builds its Breakers
 inside it, as an app does in a uvicorn worker. The sync and async sides are

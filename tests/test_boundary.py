@@ -1,4 +1,4 @@
-"""Exact at every boundary (../shared/DESIGN.md section 2, "What a worker knows, and the boundary").
+"""Exact at every boundary (docs/boundary.md; docs/design.md section 5, "What a worker knows").
 
 Each "worker" here is its own Breakers, with its own subscription and
 knowledge, as a gunicorn worker process has; tests/test_boundary_processes.py

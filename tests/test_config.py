@@ -1,5 +1,5 @@
 """BreakerConfig's open period and its cap, and which breaker names are allowed
-(DESIGN.md section 4)."""
+(docs/design.md section 7)."""
 
 from __future__ import annotations
 

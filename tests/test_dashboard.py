@@ -30,7 +30,7 @@ from tests.redis_server import wait_until
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-SEED = {"trip": "count", "failure_threshold": 5, "window_seconds": 10, "open_seconds": 10}
+PAY_5_IN_10S = {"trip": "count", "failure_threshold": 5, "window_seconds": 10, "open_seconds": 10}
 
 
 def make_app(client=None, **config):
@@ -40,7 +40,7 @@ def make_app(client=None, **config):
     ext = FlaskBreakers(app, client=client, listen=False)
 
     @app.post("/pay")
-    @ext.protect("pay", **SEED)
+    @ext.protect("pay", **PAY_5_IN_10S)
     def pay():
         from flask import request
 
@@ -228,7 +228,7 @@ def test_a_published_change_sends_a_snapshot_at_once(redis_server, monkeypatch):
     app.config.update(BREAKER_ADMIN_TOKEN=TOKEN, BREAKER_DASHBOARD=True, BREAKER_KEY_PREFIX=prefix)
     FlaskBreakers(app, client=client, listen=False)
     worker = Breakers(redis_server.client(), prefix)  # another process, as far as Redis can tell
-    pay = worker.get("pay", BreakerConfig(**SEED))
+    pay = worker.get("pay", BreakerConfig(**PAY_5_IN_10S))
     pay.reset()
     frames = stream_events(app.extensions[EXTENSION_KEY], seconds=7200)
     pool = ThreadPoolExecutor(max_workers=1)

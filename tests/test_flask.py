@@ -14,10 +14,12 @@ from flask import Flask, abort, jsonify
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.flask import BreakerOpenError, FlaskBreakers, wants_json
 
-# The seed's own friendly message (its full-width comma written as an escape for the linter).
-SEED_MESSAGE = "支付服务暂时不可用\uff0c请稍后再试"
-SEED = {"trip": "count", "failure_threshold": 5, "window_seconds": 10, "open_seconds": 10,
-        "half_open_successes": 2}
+# A friendly message that is not ASCII: "the payment service is temporarily unavailable,
+# please retry later" in Chinese (its full-width comma written as an escape for the linter).
+CHINESE_MESSAGE = "支付服务暂时不可用\uff0c请稍后再试"
+# 5 failures in 10 s open it for 10 s: the classic OpenResty lua_shared_dict breaker
+PAY_5_IN_10S = {"trip": "count", "failure_threshold": 5, "window_seconds": 10, "open_seconds": 10,
+                "half_open_successes": 2}
 
 
 def make_app(clock, server=None, *, config=None, testing=False, **overrides):
@@ -38,7 +40,7 @@ def snapshot(ext, app, name):
 
 
 def add_pay(app, ext, **options):
-    options = {**SEED, **options}
+    options = {**PAY_5_IN_10S, **options}
 
     @app.route("/pay", methods=["GET", "POST"])
     @ext.protect("pay", **options)
@@ -104,7 +106,7 @@ def test_redis_url_is_read_and_nothing_connects_at_set_up(clock):
     with app.app_context():
         pool = ext.breakers.client.connection_pool
         assert (pool.connection_kwargs["port"], pool.connection_kwargs["db"]) == (port, 3)
-        ext.breaker("pay", **SEED)
+        ext.breaker("pay", **PAY_5_IN_10S)
     assert pool._created_connections == 0
 
     override = Flask(__name__)
@@ -198,7 +200,7 @@ def routes_app(clock, config_routes, **kw):
 
 
 def test_routes_protect_path_prefixes_without_decorators(clock):
-    app, ext = routes_app(clock, {"/pay": {"breaker": "pay", **SEED}, "/pay/refund": "refund"})
+    app, ext = routes_app(clock, {"/pay": {"breaker": "pay", **PAY_5_IN_10S}, "/pay/refund": "refund"})
     client = app.test_client()
     for _ in range(5):
         assert client.get("/pay/charge?status=502").status_code == 502
@@ -406,18 +408,18 @@ def test_refusal_is_503_with_retry_after_and_a_friendly_text(clock):
 )
 def test_refusal_is_json_when_the_client_asks_for_json(clock, headers, json_expected):
     app, ext = make_app(clock)
-    add_pay(app, ext, message=SEED_MESSAGE)
+    add_pay(app, ext, message=CHINESE_MESSAGE)
     client = app.test_client()
     trip(client)
     answer = client.post("/pay", headers=headers, data="{}" if "Content-Type" in headers else None)
     assert answer.status_code == 503
     if json_expected:
         body = answer.get_json()
-        assert body == {"error": "service_unavailable", "message": SEED_MESSAGE,
+        assert body == {"error": "service_unavailable", "message": CHINESE_MESSAGE,
                         "breaker": "pay", "reason": "open", "retry_after": 10}
     else:
         assert answer.mimetype == "text/plain"
-        assert answer.get_data(as_text=True).strip() == SEED_MESSAGE
+        assert answer.get_data(as_text=True).strip() == CHINESE_MESSAGE
 
 
 def test_wants_json_without_an_environ():

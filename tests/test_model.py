@@ -224,7 +224,7 @@ def test_implementation_matches_the_model(make_breakers, clock, store_kind):
 
 
 def test_a_probe_that_overran_its_lease_failed_even_if_ignored_late(make_breakers, clock):
-    """DESIGN.md: 'an expired probe lease counts as a failure of that probe'.
+    """docs/design.md section 2: 'an expired probe lease counts as a failure of that probe'.
     record.lua used to delete the expired lease of a late 'ignored' result and
     count nothing, leaving the breaker half_open with a fresh probe to hand out
     (had any acquire come between expiry and result, it would have reopened)."""
@@ -249,7 +249,7 @@ def test_a_probe_that_overran_its_lease_failed_even_if_ignored_late(make_breaker
 
 
 def test_an_admin_reply_does_not_make_an_observe_breaker_deny(make_breakers, clock):
-    """DESIGN.md: observe mode 'never denies'. admin.lua replies carry no config
+    """docs/design.md section 2: observe mode 'never denies'. admin.lua replies carry no config
     (mode ''); the worker used to store that, so after a clear_force with no
     force (state still open) it denied from memory as if enforcing."""
     cfg = BreakerConfig(trip="consecutive", failure_threshold=1, open_seconds=0.5, mode="observe")

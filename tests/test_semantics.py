@@ -1,4 +1,4 @@
-"""Every rule of DESIGN.md section 2 with exact trip points, on fakeredis, on
+"""Every rule of docs/design.md section 2 with exact trip points, on fakeredis, on
 a real redis-server and on a 3-master Redis Cluster (the `store` fixture),
 with time driven through now_ms."""
 
@@ -9,7 +9,9 @@ import pytest
 from breaker_redis import BreakerConfig, BreakerOpen, State
 from tests.conftest import STORES, make_store
 
-SEED = BreakerConfig(
+# 5 failures in 10 s open it for 10 s (the classic OpenResty lua_shared_dict breaker),
+# 2 probe successes close it
+PAY_5_IN_10S = BreakerConfig(
     trip="count",
     failure_threshold=5,
     window_seconds=10,
@@ -50,7 +52,7 @@ def refused(breaker) -> BreakerOpen:
 
 
 def test_count_trips_on_the_fifth_failure_inside_the_window(make_breakers, clock):
-    pay = make_breakers().get("pay", SEED)
+    pay = make_breakers().get("pay", PAY_5_IN_10S)
     for _ in range(4):
         fail(pay)
         clock.advance(2000)
@@ -63,7 +65,7 @@ def test_count_trips_on_the_fifth_failure_inside_the_window(make_breakers, clock
 
 
 def test_count_forgets_failures_that_slid_out_of_the_window(make_breakers, clock):
-    pay = make_breakers().get("pay", SEED)
+    pay = make_breakers().get("pay", PAY_5_IN_10S)
     fail(pay, 4)
     clock.advance(10_000)  # the bucket holding those four is now out of the 10 s window
     fail(pay)
@@ -76,7 +78,7 @@ def test_count_forgets_failures_that_slid_out_of_the_window(make_breakers, clock
 
 
 def test_count_window_slides_bucket_by_bucket(make_breakers, clock):
-    pay = make_breakers().get("pay", SEED)  # 10 buckets of 1 s
+    pay = make_breakers().get("pay", PAY_5_IN_10S)  # 10 buckets of 1 s
     fail(pay, 2)
     clock.advance(5000)
     fail(pay, 2)
@@ -191,7 +193,7 @@ def test_ignored_outcomes_count_nothing_in_the_window(make_breakers):
 
 
 def test_open_denies_until_open_seconds_with_retry_after(make_breakers, clock):
-    pay = make_breakers().get("pay", SEED)
+    pay = make_breakers().get("pay", PAY_5_IN_10S)
     fail(pay, 5)
     clock.advance(4000)
     denied = refused(pay)
@@ -205,7 +207,7 @@ def test_open_denies_until_open_seconds_with_retry_after(make_breakers, clock):
 
 
 def test_half_open_first_failure_reopens_with_backoff(make_breakers, clock):
-    pay = make_breakers().get("pay", SEED)
+    pay = make_breakers().get("pay", PAY_5_IN_10S)
     fail(pay, 5)
     clock.advance(10_000)
     pay.acquire().failure()
@@ -216,7 +218,7 @@ def test_half_open_first_failure_reopens_with_backoff(make_breakers, clock):
 
 
 def test_half_open_successes_close_with_a_clean_window(make_breakers, clock):
-    pay = make_breakers().get("pay", SEED)
+    pay = make_breakers().get("pay", PAY_5_IN_10S)
     fail(pay, 5)
     clock.advance(10_000)
     pay.acquire().success()
@@ -303,7 +305,7 @@ def test_late_probe_result_after_its_lease_expired_counts_as_failure(make_breake
 
 
 def test_stale_epoch_result_changes_nothing(make_breakers, clock):
-    pay = make_breakers().get("pay", SEED)
+    pay = make_breakers().get("pay", PAY_5_IN_10S)
     slow = pay.acquire()  # admitted while closed
     fail(pay, 5)  # trips: epoch moves on
     clock.advance(10_000)

@@ -1,6 +1,6 @@
 """breaker_redis for asyncio: the same shared breakers, awaited.
 
-Same keys, same scripts, same rules as the sync API (DESIGN section 2), on
+Same keys, same scripts, same rules as the sync API (docs/design.md section 2), on
 redis-py's asyncio client, so the sync workers and the async workers of one
 deployment share each breaker::
 

@@ -208,7 +208,7 @@ class FlaskBreakers:
     def call(
         self, name: str, fn: Callable[..., T], /, *args: Any, fallback: Any = MISSING, **kwargs: Any
     ) -> T:
-        """Run an outbound call behind breaker ``name`` (the Go seed's ServiceWrapper).
+        """Run an outbound call a view makes (another service, a database) behind breaker ``name``.
 
         Exceptions (a ``requests`` timeout, a refused connection) are
         classified by the breaker's config; a result with a ``status_code``

@@ -1,14 +1,14 @@
-"""The OpenResty seed's own /pay walk-through, on 4 gunicorn workers and a real Redis.
+"""A payment service failing and recovering behind /pay, on 4 gunicorn workers and a real Redis.
 
-The seed (000): pay.py answers the first 3 payments, then fails 80 % of them;
-OpenResty trips after 5 failures in 10 s, answers "支付服务暂时不可用 请稍后再试"
-while open, goes half-open after 10 s and closes after 2 successes. Here the
-same script, with the open period shortened to 2 s and the 80 % drawn from a
-fixed random sequence so that the run is reproducible.
+The classic OpenResty breaker kept in a ``lua_shared_dict``, as the demo runs
+it: the payment service answers the first 3 payments, then fails 80 % of
+them; the breaker trips after 5 failures in 10 s, answers a friendly 503
+while open, goes half-open after the open period and closes after 2
+successes. Here the open period is shortened to 2 s and the 80 % is drawn
+from a fixed random sequence, so that the run is reproducible.
 
-(The article's prose says requests 4-7 fail and 8-12 are refused, which is
-four failures, not five; its own code and config trip on the fifth. The test
-follows the code: exactly 5 failures, then refusals.)
+The count rule trips on the fifth failure in the window, not the fourth: the
+test asserts exactly 5 failures, then refusals.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ OPEN_SECONDS = 2
 
 
 @pytest.fixture
-def seed_stack(redis_server, upstream_url):
+def pay_stack(redis_server, upstream_url):
     s, gunicorn = start_stack(redis_server, upstream_url, [], DEMO_PAY_OPEN_SECONDS=str(OPEN_SECONDS))
     yield s
     gunicorn.stop()
@@ -35,10 +35,10 @@ def seed_stack(redis_server, upstream_url):
     assert "Traceback" not in log, log[-3000:]
 
 
-def test_the_seed_pay_walkthrough(seed_stack: Stack):
-    s = seed_stack
+def test_the_pay_walkthrough(pay_stack: Stack):
+    s = pay_stack
     s.reset_upstream()
-    # pay.py: count <= 3 succeeds, afterwards 80 % fail.
+    # the first 3 payments succeed, afterwards 80 % fail
     s.control(path="/pay", succeed_first=3, fail_rate=0.8, seed=2026)
 
     for _ in range(3):
@@ -60,7 +60,7 @@ def test_the_seed_pay_walkthrough(seed_stack: Stack):
     assert s.hits() == 3 + successes + 5
     assert s.transitions()[0][2] == "count"
 
-    # "第8到第12次请求会直接返回“支付服务暂时不可用”": the next ones are refused, friendly, with Retry-After.
+    # the next ones are refused, friendly, with Retry-After
     hits = s.hits()
     for _ in range(5):
         answer = s.pay()
