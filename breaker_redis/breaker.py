@@ -206,8 +206,8 @@ class Breaker(BreakerCore[Permit], Protects):
         """Learn from a reply (knowledge.Memory); after a change, the barrier."""
         shared = self._shared
         shared.observe_clock(reply.now)
-        known = self._learn_reply(reply, generation, stamp)
         current = generation == shared.gate.generation and shared.gate.healthy
+        known = self._learn_reply(reply, generation, stamp, current)
         if current and self._listing_due(shared.pid, shared.gate.remote.ttl_ms):
             shared.register_name(self.name)
         if reply.events and generation == shared.gate.generation and shared.gate.healthy:

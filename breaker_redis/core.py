@@ -199,17 +199,17 @@ class BreakerCore(Generic[P]):
 
     # -- learning --------------------------------------------------------------------
 
-    def _learn_reply(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
+    def _learn_reply(self, reply: Reply, generation: int, stamp: int, shared: bool) -> Knowledge:
         """Keep what a reply teaches (knowledge.Memory); log a repair it reports."""
         if reply.repaired:
             prefix, name = self._key_prefix(), self.name
             names = ", ".join(f"{prefix}:{{{name}}}:{key}" for key in reply.repaired.split(","))
             log.warning("breaker %r: corrupted %s repaired (a field that does not parse "
                         "was reset; the breaker went on deciding)", name, names)
-        if reply.lost:
+        if reply.lost and shared:  # (on the local store a restore is the point: nothing to say)
             self._state_lost(reply)
         own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
-        return self._memory.learn(reply, generation, stamp, own)
+        return self._memory.learn(reply, generation, stamp, own, shared)
 
     def _state_lost(self, reply: Reply) -> None:
         """Redis lost the state this worker knew: say so, at most once a minute per

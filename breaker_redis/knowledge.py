@@ -236,8 +236,10 @@ class Memory:
         self.epoch_seen = 0  # the floor for a state hash created anew (lua/_lib.lua)
         self._invalidations = self._opaque_at = 0
         self._announced: Announcement | None = None
-        # (state, epoch, born, open_until, forced) of the last transition message, and when
-        self._heard: tuple[tuple[str, int, int, int, str], float] | None = None
+        # (state, epoch, born, open_until, forced) of the last transition message, and when;
+        # and of the last knowledge learned from Redis (not from the local store), and when
+        self._heard: tuple[_State, float] | None = None
+        self._remembered: tuple[_State, float] | None = None
 
     def floor_arg(self) -> str:
         """ARGV 6 of a script (lua/_lib.lua): the highest epoch seen and what this
@@ -245,24 +247,31 @@ class Memory:
         have lost it (keys evicted, flushed, deleted): its knowledge, or, once
         a transition message made it forget, what that message announced (a
         worker that heard of a trip and has not asked since knows the breaker
-        is open). Nothing older than RESTORE_SECONDS is offered: it may be what
+        is open), or what Redis last said before the worker forgot it (a store
+        switch: a Redis restarted empty, or the local store while Redis is
+        away, gets the open state back). Nothing older than RESTORE_SECONDS is offered: it may be what
         an idle breaker swept long ago was."""
         known, now = self.known, time.monotonic()
-        if known is not None and now - known.learned_at <= RESTORE_SECONDS:
-            state = (known.state, known.epoch, known.born, known.open_until, known.forced)
-        elif known is None and self._heard is not None and now - self._heard[1] <= RESTORE_SECONDS:
-            state = self._heard[0]
-        else:
+        if known is not None:
+            offered: tuple[_State, float] | None = (_state_of(known), known.learned_at)
+        else:  # the newer of the last message heard and the last thing Redis said
+            offered = max((x for x in (self._heard, self._remembered) if x is not None),
+                          key=lambda x: x[1], default=None)
+        if offered is None or now - offered[1] > RESTORE_SECONDS:
             return str(self.epoch_seen)
+        state = offered[0]
         return f"{self.epoch_seen} {state[0]} {state[1]} {state[2]} {state[3]} {state[4] or '-'}"
 
     def stamp(self) -> int:
         """Taken before a script is sent, handed back to learn() with its reply."""
         return self._invalidations
 
-    def learn(self, reply: Reply, generation: int, stamp: int, own: tuple[str, int, int]) -> Knowledge:
+    def learn(
+        self, reply: Reply, generation: int, stamp: int, own: tuple[str, int, int], shared: bool = False
+    ) -> Knowledge:
         """Keep the reply if it is the newest news. ``own``: this worker's (mode,
-        max_concurrent, slow_ms), for admin replies, which carry no config."""
+        max_concurrent, slow_ms), for admin replies, which carry no config;
+        ``shared``: it came from Redis, not from the local store."""
         with self._lock:
             current = self.known
             if reply.mode:
@@ -274,6 +283,8 @@ class Memory:
             known = Knowledge.from_reply(reply, generation, *config)
             if self._covers(reply, stamp) and known.supersedes(current):
                 self.known = known
+                if shared:
+                    self._remembered = (_state_of(known), known.learned_at)
             self.epoch_seen = max(self.epoch_seen, reply.epoch)
         return known
 
@@ -306,7 +317,14 @@ class Memory:
             self._opaque_at = self._invalidations
 
 
-def _transition_heard(payload: dict[str, Any]) -> tuple[tuple[str, int, int, int, str], float] | None:
+_State = tuple[str, int, int, int, str]  # state, epoch, born, open_until, forced: lua/_lib.lua ARGV 6
+
+
+def _state_of(known: Knowledge) -> _State:
+    return (known.state, known.epoch, known.born, known.open_until, known.forced)
+
+
+def _transition_heard(payload: dict[str, Any]) -> tuple[_State, float] | None:
     """What a transition message announced, for restoring a lost state (Memory.floor_arg)."""
     if payload.get("kind") != "transition":
         return None

@@ -170,3 +170,21 @@ def test_a_redis_that_fails_again_at_once_keeps_the_local_breakers(monkeypatch, 
         assert admits(pay)  # a new outage starts with a fresh local store
     finally:
         breakers.close()
+
+
+def test_an_open_breaker_stays_open_on_the_local_store_when_redis_goes_away(server, caplog):
+    """The local store starts with the open state the worker last had from Redis
+    (lua/_lib.lua restore_lost), so an outage of Redis does not reopen the floodgates:
+    the call is refused, not admitted to the failing upstream."""
+    breakers = Breakers.from_url(server.url, listen=False)
+    try:
+        pay = breakers.get("pay", TRIP_AT_3)
+        assert fail_until_refused(pay, 5) == 3  # open on Redis
+        server.stop()
+        with caplog.at_level(logging.WARNING, logger="breaker_redis"):
+            for _ in range(10):
+                assert not admits(pay)
+        assert not breakers.gate.healthy
+        assert not [m for m in warnings_of(caplog) if "lost its state" in m]  # local: nothing to say
+    finally:
+        breakers.close()

@@ -253,8 +253,9 @@ class Breaker(BreakerCore[Permit]):
     async def _learn(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
         shared = self._shared
         shared.observe_clock(reply.now)
-        known = self._learn_reply(reply, generation, stamp)
-        if generation == shared.gate.generation and shared.gate.healthy:
+        current = generation == shared.gate.generation and shared.gate.healthy
+        known = self._learn_reply(reply, generation, stamp, current)
+        if current:
             if self._listing_due(shared.pid, shared.gate.remote.ttl_ms):
                 await shared.register_name(self.name)
             if reply.events:
