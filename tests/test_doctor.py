@@ -25,6 +25,7 @@ from breaker_redis.doctor.permissions import PROBE_MEMBER, tries
 from breaker_redis.doctor.timing import ORDERING_ENOUGH_LATE, ORDERING_ROUNDS
 from breaker_redis.flask import FlaskBreakers
 from tests.redis_server import RedisServer
+from tests.test_acl import rules_of
 from tests.topologies import ClusterGroup, SentinelGroup, started
 
 NAMES = [name for name, _ in CHECKS]
@@ -242,12 +243,6 @@ def make_user(server: RedisServer) -> Iterator:
     for user in made:
         admin.execute_command("ACL", "DELUSER", user)
     admin.close()
-
-
-def rules_of(line: str, *, without: str = "", add: str = "") -> str:
-    """The rules of an ``ACL SETUSER`` line with a password of ours, one rule left out."""
-    rules = line.split(" ", 3)[3].replace(">PASSWORD", ">secret").split()
-    return " ".join([rule for rule in rules if rule != without] + add.split())
 
 
 @pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
