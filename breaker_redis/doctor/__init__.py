@@ -6,7 +6,7 @@ others): the server (version, Redis Functions, sharded pub/sub), the
 topology, the eviction policy, the ACL permissions (by sending each
 command), the pub/sub ordering the workers decide from memory by, the
 round-trip latency, and the keys with their memory per breaker. A Redis that
-cannot be reached is one line, at once: nothing else could be checked.
+cannot be reached is one line: nothing else could be checked.
 
 What it writes is the health key the store gate's probe writes and a member
 of the names set that cannot name a breaker, both removed before it ends.
@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from .. import acl
-from .checkup import NOTE, OK, PROBLEM, SKIP, WARN, Checkup, Finding, Lines
+from .checkup import NOTE, OK, PROBLEM, SKIP, WARN, Checkup, Finding, Lines, count
 from .keys import check_keys
 from .memory import check_memory, eviction_problem
 from .permissions import check_permissions
@@ -80,30 +80,21 @@ def diagnose(client: Any, prefix: str, where: str) -> Diagnosis:
         try:
             findings += [Finding(status, name, text) for status, text in check(up)]
         except Exception as exc:  # one check's failure is its own line, never the others' end
-            rule = acl.missing_rule(exc, prefix)
-            if rule is not None:
-                findings.append(
-                    Finding(
-                        SKIP,
-                        name,
-                        f"not checked: user {up.who} was refused ({exc}); see the permissions line",
-                    )
-                )
+            if acl.missing_rule(exc, prefix) is not None:
+                why = f"not checked: user {up.who} was refused ({exc}); see the permissions line"
+                findings.append(Finding(SKIP, name, why))
             else:
                 findings.append(Finding(PROBLEM, name, f"the check failed: {type(exc).__name__}: {exc}"))
-    problems = sum(f.status == PROBLEM for f in findings)
+    diagnosis = Diagnosis(findings, [f"breaker-redis doctor: {where}, prefix {prefix!r}, user {up.who}"])
+    summary = f"{count(diagnosis.problems, 'problem')} found" if diagnosis.problems else "no problem found"
     warnings = sum(f.status == WARN for f in findings)
-    summary = f"{problems} problem{'s' if problems != 1 else ''} found" if problems else "no problem found"
     if warnings:
-        summary += f", {warnings} warning{'s' if warnings != 1 else ''}"
-    return Diagnosis(
-        findings,
-        header=[f"breaker-redis doctor: {where}, prefix {prefix!r}, user {up.who}"],
-        footer=[
-            f"least-privilege user for prefix {prefix!r}: {up.setuser_line()}",
-            f"{summary} ({len(CHECKS)} checks: {', '.join(name for name, _ in CHECKS)})",
-        ],
-    )
+        summary += f", {count(warnings, 'warning')}"
+    diagnosis.footer = [
+        f"least-privilege user for prefix {prefix!r}: {up.setuser_line()}",
+        f"{summary} ({len(CHECKS)} checks: {', '.join(name for name, _ in CHECKS)})",
+    ]
+    return diagnosis
 
 
 def _unreachable(where: str, exc: BaseException) -> str:
