@@ -546,6 +546,35 @@ def _valid_alone(key: str, value: str) -> bool:
     return True
 
 
+# -- doctor ----------------------------------------------------------------------
+
+_DOCTOR_COLOURS = {"OK": "green", "NOTE": "cyan", "SKIP": "cyan", "WARN": "yellow", "PROBLEM": "red"}
+
+
+@main.command()
+@pass_target
+def doctor(target: Target) -> None:
+    """Check the Redis the breakers use, before the users find out.
+
+    Server version and Redis Functions, topology (standalone, replica,
+    Sentinel, Cluster), maxmemory-policy, the ACL permissions the engine needs
+    (each command sent once; only PREFIX:health and the names set are written,
+    and left as they were), pub/sub ordering, round-trip latency, and the keys
+    with their memory per breaker.
+
+    The report goes to stdout, a line per check. Exit codes: 0 nothing wrong;
+    1 a PROBLEM line for each problem, saying what to do (a Redis that cannot
+    be reached is one line).
+    """
+    from .doctor import diagnose
+
+    report = diagnose(target.client, target.prefix, target.where)
+    for line in report.lines(lambda status, word: click.style(word, fg=_DOCTOR_COLOURS.get(status))):
+        click.echo(line)
+    if report.problems:
+        raise click.exceptions.Exit(1)
+
+
 # -- events ----------------------------------------------------------------------
 
 

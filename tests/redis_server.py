@@ -18,7 +18,7 @@ __all__ = ["RedisServer", "free_port", "wait_until"]
 class RedisServer:
     """One redis-server with no persistence, owned by the test session."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
@@ -27,6 +27,7 @@ class RedisServer:
             )
         self.binary = binary
         self.port = port or free_port()
+        self.extra = extra  # more redis-server options, e.g. ("--maxmemory", "2mb")
         self.dir = Path(tempfile.mkdtemp(prefix="breaker-redis-test-"))
         self.process: subprocess.Popen[bytes] | None = None
         self.restartable = False  # once started, restarts reuse the port (clients know it)
@@ -50,7 +51,7 @@ class RedisServer:
 
     def _launch(self) -> bool:
         process = self.process = subprocess.Popen(
-            redis_server_argv(self.binary, self.port, str(self.dir)),
+            [*redis_server_argv(self.binary, self.port, str(self.dir)), *self.extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
