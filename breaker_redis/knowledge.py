@@ -244,20 +244,19 @@ class Memory:
     def floor_arg(self) -> str:
         """ARGV 6 of a script (lua/_lib.lua): the highest epoch seen and what this
         worker knows of the state now, which the scripts restore should Redis
-        have lost it (keys evicted, flushed, deleted): its knowledge, or, once
-        a transition message made it forget, what that message announced (a
-        worker that heard of a trip and has not asked since knows the breaker
-        is open), or what Redis last said before the worker forgot it (a store
-        switch: a Redis restarted empty, or the local store while Redis is
-        away, gets the open state back). Nothing older than RESTORE_SECONDS is offered: it may be what
-        an idle breaker swept long ago was."""
-        known, now = self.known, time.monotonic()
-        if known is not None:
-            offered: tuple[_State, float] | None = (_state_of(known), known.learned_at)
-        else:  # the newer of the last message heard and the last thing Redis said
-            offered = max((x for x in (self._heard, self._remembered) if x is not None),
-                          key=lambda x: x[1], default=None)
-        if offered is None or now - offered[1] > RESTORE_SECONDS:
+        have lost it (keys evicted, flushed, deleted): what Redis last said,
+        kept also once the worker forgot it (a store switch: a Redis restarted
+        empty, or the local store while Redis is away, gets the open state
+        back), or what a transition message announced since (a worker that
+        heard of a trip and has not asked since knows the breaker is open).
+        Nothing older than RESTORE_SECONDS is offered: it may be what an idle
+        breaker swept long ago was."""
+        # the newer of the last thing Redis said and the last message heard: never what the
+        # local store said (its state is this process's own, and Redis may have a breaker
+        # that never transitioned, which a local trip must not overwrite)
+        offered = max((x for x in (self._remembered, self._heard) if x is not None),
+                      key=lambda x: x[1], default=None)
+        if offered is None or time.monotonic() - offered[1] > RESTORE_SECONDS:
             return str(self.epoch_seen)
         state = offered[0]
         return f"{self.epoch_seen} {state[0]} {state[1]} {state[2]} {state[3]} {state[4] or '-'}"

@@ -19,7 +19,9 @@ flushed again meanwhile. The same text serves both: each script starts with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import re
 import time
@@ -32,6 +34,8 @@ from typing import Any
 
 import redis
 import redis.asyncio
+
+log = logging.getLogger("breaker_redis")
 
 OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot", "health", "sweep")
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
@@ -155,6 +159,7 @@ class Scripts:
         self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
         self._swept = (0, 0.0)  # (pid, when) of this process's last sweep
+        self._checked_pid = 0  # the process that checked the server's maxmemory-policy
         # Redis Functions (FCALL) while the server takes them, EVALSHA on a server
         # without them (Redis < 7, an older fakeredis, an ACL without FCALL). Not
         # on a cluster: redis-py finds FCALL's keys with a COMMAND GETKEYS round
@@ -194,6 +199,28 @@ class Scripts:
             return False
         self._swept = (pid, now)
         return True
+
+    def first_check(self) -> bool:
+        """True once per process (of each Breakers): the start-up check of the server's
+        maxmemory-policy."""
+        pid = os.getpid()
+        if self._checked_pid == pid:
+            return False
+        self._checked_pid = pid
+        return True
+
+    def check_memory_policy(self, info: dict[str, Any]) -> None:
+        """A WARNING when the server may evict the breakers' keys (doctor.memory says
+        why); ``info`` is INFO memory, per node on a cluster."""
+        from .doctor.memory import eviction_problem
+
+        nodes = list(info.values()) if info and all(isinstance(v, dict) for v in info.values()) else [info]
+        for node in nodes:
+            problem = eviction_problem(text(node.get("maxmemory_policy")), int(node.get("maxmemory") or 0))
+            if problem is not None:
+                log.warning("the breakers' Redis has %s (see README: Redis memory and permissions; "
+                            "breaker-redis doctor checks it)", problem)
+                return
 
     def call(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
@@ -245,6 +272,9 @@ class ScriptRunner(Scripts):
         pipe.persist(self.names_key)  # a TTL an older version gave it
         pipe.execute()
         if self.sweep_due():
+            if self.first_check():
+                with contextlib.suppress(Exception):  # INFO refused (an ACL without it): no check
+                    self.check_memory_policy(self.client.info("memory"))
             self.sweep(now_ms)
 
     def sweep(self, now_ms: int | None = None) -> list[str]:

@@ -213,3 +213,19 @@ def test_a_worker_that_only_heard_of_the_trip_restores_it(
     assert not admits(workers[1].get("pay", config))  # heard it: restores it
     assert (admin.hget(STATE, "state"), int(admin.hget(STATE, "open_until"))) == (b"open", open_until)
     admin.close()
+
+
+@pytest.mark.parametrize("server", ["allkeys-lru", "volatile-lru"], indirect=True)
+def test_a_worker_warns_at_start_up_when_the_policy_can_evict_its_keys(
+    server: RedisServer, workers: list[Breakers], caplog: pytest.LogCaptureFixture, request
+) -> None:
+    caplog.set_level(logging.WARNING, logger="breaker_redis")
+    policy = request.node.callspec.params["server"]
+    workers.append(breakers := Breakers.from_url(server.url, listen=False))
+    for name in ("pay", "cart"):  # the check runs once (per Breakers and process)
+        assert admits(breakers.get(name, CONFIG))
+    lines = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    if policy == "volatile-lru":
+        assert lines == []
+    else:
+        assert len(lines) == 1 and "allkeys-lru" in lines[0] and "noeviction or volatile-*" in lines[0]

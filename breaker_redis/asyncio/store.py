@@ -59,6 +59,9 @@ class AsyncScriptRunner(Scripts):
         pipe.persist(self.names_key)
         await pipe.execute()
         if self.sweep_due():
+            if self.first_check():
+                with contextlib.suppress(Exception):  # as ScriptRunner.register_name
+                    self.check_memory_policy(await self.client.info("memory"))
             await self.sweep(now_ms)
 
     async def sweep(self, now_ms: int | None = None) -> list[str]:
