@@ -30,8 +30,10 @@ log = logging.getLogger("breaker_redis")
 CLIENT_COMMANDS = (
     "fcall", "function|load", "evalsha", "eval", "ping", "subscribe", "unsubscribe",
     "sadd", "srem", "smembers", "srandmember", "exists", "del", "info",
-    "get", "hmget", "hgetall", "hset", "pexpire", "persist", "lrange", "time",
+    "get", "hmget", "hgetall", "hset", "pexpire", "persist", "lrange", "time", "select",
 )  # fmt: skip
+# What redis-py's cluster client sends to find the slots and the keys of a command.
+CLUSTER_COMMANDS = ("cluster|slots", "cluster|shards", "command")
 FUNCTION_COMMANDS = ("fcall", "function|load")  # without them the scripts run with EVALSHA
 OPTIONAL = {
     "info": "the start-up check of maxmemory-policy is skipped",
@@ -50,17 +52,20 @@ def script_commands() -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def required_commands(functions: bool = True) -> list[str]:
-    commands = {*CLIENT_COMMANDS, *script_commands()}
+def required_commands(functions: bool = True, cluster: bool = False) -> list[str]:
+    commands = {*CLIENT_COMMANDS, *script_commands(), *(CLUSTER_COMMANDS if cluster else ())}
     if not functions:
         commands -= set(FUNCTION_COMMANDS)
     return sorted(commands)
 
 
-def setuser_line(prefix: str = "breaker", user: str = "breaker", *, functions: bool = True) -> str:
+def setuser_line(
+    prefix: str = "breaker", user: str = "breaker", *, functions: bool = True, cluster: bool = False
+) -> str:
     """``ACL SETUSER`` for a user that can do everything breaker_redis does under
-    ``prefix`` and nothing else (``functions=False``: no FCALL / FUNCTION LOAD)."""
-    granted = " ".join(f"+{command}" for command in required_commands(functions))
+    ``prefix`` and nothing else (``functions=False``: no FCALL / FUNCTION LOAD;
+    ``cluster=True``: what a Redis Cluster client needs besides)."""
+    granted = " ".join(f"+{command}" for command in required_commands(functions, cluster))
     return f"ACL SETUSER {user} on >PASSWORD ~{prefix}:* &{prefix}:* -@all {granted}"
 
 
@@ -97,7 +102,21 @@ def explain(exc: BaseException, prefix: str = "breaker", user: str | None = None
 
 def _missing(exc: BaseException) -> str | None:
     """What ``exc`` reports missing: "+command", "keys", "channel", or "" when it
-    is a permission error that names nothing; None when it is not one."""
+    is a permission error that names nothing; None when it is not one. An error
+    that wraps one (redis-py's cluster client reports a refused CLUSTER SLOTS as
+    "cannot connect") is judged by the one it wraps."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found = _missing_in(current)
+        if found is not None:
+            return found
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _missing_in(exc: BaseException) -> str | None:
     message = str(exc)
     lowered = message.lower()
     direct = lowered.startswith("noperm") or type(exc).__name__ == "NoPermissionError"
@@ -154,11 +173,13 @@ class PermissionLog:
 
     def note(self, exc: BaseException) -> str | None:
         """The explanation of exc if it is a permission error (logged the first time)."""
-        if _missing(exc) is None:
+        rule = missing_rule(exc, self._prefix)
+        if rule is None:
             return None
         problem = explain(exc, self._prefix, user_of(self._client))
-        if problem is not None and problem not in self._said:
-            self._said.add(problem)
+        said = rule or problem or ""  # the same rule refused by another script: said already
+        if said not in self._said:
+            self._said.add(said)
             log.error("%s: %s", self._what, problem)
         return problem
 
@@ -169,6 +190,7 @@ def user_of(client: Any) -> str | None:
     connected yet must not connect here."""
     own = getattr(client, "__dict__", {})
     holder = own.get("connection_pool") or own.get("nodes_manager")
-    kwargs = getattr(holder, "connection_kwargs", None) or {}
+    # _kwargs: a urls.LazyCluster that has not connected yet
+    kwargs = getattr(holder, "connection_kwargs", None) or own.get("_kwargs") or {}
     username = kwargs.get("username")
     return str(username) if username else None

@@ -248,14 +248,19 @@ class Memory:
         kept also once the worker forgot it (a store switch: a Redis restarted
         empty, or the local store while Redis is away, gets the open state
         back), or what a transition message announced since (a worker that
-        heard of a trip and has not asked since knows the breaker is open).
+        heard of a trip and has not asked since knows the breaker is open), if
+        it is about the incarnation Redis last told it of.
         Nothing older than RESTORE_SECONDS is offered: it may be what an idle
         breaker swept long ago was."""
-        # the newer of the last thing Redis said and the last message heard: never what the
-        # local store said (its state is this process's own, and Redis may have a breaker
-        # that never transitioned, which a local trip must not overwrite)
-        offered = max((x for x in (self._remembered, self._heard) if x is not None),
-                      key=lambda x: x[1], default=None)
+        # the newer of the last thing Redis said and the last message heard about that same
+        # incarnation of the keys: never what the local store said (its state is this
+        # process's own, and a local trip must not overwrite a breaker on Redis), nor a
+        # message about another incarnation (another database's breaker of the same name,
+        # or a forged message: the channel is not the keys)
+        remembered, heard = self._remembered, self._heard
+        if heard is not None and (remembered is None or heard[0][2] != remembered[0][2]):
+            heard = None
+        offered = max((x for x in (remembered, heard) if x is not None), key=lambda x: x[1], default=None)
         if offered is None or time.monotonic() - offered[1] > RESTORE_SECONDS:
             return str(self.epoch_seen)
         state = offered[0]
@@ -305,7 +310,7 @@ class Memory:
             if announced is None or not announced.extends(self._announced):
                 self._opaque_at = self._invalidations
             self._announced = announced
-            self._heard = _transition_heard(payload)
+            self._heard = _transition_heard(payload) or self._heard
             return True
 
     def forget(self) -> None:

@@ -10,6 +10,7 @@
 --   1 state  HASH   state, epoch, open_until, forced, consec, open_ms, ho_ok, seq,
 --                   ttl_at (when a worker last used the keys, renewed at most once a
 --                   minute: an idle breaker is removed by sweep.lua after the key TTL),
+--                   ttl (the key TTL of the worker that wrote it, for sweep.lua),
 --                   born (the epoch this hash was created with), armed ('1' while a
 --                   late success could change a decision), arms (how often it armed),
 --                   lost (the born of the last incarnation whose loss was counted)
@@ -194,6 +195,7 @@ local function unparsable(x, n)
 end
 
 local transition, stat, drop_probes  -- defined below; load_state restores with them
+local EVENTS_KEPT = 10  -- what `breaker-redis show` prints (breaker_redis/reader.py EVENTS_KEPT)
 
 -- The newest line of the events list (see transition), as a state to restore
 -- from; nil if there is none or it does not parse.
@@ -210,8 +212,11 @@ end
 -- flushed or deleted, and created anew, here (created) or by a worker that
 -- knew nothing (then nothing has happened to the new one since: epoch ==
 -- born). What it was comes from the caller's knowledge (KNOWN), or, when the
--- caller knows nothing and the hash is created here, from the breaker's last
--- transition (the events list, another key, which may well have survived).
+-- hash is created here, from the breaker's last transition (the events list,
+-- another key, which may well have survived) when that is newer (a higher
+-- epoch: the caller may not have heard of the last transition). A new
+-- incarnation that restores nothing leaves a line in the history (see
+-- mark_created), so an older line is never taken for its state later.
 -- An open, half-open or forced state is restored (a transition, cause
 -- 'restored', so every worker hears of it): an open breaker stays open until
 -- the open_until it had, for a worker that starts now too. A caller that
@@ -220,7 +225,10 @@ end
 -- so, for the worker to log it.
 local function restore_lost(s, created)
   local was = KNOWN
-  if was == nil and created then was = last_transition() end
+  if created then
+    local line = last_transition()
+    if line and (was == nil or line.epoch > was.epoch) then was = line end
+  end
   if was == nil or s.epoch ~= s.born or was.born == s.born or s.state ~= 'closed' or s.forced ~= '' then
     return
   end
@@ -234,6 +242,7 @@ local function restore_lost(s, created)
     if not repair and was.source == nil then LOST = 'lost' end
     return
   end
+  s.restored = true
   if not repair then LOST = was.source == 'events' and 'restored_events' or 'restored' end
   local to = was.state
   if was.forced ~= '' then to = was.forced end
@@ -244,6 +253,15 @@ local function restore_lost(s, created)
   -- new hash from a lower floor), so epochs never go backwards for anyone
   s.epoch = math.max(s.epoch, FLOOR, was.epoch)
   transition(s, to, 'restored')
+end
+
+-- A new incarnation that restored nothing: a line in the history, when there is
+-- one, so its last line no longer says what a lost incarnation was (no
+-- transition: nothing changed for any worker, and no epoch is spent).
+local function mark_created(s)
+  if redis.call('EXISTS', K_EVENTS) == 0 then return end
+  redis.call('LPUSH', K_EVENTS, string.format('%d lost closed created %d 0 -', NOW, s.epoch))
+  redis.call('LTRIM', K_EVENTS, 0, EVENTS_KEPT - 1)
 end
 
 -- State: a missing or corrupted hash reads as a fresh closed breaker whose
@@ -276,7 +294,11 @@ local function load_state(restore)
     s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
   end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
-  if restore then restore_lost(s, created) end
+  s.created = created
+  if restore then
+    restore_lost(s, created)
+    if created and not s.restored then mark_created(s) end
+  end
   return s
 end
 
@@ -297,7 +319,8 @@ local function save_state(s)
   if not s.dirty then return end
   redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
     'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq,
-    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms, 'lost', s.lost)
+    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms, 'lost', s.lost,
+    'ttl', TTL)
   redis.call('PERSIST', K_STATE)
   -- the caller's config, for readers that have none (the CLI's `show`): written with
   -- the state, so at least once a minute while a worker runs. A key of its own:
@@ -333,7 +356,6 @@ end
 
 -- Every transition: epoch+1, one line in the events list, one pub/sub message. Messages
 -- are hints: a worker that hears one asks Redis again before trusting memory.
-local EVENTS_KEPT = 10  -- what `breaker-redis show` prints (breaker_redis/reader.py EVENTS_KEPT)
 local function publish(s, kind, extra)
   local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, born = s.born, at = NOW}
   for k, v in pairs(extra or {}) do msg[k] = v end

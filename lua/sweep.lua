@@ -6,17 +6,19 @@
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-4 common (4: the key TTL, the idle time after which it goes)
--- Reads : state (ttl_at: stamped at most once a minute while in use), and
---         whether any key exists.
+-- Reads : state (ttl_at: stamped at most once a minute while in use; ttl: the
+--         writer's key TTL), and whether any key exists.
 -- Writes: deletes every key of an idle breaker.
 -- Returns 1 when the breaker is gone (removed now, or no key of it left:
 --         the caller drops the name from the names set), else 0. A breaker
 --         with live overrides and no state yet (configured before first use)
 --         stays.
-local used = redis.call('HMGET', K_STATE, 'ttl_at', 'state')
+local used = redis.call('HMGET', K_STATE, 'ttl_at', 'state', 'ttl')
 if used[2] then
-  local at = tonumber(used[1])
-  if not at or (NOW - at < TTL and at <= NOW + TTL) then return 0 end  -- in use (or unknown: kept)
+  -- idle for the longer of this caller's TTL and the writer's: a process with a short one
+  -- must not sweep a breaker that processes with a long one use (they stamp it more rarely)
+  local at, ttl = tonumber(used[1]), math.max(TTL, tonumber(used[3]) or 0)
+  if not at or (NOW - at < ttl and at <= NOW + ttl) then return 0 end  -- in use (or unknown: kept)
   redis.call('DEL', unpack(KEY_LIST))
   return 1
 end

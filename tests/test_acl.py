@@ -144,6 +144,10 @@ def test_a_missing_permission_is_one_error_that_names_it_and_protection_goes_on(
         assert "Redis unavailable" not in errors[0]
         assert breakers.gate.problem is not None and named in breakers.gate.problem
 
+        # the probe (lua/health.lua) is refused the same permission: still the one error
+        wait_until(lambda: breakers.gate._delay > breakers.gate._min_backoff, timeout=10,
+                   what="the store gate's probe to be refused")
+        assert len(user_errors(caplog)) == 1
         admin = redis_server.client()
         admin.execute_command("ACL", "SETUSER", user, named)
         wait_until(lambda: breakers.gate.healthy, timeout=15, what="the workers back on Redis once granted")
@@ -193,3 +197,45 @@ def test_the_readmes_acl_line_is_the_one_the_engine_needs() -> None:
     block = readme.split("redis-cli ACL SETUSER breaker", 1)[1].split("```", 1)[0]
     rules = {rule.strip("'").replace("\\|", "|") for rule in block.replace("\\\n", " ").split()}
     assert rules == set(acl.setuser_line().split()[3:])
+
+
+def test_the_engine_runs_on_a_cluster_under_the_cluster_users_line(cluster, clock) -> None:
+    """setuser_line(cluster=True): what redis-py's cluster client needs besides."""
+    user = f"acl-cluster-{next(_users)}"
+    rules = rules_of(acl.setuser_line(cluster=True))
+    for port in cluster.ports:
+        cluster.node(port).execute_command("ACL", "SETUSER", user, "reset", *rules.split())
+    cluster.flushall()
+    url = cluster.url.replace("://", f"://{user}:secret@", 1)
+    breakers = Breakers.from_url(url, clock=clock)
+    try:
+        pay = breakers.get("pay", BreakerConfig(failure_threshold=2, open_seconds=10))
+        assert pay.call(lambda: "ok") == "ok"
+        for _ in range(2):
+            with pytest.raises(ZeroDivisionError):
+                pay.call(lambda: 1 / 0)
+        with pytest.raises(BreakerOpen):
+            pay.call(lambda: "refused")
+        assert pay.snapshot()["store"] == "redis" and breakers.gate.healthy
+        assert breakers.names() == ["pay"]
+    finally:
+        breakers.close()
+        for port in cluster.ports:
+            cluster.node(port).execute_command("ACL", "DELUSER", user)
+
+
+def test_the_least_privilege_user_works_on_another_database(make_user, redis_server: RedisServer) -> None:
+    url = make_user(rules_of(acl.setuser_line())).replace("/0", "/2")  # redis-py sends SELECT 2
+    breakers = Breakers.from_url(url, listen=False)
+    try:
+        pay = breakers.get("pay", BreakerConfig(failure_threshold=2))
+        for _ in range(2):
+            with pytest.raises(ZeroDivisionError):
+                pay.call(lambda: 1 / 0)
+        with pytest.raises(BreakerOpen):
+            pay.call(lambda: "refused")
+        assert breakers.gate.healthy
+        assert redis_server.client(db=2).hget("breaker:{pay}:state", "state") == b"open"
+    finally:
+        breakers.close()
+        redis_server.client(db=2).flushdb()

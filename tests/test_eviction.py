@@ -229,3 +229,101 @@ def test_a_worker_warns_at_start_up_when_the_policy_can_evict_its_keys(
         assert lines == []
     else:
         assert len(lines) == 1 and "allkeys-lru" in lines[0] and "noeviction or volatile-*" in lines[0]
+
+
+# -- what is never restored ----------------------------------------------------------------------
+
+
+def test_a_message_about_another_incarnation_restores_nothing(redis_server: RedisServer, clock) -> None:
+    """Pub/sub ignores the database number: another app on db 1 with the same prefix
+    trips its own 'pay', and anyone may PUBLISH. Neither opens this app's breaker."""
+    admin = redis_server.client()
+    admin.flushall()
+    ours = subscribed(Breakers.from_url(redis_server.url.replace("/0", "/0"), clock=clock))
+    theirs = Breakers.from_url(redis_server.url.replace("/0", "/1"), listen=False, clock=clock)
+    try:
+        pay = ours.get("pay", CONFIG)
+        assert admits(pay)
+        clock.advance(1)
+        fail(theirs.get("pay", CONFIG), 5)  # db 1's pay opens: its message reaches us too
+        admin.publish("breaker:events", '{"name": "pay", "kind": "transition", "to": "open", '
+                      '"forced": "open", "born": 1, "epoch": 1, "arms": 0, "open_until": 0, "at": 0}')
+        for _ in range(3):
+            assert admits(pay)
+        snap = pay.snapshot()
+        assert (snap["state"], snap["forced"], snap["state_lost"]) == ("closed", None, 0)
+    finally:
+        ours.close()
+        theirs.close()
+        admin.flushall()
+        admin.close()
+
+
+def test_a_worker_that_knew_less_than_the_history_restores_what_the_history_says(
+    redis_server: RedisServer, clock
+) -> None:
+    """Worker B last heard 'closed' (no subscription); after the trip and the loss of the
+    state, the history's newer line wins over what B knew."""
+    admin = redis_server.client()
+    admin.flushall()
+    a = Breakers.from_url(redis_server.url, listen=False, clock=clock)
+    b = Breakers.from_url(redis_server.url, listen=False, clock=clock)
+    try:
+        assert admits(b.get("pay", CONFIG))  # B knows it closed
+        fail(a.get("pay", CONFIG), 5)
+        admin.delete(STATE)
+        assert not admits(b.get("pay", CONFIG))
+        assert admin.hget(STATE, "state") == b"open"
+    finally:
+        a.close()
+        b.close()
+        admin.flushall()
+        admin.close()
+
+
+def test_a_lost_closed_breaker_leaves_a_line_in_its_history(redis_server: RedisServer, clock) -> None:
+    """Nothing to restore (it was closed): the loss is counted and the history says so,
+    so the breaker's older lines (its last trip) are never taken for its state."""
+    admin = redis_server.client()
+    admin.flushall()
+    a = Breakers.from_url(redis_server.url, listen=False, clock=clock)
+    try:
+        pay = a.get("pay", CONFIG)
+        fail(pay, 5)
+        clock.advance(30_000)
+        pay.acquire().success()  # the probe succeeds: closed again
+        admin.delete(STATE)
+        assert admits(pay)
+        newest = admin.lindex("breaker:{pay}:events", 0).decode().split()
+        assert newest[1:4] == ["lost", "closed", "created"], newest
+        assert pay.snapshot()["state_lost"] == 1
+        admin.delete(STATE)
+        newcomer = Breakers.from_url(redis_server.url, listen=False, clock=clock)
+        assert admits(newcomer.get("pay", CONFIG))
+        newcomer.close()
+    finally:
+        a.close()
+        admin.flushall()
+        admin.close()
+
+
+def test_an_operators_word_on_a_lost_state_is_not_undone(redis_server: RedisServer, clock) -> None:
+    """breaker-redis open pay, the data flushed, breaker-redis auto pay --create: the
+    worker that knew it forced open does not restore the force the operator cleared."""
+    admin = redis_server.client()
+    admin.flushall()
+    worker = Breakers.from_url(redis_server.url, listen=False, clock=clock)
+    operator = Breakers.from_url(redis_server.url, listen=False, clock=clock)
+    try:
+        pay = worker.get("pay", CONFIG)
+        pay.force_open()
+        assert not admits(pay)
+        admin.flushall()
+        operator.get("pay", CONFIG).clear_force()
+        assert admits(pay)
+        assert pay.snapshot()["forced"] is None
+    finally:
+        worker.close()
+        operator.close()
+        admin.flushall()
+        admin.close()

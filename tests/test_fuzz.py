@@ -22,7 +22,9 @@ deleted, a lease or an events line forged. What must hold:
    now_ms), never by sleeping.
 3. No command, scripts included, runs longer than 1 ms: SLOWLOG is reset before each example,
    ``slowlog-log-slower-than`` is 1000 (us) for the module and restored afterwards, and the
-   slow log must be empty after each example.
+   slow log must be empty after each example. An example with a slow command is played again
+   (SLOW_REPLAYS); slow in every run, it fails if its slowest command also took more than
+   REFERENCE_FACTOR times a reference workload measured right then (a slow machine slows both).
 4. No key outside a breaker's hash tag is touched: after each example every key in Redis is
    ``{prefix}:{NAME}:<suffix>`` (``scripts.KEY_SUFFIXES``) of a name in use, or ``{prefix}:names``
    / ``{prefix}:health`` (README "Redis keys"). A second test watches MONITOR: every script
@@ -857,7 +859,16 @@ def run_example(env: FuzzRedis, prefix: str, specs: list[tuple[str, dict[str, An
         runs.append(_play(env, prefix, specs, steps, None, _quiet))
     if all(runs):
         report = "\n".join(f"run {n + 1}:\n" + "\n".join(slow) for n, slow in enumerate(runs))
-        raise AssertionError(f"commands slower than {SLOW_US} us, in every run of this example:\n{report}")
+        reference = _reference_us(env)
+        slowest = min(max(_duration(line) for line in slow) for slow in runs)
+        if slowest > REFERENCE_FACTOR * reference:
+            raise AssertionError(f"commands slower than {SLOW_US} us in every run of this example, and "
+                                 f"slower than {REFERENCE_FACTOR}x the reference workload ({reference} us "
+                                 f"now):\n{report}")
+        warnings.warn(SlowOnce(f"commands slower than {SLOW_US} us in every run, but within "
+                               f"{REFERENCE_FACTOR}x the reference workload measured meanwhile "
+                               f"({reference} us: the machine is slow now): {runs[-1]}"), stacklevel=1)
+        return
     if runs[0]:
         warnings.warn(SlowOnce(f"a command was slower than {SLOW_US} us once, not again in a replay "
                                f"(the machine was busy?): {runs[0]}"), stacklevel=1)
@@ -925,6 +936,43 @@ def _assert_on_redis(run: Run, records: list[logging.LogRecord], number: int, st
         said = [r.getMessage() for r in records]
         raise AssertionError(f"after step {number} {step!r} the breakers left Redis for the local store "
                              f"(a script failed): {said}")
+
+
+# The 1 ms bound is for a quiet machine. On a slow one (a busy 2-core machine, a noisy virtual
+# one: the same script has taken 0.26 ms and 1.2 ms on the project's machine at different
+# hours) a command slow in every replay is compared with a reference workload of about the
+# same size as the costliest legitimate script (the largest window slide: a 300-field hash
+# written, read three times, dropped), run right then: a script slowed by its data stays
+# slow against it, one slowed by the machine does not.
+REFERENCE_FACTOR = 2
+_REFERENCE = """
+local f = {}
+for i = 1, 300 do f[#f + 1] = 'f' .. i; f[#f + 1] = i end
+redis.call('HSET', KEYS[1], unpack(f))
+for i = 1, 3 do redis.call('HGETALL', KEYS[1]) end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+def _reference_us(env: FuzzRedis) -> int:
+    """The median server time of the reference workload, µs (SLOWLOG, every command logged)."""
+    admin = env.admin
+    admin.config_set("slowlog-log-slower-than", 0)
+    try:
+        admin.slowlog_reset()
+        for _ in range(7):
+            admin.eval(_REFERENCE, 1, "reference:{fuzz}")
+        durations = sorted(int(entry["duration"]) for entry in admin.slowlog_get(128)
+                           if bytes(entry["command"]).upper().startswith(b"EVAL"))
+    finally:
+        admin.config_set("slowlog-log-slower-than", SLOW_US)
+        admin.slowlog_reset()
+    return durations[len(durations) // 2]
+
+
+def _duration(line: str) -> int:
+    return int(line.split()[0])
 
 
 def _slow_commands(env: FuzzRedis) -> list[str]:

@@ -254,6 +254,17 @@ def test_idle_breakers_are_swept_and_busy_ones_kept(make_breakers, store, clock)
     assert admits(idle)  # a swept breaker starts again closed at its next use
 
 
+def test_a_process_with_a_shorter_key_ttl_does_not_sweep_what_others_use(make_breakers, store, clock):
+    """Idle means unused for the longer of the sweeper's TTL and the user's (stored with
+    the state): a user with a 7-day TTL stamps its use only once a minute."""
+    long_lived = make_breakers()  # 7 days
+    fail(long_lived.get("pay", COUNT_5))
+    short = make_breakers(key_ttl_seconds=5)
+    clock.advance(50_000)
+    assert short._runner.sweep(clock()) == []
+    assert store.exists(STATE)
+
+
 def test_running_workers_keep_the_names_set(make_breakers, store, monkeypatch):
     import breaker_redis.core as breaker_module
 

@@ -53,6 +53,16 @@ def _read(call: Callable[[], Any]) -> Callable[[], Any]:
     return _tolerating("WRONGTYPE", call)
 
 
+def _select(client: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """SELECT of the database the client already uses (what redis-py sends on connect
+    for a database other than 0); none on a cluster, which has only database 0."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return []
+    db = int(pool.connection_kwargs.get("db") or 0)
+    return [("select", lambda: client.execute_command("SELECT", db))]
+
+
 def tries(up: Checkup, held: list[Any]) -> list[tuple[str, Callable[[], Any]]]:
     """(ACL command name, a harmless call of it), in the order they are sent;
     the subscription made goes in ``held``, for the caller to close."""
@@ -95,6 +105,7 @@ def tries(up: Checkup, held: list[Any]) -> list[tuple[str, Callable[[], Any]]]:
         ("persist", lambda: client.persist(health)),
         ("hmget", _read(lambda: client.hmget(health, "doctor"))),
         ("hgetall", _read(lambda: client.hgetall(health))),
+        *_select(client),
         ("smembers", _read(lambda: client.smembers(names))),
         ("srandmember", _read(lambda: client.srandmember(names, 1))),
         ("sadd", _read(lambda: client.sadd(names, PROBE_MEMBER))),
