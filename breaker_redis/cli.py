@@ -330,7 +330,12 @@ def watch(target: Target, interval: float, count: int | None) -> None:
             try:
                 snapshots = target.snapshots()
                 problem = ""
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, StoreUnavailable) as exc:
+            except (
+                redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError,
+                redis.exceptions.RedisClusterException,
+                StoreUnavailable,
+            ) as exc:
                 if refreshes == 0:
                     raise
                 snapshots, problem = [], f"Redis at {target.where} does not answer ({exc}); retrying"
@@ -634,7 +639,7 @@ def events(
                 raise Failed(f"Redis at {target.where} did not confirm the subscription")
     try:
         names = [name] if name is not None else target.names()
-        history = [event for n in names for event in target.transitions(n, count)]
+        history = [event for events in target.histories(names, count).values() for event in events]
         history.sort(key=lambda e: tuple(int(part) for part in e["id"].split("-")))
         history = history[-count:] if count else []
         for event in history:

@@ -4,9 +4,10 @@ hosts share it, with no multiprocess directory and nothing kept per process.
 ``BreakerCollector(client, prefix)`` is a prometheus-client collector: register
 it on your own registry, or let the Flask extension serve it at
 ``<admin path>/metrics`` (behind the token) or ``breaker-redis metrics`` print
-or serve it. Each scrape runs one snapshot script per breaker. The metric
-names are fixed (DESIGN section 7). When Redis cannot be read, a scrape shows
-``breaker_redis_up 0`` and nothing else, and says why once in the log.
+or serve it. Each scrape runs the snapshot script of every breaker, pipelined
+(reader.py: two round trips per 500 breakers). The metric names are fixed.
+When Redis cannot be read, a scrape shows ``breaker_redis_up 0`` and nothing
+else, and says why once in the log.
 """
 
 from __future__ import annotations

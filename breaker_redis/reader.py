@@ -1,22 +1,39 @@
 """Reading every breaker under one key prefix without knowing the apps' configs
-(the CLI, the Prometheus collector).
+(the CLI, the Prometheus collector, the Flask dashboard).
 
 The window is read with the bucket width and count the workers last wrote
 (``bms`` and ``nb`` in the window hash): a window read with another bucket
 width reads as empty. Reads never listen and never fall back to a store of
 their own: with Redis down a read fails rather than showing a fresh breaker.
+
+Many breakers are read in one round trip per CHUNK of them, not a few per
+breaker: one pipeline of lua/read.lua (what snapshot.lua tells, as one JSON
+text), each call reading with the config its workers stored; redis-py's
+cluster pipeline sends one per node. A breaker whose stored config is not the
+one the rules above pick (none stored yet, or edited by hand) is read again
+with the one they pick, which costs two more round trips for those. A read
+builds no ``Breakers``: only the switches (``breakers()``) need one, and a
+Reader makes one at most.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .breakers import Breakers
+import redis
+
+from .breakers import DEFAULT_TTL_SECONDS, Breakers
 from .config import BreakerConfig
-from .scripts import KEY_SUFFIXES, breaker_keys, text
+from .scripts import KEY_SUFFIXES, ScriptRunner, breaker_keys, text
+from .snapshot import snapshot_dict
 
 EVENTS_KEPT = 10  # transitions kept per breaker (lua/_lib.lua EVENTS_KEPT)
 EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
+# Breakers per pipeline: 2,000 snapshot replies take about 1 MB; a chunk keeps
+# what one round trip holds (and how long Redis works on it) bounded.
+CHUNK = 500
 
 
 def parse_event(line: Any) -> dict[str, str] | None:
@@ -31,34 +48,92 @@ def parse_event(line: Any) -> dict[str, str] | None:
     return event
 
 
-class Reader:
-    """Every breaker under one key prefix, read without knowing the apps' configs."""
+def stored_config_of(raw: Any) -> BreakerConfig | None:
+    """The config a worker wrote with the state (the ``cfg`` key); None when none
+    is written or it does not make a valid config."""
+    if not raw:
+        return None
+    try:
+        return BreakerConfig.from_lua(raw)
+    except (ValueError, TypeError):
+        return None
 
-    def __init__(self, client: Any, prefix: str, *, owns_client: bool = True) -> None:
+
+def window_shape_of(bms: Any, nb: Any) -> tuple[int, int] | None:
+    """(bucket ms, bucket count) from the window hash; None: no window.
+    A window hash from before ``nb`` was written: the default bucket count."""
+    try:
+        return int(bms), int(nb) if nb is not None else BreakerConfig().window_buckets
+    except (TypeError, ValueError):
+        return None
+
+
+def window_config_of(shape: tuple[int, int] | None) -> BreakerConfig:
+    """A config whose window has the bucket width and count the workers last wrote.
+
+    With live overrides applied on top (the snapshot script does that) it
+    gives the same bucket width again, so the window reads as the workers
+    read it.
+    """
+    if shape is None:
+        return BreakerConfig()
+    bucket_ms, buckets = shape
+    try:
+        return BreakerConfig(window_seconds=bucket_ms * buckets / 1000, window_buckets=buckets)
+    except ValueError:  # a shape no config could have written (the hash was edited)
+        return BreakerConfig()
+
+
+def _decoded(reply: Any) -> list[Any]:
+    """lua/read.lua's reply, [stored config text, fields]: JSON text, or the list
+    itself when it could not be encoded."""
+    if isinstance(reply, (bytes, str)):
+        return list(json.loads(text(reply)))
+    return list(reply)
+
+
+def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    return (items[i : i + CHUNK] for i in range(0, len(items), CHUNK))
+
+
+class Reader:
+    """Every breaker under one key prefix, read without knowing the apps' configs.
+
+    ``clock``: the now_ms given to the snapshot script (tests), as
+    ``Breakers(clock=...)``; None: Redis time.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        prefix: str,
+        *,
+        owns_client: bool = True,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self._owns_client = owns_client
-        self._readers: dict[BreakerConfig, Breakers] = {}
+        self._clock = clock
+        self._runner = ScriptRunner(client, prefix, int(DEFAULT_TTL_SECONDS * 1000))
+        self._breakers: Breakers | None = None
 
-    def breakers(self, config: BreakerConfig | None = None) -> Breakers:
-        """Breakers whose default config is ``config``: one per window shape read.
+    def breakers(self) -> Breakers:
+        """Breakers for the switches (force_open ..., configure), made at first use.
 
         Never listening (no subscription), and never falling back to a store
-        of its own: with Redis down, a read must fail, not show a fresh breaker.
+        of its own: with Redis down, a switch must fail, not land in memory.
         """
-        config = config or BreakerConfig()
-        breakers = self._readers.get(config)
-        if breakers is None:
-            breakers = self._readers[config] = Breakers(
-                self.client, self.prefix, listen=False, on_store_error="deny", defaults=config
-            )
-        return breakers
+        if self._breakers is None:
+            self._breakers = Breakers(self.client, self.prefix, listen=False, on_store_error="deny")
+        return self._breakers
 
     def keys(self, name: str) -> dict[str, str]:
         return dict(zip(KEY_SUFFIXES, breaker_keys(self.prefix, name), strict=True))
 
     def names(self) -> list[str]:
-        return self.breakers().names()
+        """Every breaker name listed under the prefix (by any worker)."""
+        return sorted(text(n) for n in self.client.smembers(self._runner.names_key))
 
     def known(self, name: str) -> bool:
         """In the names set, or with a state hash (the set is best effort)."""
@@ -67,51 +142,106 @@ class Reader:
         return bool(self.client.exists(self.keys(name)["state"]))
 
     def window_shape(self, name: str) -> tuple[int, int] | None:
-        """(bucket ms, bucket count) as the workers last wrote the window; None: no window.
-
-        A window hash from before ``nb`` was written: the default bucket count.
-        """
-        bms, nb = self.client.hmget(self.keys(name)["window"], "bms", "nb")
-        try:
-            return int(bms), int(nb) if nb is not None else BreakerConfig().window_buckets
-        except (TypeError, ValueError):
-            return None
+        """(bucket ms, bucket count) as the workers last wrote the window; None: no window."""
+        return window_shape_of(*self.client.hmget(self.keys(name)["window"], "bms", "nb"))
 
     def window_config(self, name: str) -> BreakerConfig:
-        """A config whose window has the bucket width and count the workers last wrote.
-
-        With live overrides applied on top (the snapshot script does that) it
-        gives the same bucket width again, so the window reads as the workers
-        read it.
-        """
-        shape = self.window_shape(name)
-        if shape is None:
-            return BreakerConfig()
-        bucket_ms, buckets = shape
-        try:
-            return BreakerConfig(window_seconds=bucket_ms * buckets / 1000, window_buckets=buckets)
-        except ValueError:  # a shape no config could have written (the hash was edited)
-            return BreakerConfig()
+        return window_config_of(self.window_shape(name))
 
     def stored_config(self, name: str) -> BreakerConfig | None:
-        """The config of the last worker that wrote the state (the ``cfg`` key);
-        None when none is written or it does not make a valid config."""
-        raw = self.client.get(self.keys(name)["cfg"])
-        if not raw:
-            return None
-        try:
-            return BreakerConfig.from_lua(raw)
-        except (ValueError, TypeError):
-            return None
+        """The config of the last worker that wrote the state (the ``cfg`` key)."""
+        return stored_config_of(self.client.get(self.keys(name)["cfg"]))
 
     def snapshot(self, name: str, stored: BreakerConfig | None = None) -> dict[str, Any]:
         """Read with the workers' own config when one is written (so its "config"
         is the one in force; ``stored``: already read), else with their window shape."""
-        config = stored or self.stored_config(name) or self.window_config(name)
-        return self.breakers(config).get(name).snapshot()
+        if stored is None:
+            return self.snapshots([name])[0]
+        return self._snapshots([name], [stored.to_lua()])[0]
 
-    def snapshots(self) -> list[dict[str, Any]]:
-        return [self.snapshot(name) for name in self.names()]
+    def snapshots(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """The snapshots of ``names`` (every listed breaker by default), in their
+        order, each as ``snapshot(name)`` reads it: one round trip per CHUNK
+        breakers, two more for those whose workers stored no config to read with."""
+        names = self.names() if names is None else list(names)
+        out: list[dict[str, Any]] = []
+        for chunk in _chunks(names):
+            out.extend(self._read_chunk(chunk))
+        return out
+
+    def _read_chunk(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """Each breaker read with the config its workers stored (lua/read.lua), in one
+        pipeline. Where that is not the config the rules pick (none stored, or one
+        BreakerConfig refuses or would not write as it is: edited by hand), the
+        breaker is read again with the one they pick (two more round trips)."""
+        accepted: dict[str, bool] = {}
+        found: list[dict[str, Any] | None] = []
+        for name, reply in zip(names, self._run_read(names, [b""] * len(names)), strict=True):
+            snapshot = None
+            if not isinstance(reply, Exception):
+                stored, *fields = _decoded(reply)
+                if fields and self._as_written(stored, accepted):
+                    snapshot = snapshot_dict(name, fields[0], "redis")
+            found.append(snapshot)
+        again = [name for name, snapshot in zip(names, found, strict=True) if snapshot is None]
+        if again:
+            redone = iter(self._snapshots(again, self._config_texts(again)))
+            found = [snapshot if snapshot is not None else next(redone) for snapshot in found]
+        return [snapshot for snapshot in found if snapshot is not None]
+
+    @staticmethod
+    def _as_written(stored: Any, accepted: dict[str, bool]) -> bool:
+        """Whether a stored config text is the one a read picks: a valid config that
+        BreakerConfig writes back as the same text (a worker's always is)."""
+        raw = text(stored)
+        verdict = accepted.get(raw)
+        if verdict is None:
+            config = stored_config_of(raw)
+            verdict = accepted[raw] = config is not None and config.to_lua() == raw.encode()
+        return verdict
+
+    def _config_texts(self, names: Sequence[str]) -> list[bytes]:
+        """The config text each breaker is read with: its stored config's, else one of
+        its window's shape (one pipeline). An error reading a key raises, as a lone read's."""
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            keys = self.keys(name)
+            pipe.get(keys["cfg"])
+            pipe.hmget(keys["window"], "bms", "nb")
+        replies = pipe.execute(raise_on_error=False)
+        encoded: dict[Any, bytes] = {}  # made so far, by what they were made from
+        texts = []
+        for raw, window in zip(replies[::2], replies[1::2], strict=True):
+            if isinstance(raw, Exception):
+                raise raw
+            stored = stored_config_of(raw)
+            if stored is not None:
+                texts.append(stored.to_lua())
+                continue
+            if isinstance(window, Exception):
+                raise window
+            shape = window_shape_of(*window)
+            if shape not in encoded:
+                encoded[shape] = window_config_of(shape).to_lua()
+            texts.append(encoded[shape])
+        return texts
+
+    def _run_read(self, names: Sequence[str], configs: Sequence[bytes]) -> list[Any]:
+        now_ms = None if self._clock is None else int(self._clock())
+        calls = [(name, now_ms, [config, 0]) for name, config in zip(names, configs, strict=True)]
+        return self._runner.run_many("read", calls)
+
+    def _snapshots(self, names: Sequence[str], configs: Sequence[bytes]) -> list[dict[str, Any]]:
+        """Each name read with its config text, in one pipeline."""
+        out = []
+        for name, config, reply in zip(names, configs, self._run_read(names, configs), strict=True):
+            if isinstance(reply, Exception):
+                if not (isinstance(reply, redis.exceptions.ResponseError) and "WRONGTYPE" in str(reply)):
+                    raise reply
+                now_ms = None if self._clock is None else int(self._clock())
+                reply = self._runner.run_repairing("read", name, now_ms, [config, 0])  # as a worker's would
+            out.append(snapshot_dict(name, _decoded(reply)[1], "redis"))
+        return out
 
     def overrides(self, name: str) -> dict[str, str]:
         raw = self.client.hgetall(self.keys(name)["config"])
@@ -119,17 +249,28 @@ class Reader:
 
     def transitions(self, name: str, count: int) -> list[dict[str, str]]:
         """The last ``count`` transitions of one breaker (at most EVENTS_KEPT), oldest first."""
+        return self.histories([name], count)[name]
+
+    def histories(self, names: Iterable[str], count: int) -> dict[str, list[dict[str, str]]]:
+        """transitions(name, count) of each name, one round trip per CHUNK names."""
+        names = list(names)
         if count <= 0:
-            return []
-        lines = self.client.lrange(self.keys(name)["events"], 0, min(count, EVENTS_KEPT) - 1)
-        out = [event for event in map(parse_event, lines) if event is not None]
-        out.reverse()
-        for event in out:
-            event.update(name=name, id=f"{event['at']}-{event['epoch']}", kind="transition")
-        return out
+            return {name: [] for name in names}
+        found: dict[str, list[dict[str, str]]] = {}
+        for chunk in _chunks(names):
+            pipe = self.client.pipeline(transaction=False)
+            for name in chunk:
+                pipe.lrange(self.keys(name)["events"], 0, min(count, EVENTS_KEPT) - 1)
+            for name, lines in zip(chunk, pipe.execute(), strict=True):
+                history = [event for event in map(parse_event, lines) if event is not None]
+                history.reverse()
+                for event in history:
+                    event.update(name=name, id=f"{event['at']}-{event['epoch']}", kind="transition")
+                found[name] = history
+        return found
 
     def close(self) -> None:
-        for breakers in self._readers.values():
-            breakers.close()
+        if self._breakers is not None:
+            self._breakers.close()
         if self._owns_client:
             self.client.close()

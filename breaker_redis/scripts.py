@@ -20,6 +20,7 @@ flushed again meanwhile. The same text serves both: each script starts with
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -31,7 +32,9 @@ from typing import Any
 import redis
 import redis.asyncio
 
-OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot")
+log = logging.getLogger("breaker_redis")
+
+OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot", "read")
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
 
 # A name becomes part of a key (prefix:{NAME}:suffix), of the names SET and of
@@ -217,6 +220,69 @@ class ScriptRunner(Scripts):
             # between a SCRIPT LOAD and the EVALSHA that follows (redis-py's
             # own retry) cannot fail the call. EVAL caches the script again.
             return self.client.eval(source, len(keys), *keys, *argv)
+
+    def run_repairing(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        """run(), except that a key of the wrong type (written by hand, or by another
+        program), which would fail every call for good, is dropped with the rest of
+        the breaker's keys, said once in the log, and the call made again on a fresh,
+        closed breaker."""
+        try:
+            return self.run(operation, name, now_ms, args)
+        except redis.exceptions.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
+            self.drop_keys(name)
+            return self.run(operation, name, now_ms, args)
+
+    def run_many(self, operation: str, calls: Sequence[tuple[str, int | None, Sequence[Any]]]) -> list[Any]:
+        """Calls of one script, each (name, now_ms, args), in one pipeline (on a
+        cluster, redis-py's sends one per node): each call's reply, or the
+        ResponseError it got, in order.
+
+        Calls that found the script missing there (a new, restarted or flushed
+        server: every call of the pipeline) are sent again in one more pipeline
+        once it is loaded; one that misses it even then runs alone (run())."""
+        results = self._pipelined(operation, calls)
+        missing = [i for i, result in enumerate(results) if self._not_loaded(result)]
+        if not missing:
+            return results
+        self._load(operation)
+        for i, result in zip(missing, self._pipelined(operation, [calls[i] for i in missing]), strict=True):
+            results[i] = self.run(operation, *calls[i]) if self._not_loaded(result) else result
+        return results
+
+    def _pipelined(self, operation: str, calls: Sequence[tuple[str, int | None, Sequence[Any]]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for name, now_ms, args in calls:
+            sha, _, keys, argv = self.call(operation, name, now_ms, args)
+            if self.use_functions:
+                pipe.execute_command("FCALL", self.function_names[operation], len(keys), *keys, *argv)
+            else:  # by name: redis-py's cluster pipeline refuses evalsha(), yet sends EVALSHA by its keys
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *argv)
+        return list(pipe.execute(raise_on_error=False))
+
+    def _not_loaded(self, result: Any) -> bool:
+        """Whether a pipelined call failed for want of its script, not by its own error;
+        an FCALL the server does not take (fcall_failed) turns to EVALSHA from now on."""
+        if isinstance(result, redis.exceptions.NoScriptError):
+            return True
+        if not (self.use_functions and isinstance(result, redis.exceptions.ResponseError)):
+            return False
+        try:
+            self.fcall_failed(result, 1)
+        except redis.exceptions.ResponseError:
+            return False  # the function's own error
+        return True
+
+    def _load(self, operation: str) -> None:
+        if self.use_functions:
+            try:
+                self.client.function_load(self.library)
+            except redis.exceptions.ResponseError as exc:
+                self.load_failed(exc)
+        else:
+            self.client.script_load(self._scripts[operation][1])
 
     def drop_keys(self, name: str) -> None:
         self.client.delete(*breaker_keys(self.prefix, name))

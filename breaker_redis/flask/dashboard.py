@@ -43,7 +43,7 @@ POLL_MS = 1000  # single-threaded servers: one frame per request, the page asks 
 FRAME_SECONDS = 1.0
 TRANSITIONS_SHOWN = 5
 STATIC_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
-_REDIS_DOWN = (redis.exceptions.RedisError, StoreUnavailable, OSError)
+_REDIS_DOWN = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, StoreUnavailable, OSError)
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -66,12 +66,11 @@ def frame(state: AppState) -> dict[str, Any]:
     first call) with its last transitions, and Redis's clock."""
     reader = state.reader()
     seconds, micros = reader.client.time()
-    names = set(reader.names()) | state.app_names()
-    breakers = []
-    for name in sorted(names):
-        snapshot = reader.snapshot(name)  # reads only: a declared name gets no keys from it
-        snapshot["transitions"] = reader.transitions(name, TRANSITIONS_SHOWN)
-        breakers.append(snapshot)
+    names = sorted(set(reader.names()) | state.app_names())
+    breakers = reader.snapshots(names)  # reads only: a declared name gets no keys from it
+    histories = reader.histories(names, TRANSITIONS_SHOWN)
+    for snapshot in breakers:
+        snapshot["transitions"] = histories[snapshot["name"]]
     return {"now": int(seconds) * 1000 + int(micros) // 1000, "breakers": breakers}
 
 
