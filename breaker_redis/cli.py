@@ -3,7 +3,8 @@
     breaker-redis [--url URL] [--prefix P] COMMAND [ARGS]...
     flask breakers COMMAND [ARGS]...     (the same commands, on the app's Redis and prefix)
 
-Reads go through the snapshot script, so what is shown is what the workers
+Reads go through the snapshot script (for many breakers its twin
+lua/read.lua, pipelined: reader.py), so what is shown is what the workers
 decide by; switches run the same admin and configure scripts as
 ``Breaker.force_open()`` and ``Breakers.configure()``, each followed by the
 barrier round trip, so every worker (one deciding from memory too) hears of
