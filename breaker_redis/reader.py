@@ -7,8 +7,8 @@ width reads as empty. Reads never listen and never fall back to a store of
 their own: with Redis down a read fails rather than showing a fresh breaker.
 
 Many breakers are read in one round trip per CHUNK of them, not a few per
-breaker: one pipeline of lua/read.lua (what snapshot.lua tells, as one JSON
-text), each call reading with the config its workers stored; redis-py's
+breaker: one pipeline of lua/read.lua (what snapshot.lua tells, in one
+string), each call reading with the config its workers stored; redis-py's
 cluster pipeline sends one per node. A breaker whose stored config is not the
 one the rules above pick (none stored yet, or edited by hand) is read again
 with the one they pick, which costs two more round trips for those. A read
@@ -27,10 +27,15 @@ import redis
 from .breakers import DEFAULT_TTL_SECONDS, Breakers
 from .config import BreakerConfig
 from .scripts import KEY_SUFFIXES, ScriptRunner, breaker_keys, text
-from .snapshot import snapshot_dict
+from .snapshot import snapshot_of
 
 EVENTS_KEPT = 10  # transitions kept per breaker (lua/_lib.lua EVENTS_KEPT)
 EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
+# The values lua/read.lua replies with, in order: snapshot.lua's fields of those names.
+READ_FIELDS = (
+    "state", "epoch", "open_until", "forced", "consec", "open_ms", "ho_ok", "window_calls",
+    "window_failures", "window_slow", "probes", "slots", "now", "mode", "stats", "overrides",
+)
 # Breakers per pipeline: 2,000 snapshot replies take about 1 MB; a chunk keeps
 # what one round trip holds (and how long Redis works on it) bounded.
 CHUNK = 500
@@ -84,12 +89,28 @@ def window_config_of(shape: tuple[int, int] | None) -> BreakerConfig:
         return BreakerConfig()
 
 
-def _decoded(reply: Any) -> list[Any]:
-    """lua/read.lua's reply, [stored config text, fields]: JSON text, or the list
-    itself when it could not be encoded."""
-    if isinstance(reply, (bytes, str)):
-        return list(json.loads(text(reply)))
-    return list(reply)
+def _parts(reply: Any) -> tuple[bytes, Any, Any] | None:
+    """lua/read.lua's reply as (the stored config read with, the field values, the
+    config in force); None for a breaker not read (no stored config)."""
+    if isinstance(reply, list):
+        stored, values, config = reply
+        return text(stored).encode(), values, config
+    if not reply:
+        return None
+    data = reply.encode() if isinstance(reply, str) else reply  # the lengths count bytes
+    header, _, rest = data.partition(b"\n")
+    stored_length, config_length = (int(n) for n in header.split(b" "))
+    end = stored_length + config_length
+    return rest[:stored_length], rest[end:], rest[stored_length:end]
+
+
+def _fields(parts: tuple[bytes, Any, Any]) -> dict[str, Any]:
+    """snapshot.lua's fields by name, from read.lua's reply."""
+    _, values, config = parts
+    decoded = json.loads(text(values)) if isinstance(values, bytes) else values
+    fields = dict(zip(READ_FIELDS, decoded, strict=False))
+    fields["config"] = config
+    return fields
 
 
 def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
@@ -174,14 +195,13 @@ class Reader:
         pipeline. Where that is not the config the rules pick (none stored, or one
         BreakerConfig refuses or would not write as it is: edited by hand), the
         breaker is read again with the one they pick (two more round trips)."""
-        accepted: dict[str, bool] = {}
+        accepted: dict[bytes, bool] = {}
         found: list[dict[str, Any] | None] = []
         for name, reply in zip(names, self._run_read(names, [b""] * len(names)), strict=True):
             snapshot = None
-            if not isinstance(reply, Exception):
-                stored, *fields = _decoded(reply)
-                if fields and self._as_written(stored, accepted):
-                    snapshot = snapshot_dict(name, fields[0], "redis")
+            parts = None if isinstance(reply, Exception) else _parts(reply)
+            if parts is not None and self._as_written(parts[0], accepted):
+                snapshot = snapshot_of(name, _fields(parts), "redis")
             found.append(snapshot)
         again = [name for name, snapshot in zip(names, found, strict=True) if snapshot is None]
         if again:
@@ -190,14 +210,13 @@ class Reader:
         return [snapshot for snapshot in found if snapshot is not None]
 
     @staticmethod
-    def _as_written(stored: Any, accepted: dict[str, bool]) -> bool:
+    def _as_written(stored: bytes, accepted: dict[bytes, bool]) -> bool:
         """Whether a stored config text is the one a read picks: a valid config that
         BreakerConfig writes back as the same text (a worker's always is)."""
-        raw = text(stored)
-        verdict = accepted.get(raw)
+        verdict = accepted.get(stored)
         if verdict is None:
-            config = stored_config_of(raw)
-            verdict = accepted[raw] = config is not None and config.to_lua() == raw.encode()
+            config = stored_config_of(stored)
+            verdict = accepted[stored] = config is not None and config.to_lua() == stored
         return verdict
 
     def _config_texts(self, names: Sequence[str]) -> list[bytes]:
@@ -240,7 +259,10 @@ class Reader:
                     raise reply
                 now_ms = None if self._clock is None else int(self._clock())
                 reply = self._runner.run_repairing("read", name, now_ms, [config, 0])  # as a worker's would
-            out.append(snapshot_dict(name, _decoded(reply)[1], "redis"))
+            parts = _parts(reply)
+            if parts is None:
+                raise redis.exceptions.ResponseError(f"breaker {name!r} was not read")  # ARGV 5 was given
+            out.append(snapshot_of(name, _fields(parts), "redis"))
         return out
 
     def overrides(self, name: str) -> dict[str, str]:

@@ -47,7 +47,12 @@ def _counter(value: Any) -> int:
 
 
 def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
-    fields = flat_pairs(raw)
+    """The snapshot of snapshot.lua's flat field, value reply."""
+    return snapshot_of(name, flat_pairs(raw), store)
+
+
+def snapshot_of(name: str, fields: dict[str, Any], store: str) -> dict[str, Any]:
+    """The snapshot of snapshot.lua's fields by name (lua/read.lua gives them by position)."""
     values = {key: int(fields.get(key) or 0) for key in _INT_FIELDS}
     stats = {key: _counter(value) for key, value in flat_pairs(fields.get("stats") or []).items()}
     overrides = {key: text(value) for key, value in flat_pairs(fields.get("overrides") or []).items()}
