@@ -231,3 +231,46 @@ def test_redis_down_fails_the_read(clock):
     with pytest.raises(redis.exceptions.ConnectionError):
         bulk.snapshots(["pay"])
     bulk.close()
+
+
+class CountingPipelines(redis.Redis):
+    """A real client that counts the pipelines it sends (one round trip each)."""
+
+    sent = 0
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        def counted(raise_on_error: bool = True) -> Any:
+            CountingPipelines.sent += 1
+            return execute(raise_on_error)
+
+        pipe.execute = counted  # type: ignore[method-assign]
+        return pipe
+
+
+def test_one_round_trip_per_chunk_and_two_more_for_breakers_without_a_stored_config(
+    redis_server, clock, monkeypatch
+):
+    client = CountingPipelines(port=redis_server.port)
+    client.flushall()
+    app = Breakers(client, PREFIX, clock=clock, listen=False, batch_successes=False)
+    try:
+        for i in range(24):
+            fail(app.get(f"svc-{i:02d}", CONFIGS[i % len(CONFIGS)]), 1)
+        app.configure("overrides-only", failure_threshold=4)
+        monkeypatch.setattr(reader, "CHUNK", 10)
+        bulk = Reader(client, PREFIX, owns_client=False, clock=clock)
+        names = bulk.names()
+        CountingPipelines.sent = 0
+        read = bulk.snapshots(names)
+        assert len(read) == 25
+        assert CountingPipelines.sent == 3 + 2  # 3 chunks; config texts and a read for overrides-only
+        CountingPipelines.sent = 0
+        bulk.histories(names, 5)
+        assert CountingPipelines.sent == 3
+        bulk.close()
+    finally:
+        app.close()
+        client.close()
