@@ -4,8 +4,9 @@ hosts share it, with no multiprocess directory and nothing kept per process.
 ``BreakerCollector(client, prefix)`` is a prometheus-client collector: register
 it on your own registry, or let the Flask extension serve it at
 ``<admin path>/metrics`` (behind the token) or ``breaker-redis metrics`` print
-or serve it. Each scrape runs the snapshot script of every breaker, pipelined
-(reader.py: two round trips per 500 breakers). The metric names are fixed.
+or serve it. Each scrape reads every breaker as the CLI's ``status`` does
+(reader.py: lua/read.lua, one pipelined round trip per 500 breakers). The
+metric names are fixed.
 When Redis cannot be read, a scrape shows ``breaker_redis_up 0`` and nothing
 else, and says why once in the log.
 """
