@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -39,6 +39,7 @@ READ_FIELDS = (
 # Breakers per pipeline: 2,000 snapshot replies take about 1 MB; a chunk keeps
 # what one round trip holds (and how long Redis works on it) bounded.
 CHUNK = 500
+PLAIN_KEPT = 256  # config texts whose config in force a Reader keeps
 
 
 def parse_event(line: Any) -> dict[str, str] | None:
@@ -89,26 +90,34 @@ def window_config_of(shape: tuple[int, int] | None) -> BreakerConfig:
         return BreakerConfig()
 
 
-def _parts(reply: Any) -> tuple[bytes, Any, Any] | None:
-    """lua/read.lua's reply as (the stored config read with, the field values, the
-    config in force); None for a breaker not read (no stored config)."""
+class Parts(NamedTuple):
+    """lua/read.lua's reply: the config text read with, the field values (JSON, or
+    a list), and the config in force (b"=": the text's own, no override applied)."""
+
+    text: bytes
+    values: Any
+    config: bytes
+
+
+def _parts(reply: Any, given: bytes = b"") -> Parts | None:
+    """The parts of a reply to a read with config text ``given`` (b"": the stored
+    one); None for a breaker not read (no stored config)."""
     if isinstance(reply, list):
         stored, values, config = reply
-        return text(stored).encode(), values, config
+        return Parts(text(stored).encode() or given, values, text(config).encode())
     if not reply:
         return None
     data = reply.encode() if isinstance(reply, str) else reply  # the lengths count bytes
     header, _, rest = data.partition(b"\n")
     stored_length, config_length = (int(n) for n in header.split(b" "))
     end = stored_length + config_length
-    return rest[:stored_length], rest[end:], rest[stored_length:end]
+    return Parts(rest[:stored_length] or given, rest[end:], rest[stored_length:end])
 
 
-def _fields(parts: tuple[bytes, Any, Any]) -> dict[str, Any]:
-    """snapshot.lua's fields by name, from read.lua's reply."""
-    _, values, config = parts
-    decoded = json.loads(text(values)) if isinstance(values, bytes) else values
-    fields = dict(zip(READ_FIELDS, decoded, strict=False))
+def _fields(parts: Parts, config: Any) -> dict[str, Any]:
+    """snapshot.lua's fields by name, from read.lua's reply and the config in force."""
+    values = json.loads(text(parts.values)) if isinstance(parts.values, bytes) else parts.values
+    fields = dict(zip(READ_FIELDS, values, strict=False))
     fields["config"] = config
     return fields
 
@@ -138,6 +147,7 @@ class Reader:
         self._clock = clock
         self._runner = ScriptRunner(client, prefix, int(DEFAULT_TTL_SECONDS * 1000))
         self._breakers: Breakers | None = None
+        self._plain: dict[bytes, Any] = {}  # config text -> its config in force, no override
 
     def breakers(self) -> Breakers:
         """Breakers for the switches (force_open ..., configure), made at first use.
@@ -178,7 +188,7 @@ class Reader:
         is the one in force; ``stored``: already read), else with their window shape."""
         if stored is None:
             return self.snapshots([name])[0]
-        return self._snapshots([name], [stored.to_lua()])[0]
+        return self._snapshots_of([name], self._read_with([name], [stored.to_lua()]))[0]
 
     def snapshots(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The snapshots of ``names`` (every listed breaker by default), in their
@@ -196,18 +206,16 @@ class Reader:
         BreakerConfig refuses or would not write as it is: edited by hand), the
         breaker is read again with the one they pick (two more round trips)."""
         accepted: dict[bytes, bool] = {}
-        found: list[dict[str, Any] | None] = []
-        for name, reply in zip(names, self._run_read(names, [b""] * len(names)), strict=True):
-            snapshot = None
+        found: list[Parts | None] = []
+        for reply in self._run_read(names, [b""] * len(names)):
             parts = None if isinstance(reply, Exception) else _parts(reply)
-            if parts is not None and self._as_written(parts[0], accepted):
-                snapshot = snapshot_of(name, _fields(parts), "redis")
-            found.append(snapshot)
-        again = [name for name, snapshot in zip(names, found, strict=True) if snapshot is None]
+            found.append(parts if parts is not None and self._as_written(parts.text, accepted) else None)
+        again = [i for i, parts in enumerate(found) if parts is None]
         if again:
-            redone = iter(self._snapshots(again, self._config_texts(again)))
-            found = [snapshot if snapshot is not None else next(redone) for snapshot in found]
-        return [snapshot for snapshot in found if snapshot is not None]
+            unread = [names[i] for i in again]
+            for i, parts in zip(again, self._read_with(unread, self._config_texts(unread)), strict=True):
+                found[i] = parts
+        return self._snapshots_of(names, [parts for parts in found if parts is not None])
 
     @staticmethod
     def _as_written(stored: bytes, accepted: dict[bytes, bool]) -> bool:
@@ -245,25 +253,45 @@ class Reader:
             texts.append(encoded[shape])
         return texts
 
-    def _run_read(self, names: Sequence[str], configs: Sequence[bytes]) -> list[Any]:
+    def _run_read(self, names: Sequence[str], configs: Sequence[bytes], mode: str = "1") -> list[Any]:
         now_ms = None if self._clock is None else int(self._clock())
-        calls = [(name, now_ms, [config, 0]) for name, config in zip(names, configs, strict=True)]
+        calls = [(name, now_ms, [config, 0, mode]) for name, config in zip(names, configs, strict=True)]
         return self._runner.run_many("read", calls)
 
-    def _snapshots(self, names: Sequence[str], configs: Sequence[bytes]) -> list[dict[str, Any]]:
-        """Each name read with its config text, in one pipeline."""
+    def _read_with(self, names: Sequence[str], configs: Sequence[bytes]) -> list[Parts]:
+        """Each name read with its config text, in one pipeline; an error raises,
+        except a key of the wrong type, repaired as a worker's call would."""
         out = []
         for name, config, reply in zip(names, configs, self._run_read(names, configs), strict=True):
             if isinstance(reply, Exception):
                 if not (isinstance(reply, redis.exceptions.ResponseError) and "WRONGTYPE" in str(reply)):
                     raise reply
                 now_ms = None if self._clock is None else int(self._clock())
-                reply = self._runner.run_repairing("read", name, now_ms, [config, 0])  # as a worker's would
-            parts = _parts(reply)
-            if parts is None:
-                raise redis.exceptions.ResponseError(f"breaker {name!r} was not read")  # ARGV 5 was given
-            out.append(snapshot_of(name, _fields(parts), "redis"))
+                reply = self._runner.run_repairing("read", name, now_ms, [config, 0, "1"])
+            parts = _parts(reply, config)
+            if parts is None:  # only a read with the stored config may read nothing
+                raise redis.exceptions.ResponseError(f"lua/read.lua read nothing of {name!r}")
+            out.append(parts)
         return out
+
+    def _snapshots_of(self, names: Sequence[str], found: Sequence[Parts]) -> list[dict[str, Any]]:
+        """The snapshots of read.lua's replies. A config in force it left out (no
+        live override) is its config text's own, as Redis encodes it: known to this
+        Reader from an earlier read, else asked for once per text (one round trip)."""
+        unknown = {p.text: name for name, p in zip(names, found, strict=True) if p.config == b"=" and
+                   p.text not in self._plain}
+        if unknown:
+            if len(self._plain) + len(unknown) > PLAIN_KEPT:
+                self._plain.clear()
+            replies = self._run_read(list(unknown.values()), list(unknown), mode="encode")
+            for config_text, reply in zip(unknown, replies, strict=True):
+                if isinstance(reply, Exception):
+                    raise reply
+                self._plain[config_text] = reply
+        return [
+            snapshot_of(name, _fields(p, self._plain[p.text] if p.config == b"=" else p.config), "redis")
+            for name, p in zip(names, found, strict=True)
+        ]
 
     def overrides(self, name: str) -> dict[str, str]:
         raw = self.client.hgetall(self.keys(name)["config"])

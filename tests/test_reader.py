@@ -250,7 +250,7 @@ class CountingPipelines(redis.Redis):
         return pipe
 
 
-def test_one_round_trip_per_chunk_and_two_more_for_breakers_without_a_stored_config(
+def test_one_round_trip_per_chunk_once_the_config_texts_are_known(
     redis_server, clock, monkeypatch
 ):
     client = CountingPipelines(port=redis_server.port)
@@ -264,9 +264,13 @@ def test_one_round_trip_per_chunk_and_two_more_for_breakers_without_a_stored_con
         bulk = Reader(client, PREFIX, owns_client=False, clock=clock)
         names = bulk.names()
         CountingPipelines.sent = 0
-        read = bulk.snapshots(names)
-        assert len(read) == 25
-        assert CountingPipelines.sent == 3 + 2  # 3 chunks; config texts and a read for overrides-only
+        first = bulk.snapshots(names)
+        # 3 chunks; the config in force of the four config texts (once per Reader);
+        # the config text and a read for overrides-only
+        assert CountingPipelines.sent == 3 + 1 + 2
+        CountingPipelines.sent = 0
+        assert bulk.snapshots(names) == first
+        assert CountingPipelines.sent == 3 + 2
         CountingPipelines.sent = 0
         bulk.histories(names, 5)
         assert CountingPipelines.sent == 3
