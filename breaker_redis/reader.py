@@ -18,6 +18,7 @@ Reader makes one at most.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -40,6 +41,7 @@ READ_FIELDS = (
 # what one round trip holds (and how long Redis works on it) bounded.
 CHUNK = 500
 PLAIN_KEPT = 256  # config texts whose config in force a Reader keeps
+_ANY_NAME = "-"  # lua/read.lua's 'encode' reads no key; its keys only route the call on a cluster
 
 
 def parse_event(line: Any) -> dict[str, str] | None:
@@ -188,34 +190,44 @@ class Reader:
         is the one in force; ``stored``: already read), else with their window shape."""
         if stored is None:
             return self.snapshots([name])[0]
-        return self._snapshots_of([name], self._read_with([name], [stored.to_lua()]))[0]
+        (parts,) = self._read_with([name], [stored.to_lua()])
+        self._learn([parts])
+        return self._snapshot(name, parts)
 
     def snapshots(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The snapshots of ``names`` (every listed breaker by default), in their
-        order, each as ``snapshot(name)`` reads it: one round trip per CHUNK
-        breakers, two more for those whose workers stored no config to read with."""
-        names = self.names() if names is None else list(names)
-        out: list[dict[str, Any]] = []
-        for chunk in _chunks(names):
-            out.extend(self._read_chunk(chunk))
-        return out
+        order, each as ``snapshot(name)`` reads it.
 
-    def _read_chunk(self, names: Sequence[str]) -> list[dict[str, Any]]:
-        """Each breaker read with the config its workers stored (lua/read.lua), in one
-        pipeline. Where that is not the config the rules pick (none stored, or one
+        Each breaker is read with the config its workers stored (lua/read.lua),
+        CHUNK to a round trip, the next chunk on its way while this one is
+        decoded. Where that is not the config the rules pick (none stored, or one
         BreakerConfig refuses or would not write as it is: edited by hand), the
-        breaker is read again with the one they pick (two more round trips)."""
+        breaker is read again with the one they pick, two more round trips for
+        all those. Config texts this Reader has not seen yet: one more."""
+        names = self.names() if names is None else list(names)
+        now_ms = self._now_ms()
         accepted: dict[bytes, bool] = {}
         found: list[Parts | None] = []
-        for reply in self._run_read(names, [b""] * len(names)):
-            parts = None if isinstance(reply, Exception) else _parts(reply)
-            found.append(parts if parts is not None and self._as_written(parts.text, accepted) else None)
+        out: list[dict[str, Any] | None] = []
+        chunks = ([(name, now_ms, [b"", 0, "1"]) for name in chunk] for chunk in _chunks(names))
+        with contextlib.closing(self._runner.run_chunks("read", chunks)) as replies:
+            for chunk in replies:  # decoded while Redis runs the next chunk
+                for reply in chunk:
+                    parts = None if isinstance(reply, Exception) else _parts(reply)
+                    if parts is not None and not self._as_written(parts.text, accepted):
+                        parts = None
+                    found.append(parts)
+                    out.append(self._snapshot(names[len(out)], parts) if self._known(parts) else None)
         again = [i for i, parts in enumerate(found) if parts is None]
         if again:
             unread = [names[i] for i in again]
             for i, parts in zip(again, self._read_with(unread, self._config_texts(unread)), strict=True):
                 found[i] = parts
-        return self._snapshots_of(names, [parts for parts in found if parts is not None])
+        self._learn([parts for parts, snapshot in zip(found, out, strict=True) if snapshot is None])
+        return [
+            snapshot if snapshot is not None else self._snapshot(name, found[i])
+            for i, (name, snapshot) in enumerate(zip(names, out, strict=True))
+        ]
 
     @staticmethod
     def _as_written(stored: bytes, accepted: dict[bytes, bool]) -> bool:
@@ -253,45 +265,51 @@ class Reader:
             texts.append(encoded[shape])
         return texts
 
-    def _run_read(self, names: Sequence[str], configs: Sequence[bytes], mode: str = "1") -> list[Any]:
-        now_ms = None if self._clock is None else int(self._clock())
-        calls = [(name, now_ms, [config, 0, mode]) for name, config in zip(names, configs, strict=True)]
-        return self._runner.run_many("read", calls)
+    def _now_ms(self) -> int | None:
+        return None if self._clock is None else int(self._clock())
 
     def _read_with(self, names: Sequence[str], configs: Sequence[bytes]) -> list[Parts]:
         """Each name read with its config text, in one pipeline; an error raises,
         except a key of the wrong type, repaired as a worker's call would."""
+        now_ms = self._now_ms()
+        calls = [(name, now_ms, [config, 0, "1"]) for name, config in zip(names, configs, strict=True)]
         out = []
-        for name, config, reply in zip(names, configs, self._run_read(names, configs), strict=True):
+        replies = self._runner.run_many("read", calls)
+        for call, config, reply in zip(calls, configs, replies, strict=True):
             if isinstance(reply, Exception):
                 if not (isinstance(reply, redis.exceptions.ResponseError) and "WRONGTYPE" in str(reply)):
                     raise reply
-                now_ms = None if self._clock is None else int(self._clock())
-                reply = self._runner.run_repairing("read", name, now_ms, [config, 0, "1"])
+                reply = self._runner.run_repairing("read", *call)
             parts = _parts(reply, config)
             if parts is None:  # only a read with the stored config may read nothing
-                raise redis.exceptions.ResponseError(f"lua/read.lua read nothing of {name!r}")
+                raise redis.exceptions.ResponseError(f"lua/read.lua read nothing of {call[0]!r}")
             out.append(parts)
         return out
 
-    def _snapshots_of(self, names: Sequence[str], found: Sequence[Parts]) -> list[dict[str, Any]]:
-        """The snapshots of read.lua's replies. A config in force it left out (no
-        live override) is its config text's own, as Redis encodes it: known to this
-        Reader from an earlier read, else asked for once per text (one round trip)."""
-        unknown = {p.text: name for name, p in zip(names, found, strict=True) if p.config == b"=" and
-                   p.text not in self._plain}
-        if unknown:
-            if len(self._plain) + len(unknown) > PLAIN_KEPT:
-                self._plain.clear()
-            replies = self._run_read(list(unknown.values()), list(unknown), mode="encode")
-            for config_text, reply in zip(unknown, replies, strict=True):
-                if isinstance(reply, Exception):
-                    raise reply
-                self._plain[config_text] = reply
-        return [
-            snapshot_of(name, _fields(p, self._plain[p.text] if p.config == b"=" else p.config), "redis")
-            for name, p in zip(names, found, strict=True)
-        ]
+    def _known(self, parts: Parts | None) -> bool:
+        """Whether a snapshot can be made of it now (its config in force is known)."""
+        return parts is not None and (parts.config != b"=" or parts.text in self._plain)
+
+    def _learn(self, found: Sequence[Parts | None]) -> None:
+        """The config in force of each config text read.lua left it out for (no live
+        override applied) that this Reader does not know yet, as Redis encodes it:
+        one round trip for all of them."""
+        unknown = sorted({p.text for p in found if p is not None and not self._known(p)})
+        if not unknown:
+            return
+        if len(self._plain) + len(unknown) > PLAIN_KEPT:
+            self._plain.clear()
+        now_ms = self._now_ms()
+        calls = [(_ANY_NAME, now_ms, [config_text, 0, "encode"]) for config_text in unknown]
+        for config_text, reply in zip(unknown, self._runner.run_many("read", calls), strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            self._plain[config_text] = reply
+
+    def _snapshot(self, name: str, parts: Parts | None) -> dict[str, Any]:
+        assert parts is not None
+        config = self._plain[parts.text] if parts.config == b"=" else parts.config
+        return snapshot_of(name, _fields(parts, config), "redis")
 
     def overrides(self, name: str) -> dict[str, str]:
         raw = self.client.hgetall(self.keys(name)["config"])

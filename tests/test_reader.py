@@ -14,6 +14,7 @@ import redis
 from breaker_redis import BreakerConfig, Breakers, reader
 from breaker_redis.config import BreakerConfig as Config
 from breaker_redis.reader import Reader
+from breaker_redis.scripts import ScriptRunner
 from tests.conftest import STORES, Clock, make_store
 from tests.workers import fail
 
@@ -233,27 +234,21 @@ def test_redis_down_fails_the_read(clock):
     bulk.close()
 
 
-class CountingPipelines(redis.Redis):
-    """A real client that counts the pipelines it sends (one round trip each)."""
+class CountingSends(redis.Connection):
+    """A real connection that counts what it sends at once: one round trip each."""
 
     sent = 0
 
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)
-        execute = pipe.execute
-
-        def counted(raise_on_error: bool = True) -> Any:
-            CountingPipelines.sent += 1
-            return execute(raise_on_error)
-
-        pipe.execute = counted  # type: ignore[method-assign]
-        return pipe
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        CountingSends.sent += 1
+        super().send_packed_command(command, check_health)
 
 
 def test_one_round_trip_per_chunk_once_the_config_texts_are_known(
     redis_server, clock, monkeypatch
 ):
-    client = CountingPipelines(port=redis_server.port)
+    pool = redis.ConnectionPool(port=redis_server.port, connection_class=CountingSends)
+    client = redis.Redis(connection_pool=pool)
     client.flushall()
     app = Breakers(client, PREFIX, clock=clock, listen=False, batch_successes=False)
     try:
@@ -263,18 +258,41 @@ def test_one_round_trip_per_chunk_once_the_config_texts_are_known(
         monkeypatch.setattr(reader, "CHUNK", 10)
         bulk = Reader(client, PREFIX, owns_client=False, clock=clock)
         names = bulk.names()
-        CountingPipelines.sent = 0
+        CountingSends.sent = 0
         first = bulk.snapshots(names)
         # 3 chunks; the config in force of the four config texts (once per Reader);
         # the config text and a read for overrides-only
-        assert CountingPipelines.sent == 3 + 1 + 2
-        CountingPipelines.sent = 0
+        assert CountingSends.sent == 3 + 1 + 2
+        CountingSends.sent = 0
         assert bulk.snapshots(names) == first
-        assert CountingPipelines.sent == 3 + 2
-        CountingPipelines.sent = 0
+        assert CountingSends.sent == 3 + 2
+        CountingSends.sent = 0
         bulk.histories(names, 5)
-        assert CountingPipelines.sent == 3
+        assert CountingSends.sent == 3
         bulk.close()
+    finally:
+        app.close()
+        client.close()
+
+
+def test_a_read_stopped_midway_leaves_no_reply_behind(redis_server, clock):
+    """The next chunk is on its way while one is handed over; a caller that stops
+    there (Ctrl-C in `watch`) must not leave its replies for the next command."""
+    client = redis_server.client()
+    client.flushall()
+    app = Breakers(client, PREFIX, clock=clock, listen=False, batch_successes=False)
+    try:
+        for i in range(12):
+            fail(app.get(f"svc-{i:02d}", CONSECUTIVE), 1)
+        runner = ScriptRunner(client, PREFIX, 60_000)
+        calls = [(f"svc-{i:02d}", clock.now, [b"", 0, "1"]) for i in range(12)]
+        replies = runner.run_chunks("read", [calls[:4], calls[4:8], calls[8:]])
+        assert len(next(replies)) == 4
+        replies.close()
+        assert client.echo("after") == b"after"
+        chunks = runner.run_chunks("read", [calls[:4], calls[4:8], calls[8:]])
+        assert [len(chunk) for chunk in chunks] == [4, 4, 4]
+        assert client.echo("after again") == b"after again"
     finally:
         app.close()
         client.close()
