@@ -5,10 +5,11 @@ bench/overhead.py does), creates BREAKERS breakers (2,000 by default) with
 some state (three configs with different window shapes, outcomes in their
 windows, some tripped, some forced open, some with live overrides, each with
 a few transitions), then times, alternating in one run, each of these read
-the way the code before this change read it (one stored-config GET, a window
-HMGET when there was no config, and one snapshot script per breaker, through a
-Breakers per config; one LRANGE per breaker for the history) and the way it
-reads now (breaker_redis/reader.py: the same scripts, pipelined):
+the way breaker_redis read before (one stored-config GET, a window HMGET when
+there was no config, and one snapshot script per breaker, through a Breakers
+per config; one LRANGE per breaker for the history) and the way it reads now
+(breaker_redis/reader.py: lua/read.lua pipelined, 500 breakers a round trip,
+the next 500 on their way while these are decoded):
 
 - ``Reader.snapshots()``: what ``status``, ``metrics`` and the dashboard read;
 - ``breaker-redis status`` and ``status --json``, whole commands in process;
