@@ -22,13 +22,14 @@ from .scripts import OPERATIONS, library, script_source
 log = logging.getLogger("breaker_redis")
 
 # Sent by breaker_redis itself (not from a script): the scripts (FCALL and
-# FUNCTION LOAD on Redis 7, EVALSHA and EVAL otherwise), the barrier (PING),
+# FUNCTION LOAD on Redis 7, EVALSHA and EVAL otherwise; SCRIPT LOAD before the
+# readers' pipelines), the barrier (PING),
 # the event subscription, the names set, dropping a corrupted breaker, the
 # start-up check of maxmemory-policy (INFO), the readers of the CLI, metrics
 # and dashboard (GET, HMGET, HGETALL, LRANGE, EXISTS, TIME), and the Flask
 # extension's shared response cache (HSET, PEXPIRE).
 CLIENT_COMMANDS = (
-    "fcall", "function|load", "evalsha", "eval", "ping", "subscribe", "unsubscribe",
+    "fcall", "function|load", "evalsha", "eval", "script|load", "ping", "subscribe", "unsubscribe",
     "sadd", "srem", "smembers", "srandmember", "exists", "del", "info",
     "get", "hmget", "hgetall", "hset", "pexpire", "persist", "lrange", "time", "select",
 )  # fmt: skip
@@ -167,9 +168,11 @@ class PermissionLog:
     """Logs each permission error of one part of the engine as an ERROR, once
     per distinct missing permission (a retry loop must not repeat it)."""
 
-    def __init__(self, client: Any, prefix: str, what: str) -> None:
+    def __init__(self, client: Any, prefix: str, what: str, said: set[str] | None = None) -> None:
+        """``said``: the rules said already, when they outlive this object (a collector
+        built per scrape)."""
         self._client, self._prefix, self._what = client, prefix, what
-        self._said: set[str] = set()
+        self._said: set[str] = set() if said is None else said
 
     def note(self, exc: BaseException) -> str | None:
         """The explanation of exc if it is a permission error (logged the first time)."""

@@ -20,7 +20,7 @@ from .invalidation import Invalidator
 from .recorder import Recorder
 from .scripts import ScriptRunner, flat_pairs, text, validate_name
 from .store import StoreGate
-from .transitions import TransitionCallback, notify, parse
+from .transitions import TransitionCallback, TransitionHooks
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 
@@ -58,7 +58,7 @@ class Breakers:
         self._runner = ScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
         self.gate = StoreGate(self._runner, on_store_error, on_switch=self._forget_all)
         self._breakers: dict[str, Breaker] = {}
-        self._transition_callbacks: list[TransitionCallback] = []
+        self._hooks = TransitionHooks()
         self._lock = threading.Lock()
         # On Redis Cluster a message published by a script on one master reaches a
         # subscription held on another only after the script's reply: a worker deciding
@@ -180,17 +180,22 @@ class Breakers:
             self.client.ping()
 
     def on_transition(self, callback: TransitionCallback) -> TransitionCallback:
-        """Call ``callback(Transition)`` once per transition of any breaker
-        cluster-wide, in the process whose call made it (see transitions.py).
+        """Call ``callback(Transition)`` once per state change of any breaker
+        cluster-wide, in the process whose call made it (see transitions.py):
+        the rules' and an operator's (``t.operator``), never an operator's
+        action that left the state as it was (``reset()`` of a closed breaker).
         Usable as a decorator; exceptions in it are logged, never raised."""
-        if not callable(callback):
-            raise TypeError(f"on_transition needs a callable (got {callback!r})")
-        self._transition_callbacks.append(callback)
-        return callback
+        return self._hooks.add(self._hooks.changes, callback, "on_transition")
+
+    def on_operator_action(self, callback: TransitionCallback) -> TransitionCallback:
+        """Call ``callback(Transition)`` for every operator action (force_open(),
+        force_closed(), clear_force(), reset(), trip(), half_open()) made in this
+        process, whether it changed the state or not (``t.changed``): an audit log.
+        Usable as a decorator; exceptions in it are logged, never raised."""
+        return self._hooks.add(self._hooks.actions, callback, "on_operator_action")
 
     def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None:
-        if self._transition_callbacks:
-            notify(list(self._transition_callbacks), parse(name, events, epoch, at_ms))
+        self._hooks.report(name, events, epoch, at_ms)
 
     def _on_event(self, payload: dict[str, Any]) -> None:
         if not self.gate.healthy:

@@ -3,7 +3,8 @@
     breaker-redis [--url URL] [--prefix P] COMMAND [ARGS]...
     flask breakers COMMAND [ARGS]...     (the same commands, on the app's Redis and prefix)
 
-Reads go through the snapshot script, so what is shown is what the workers
+Reads go through the snapshot script (for many breakers its twin
+lua/read.lua, pipelined: reader.py), so what is shown is what the workers
 decide by; switches run the same admin and configure scripts as
 ``Breaker.force_open()`` and ``Breakers.configure()``, each followed by the
 barrier round trip, so every worker (one deciding from memory too) hears of
@@ -37,12 +38,16 @@ from .reader import Reader
 from .scripts import text, validate_name, validate_prefix
 from .store import StoreUnavailable
 from .urls import client_from_url
+from .urls import parse as parse_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "breaker"
-# The CLI is not on a request path: it may wait longer than a worker's client (urls.py).
-CONNECT_TIMEOUT = 2.0
-SOCKET_TIMEOUT = 5.0
+# How long the CLI waits for Redis to connect, and then for each answer: an
+# operator asking about an outage must not wait 5 s to learn that Redis is
+# one (a hung server accepts the connection and answers nothing). Longer than
+# a worker's client (urls.py): the CLI may run far from Redis. --timeout, or
+# the URL's own socket_timeout / socket_connect_timeout, set another.
+TIMEOUT = 0.5
 TRANSITIONS_SHOWN = 10  # by `show`
 HIGHLIGHT_SECONDS = 10.0  # `watch` keeps a state change highlighted this long
 STATE_COLOURS = {"closed": "green", "open": "red", "half_open": "yellow"}
@@ -82,15 +87,23 @@ class Target(Reader):
 
     ``declared``: the breakers an app declares (``flask breakers``), known
     before their first call as the app's admin endpoints know them; the
-    ``breaker-redis`` command knows only what Redis knows.
+    ``breaker-redis`` command knows only what Redis knows. ``timeout``: the
+    seconds its client waits for an answer, when the CLI made it.
     """
 
     def __init__(
-        self, client: Any, prefix: str, *, owns_client: bool = True, declared: Iterable[str] = ()
+        self,
+        client: Any,
+        prefix: str,
+        *,
+        owns_client: bool = True,
+        declared: Iterable[str] = (),
+        timeout: float | None = None,
     ) -> None:
         super().__init__(client, prefix, owns_client=owns_client)
         self.where = describe(client)
         self.declared = frozenset(declared)
+        self.timeout = timeout
 
     def require(self, name: str, create: bool = False) -> str:
         """The name, if it is valid and known, to Redis or as declared by the app
@@ -120,7 +133,9 @@ class OperationsGroup(click.Group):
             return super().invoke(ctx)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, StoreUnavailable) as exc:
             cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ else exc
-            raise Failed(f"cannot reach Redis at {_where(ctx)}: {cause}") from None
+            raise Failed(f"cannot reach Redis at {_where(ctx)}: {cause}{_waited(ctx, cause)}") from None
+        except redis.exceptions.RedisClusterException as exc:  # not a RedisError: no slot map, cluster down
+            raise Failed(f"cannot reach Redis at {_where(ctx)}: {exc}") from None
         except redis.exceptions.RedisError as exc:
             raise Failed(f"Redis at {_where(ctx)} answered with an error: {exc}") from None
 
@@ -128,6 +143,15 @@ class OperationsGroup(click.Group):
 def _where(ctx: click.Context) -> str:
     target = ctx.find_object(Target)
     return target.where if target is not None else "?"
+
+
+def _waited(ctx: click.Context, cause: BaseException) -> str:
+    """For a timeout: how long the CLI waited, and how to wait longer."""
+    target = ctx.find_object(Target)
+    timeout = target.timeout if target is not None else None
+    if timeout is None or not isinstance(cause, (redis.exceptions.TimeoutError, TimeoutError)):
+        return ""
+    return f" (no answer within {timeout:g} s; --timeout waits longer)"
 
 
 @click.group(cls=OperationsGroup, name="breaker-redis")
@@ -147,8 +171,15 @@ def _where(ctx: click.Context) -> str:
     show_envvar=True,
     help="Key prefix of the breakers (Breakers(prefix=...), BREAKER_KEY_PREFIX in Flask).",
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help=f"Seconds to wait for Redis to connect, and then for each answer [default: {TIMEOUT:g}, "
+    "or the URL's socket_connect_timeout / socket_timeout].",
+)
 @click.pass_context
-def main(ctx: click.Context, url: str, prefix: str) -> None:
+def main(ctx: click.Context, url: str, prefix: str, timeout: float | None) -> None:
     """Show and switch the circuit breakers kept in one Redis, for every worker at once.
 
     Exit codes: 0 done; 1 Redis unreachable, a Redis error or an unknown
@@ -159,14 +190,24 @@ def main(ctx: click.Context, url: str, prefix: str) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--prefix") from None
     try:
-        client = client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT)
+        timeouts = _timeouts(url, timeout)
+        client = client_from_url(url, **timeouts)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--url") from None
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:  # a cluster
         # client reads its slot map as it is made
         raise Failed(f"cannot reach Redis at {url.rsplit('@', 1)[-1]}: {exc}") from None
-    ctx.obj = target = Target(client, prefix)
+    ctx.obj = target = Target(client, prefix, timeout=timeouts["socket_timeout"])
     ctx.call_on_close(target.close)
+
+
+def _timeouts(url: str, timeout: float | None) -> dict[str, float]:
+    """--timeout for both; else what the URL says, else TIMEOUT (ValueError: a bad URL)."""
+    options = parse_url(url).options
+    return {
+        key: timeout if timeout is not None else float(options.get(key, TIMEOUT))
+        for key in ("socket_connect_timeout", "socket_timeout")
+    }
 
 
 def command_group(
@@ -303,7 +344,12 @@ def watch(target: Target, interval: float, count: int | None) -> None:
             try:
                 snapshots = target.snapshots()
                 problem = ""
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, StoreUnavailable) as exc:
+            except (
+                redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError,
+                redis.exceptions.RedisClusterException,
+                StoreUnavailable,
+            ) as exc:
                 if refreshes == 0:
                     raise
                 snapshots, problem = [], f"Redis at {target.where} does not answer ({exc}); retrying"
@@ -630,13 +676,13 @@ def events(
     if follow:  # subscribed before the history is read: nothing falls in between
         pubsub = target.client.pubsub()
         pubsub.subscribe(f"{target.prefix}:events")
-        deadline = time.monotonic() + SOCKET_TIMEOUT
+        deadline = time.monotonic() + (target.timeout or TIMEOUT)
         while (message := pubsub.get_message(timeout=0.1)) is None or message["type"] != "subscribe":
             if time.monotonic() > deadline:
                 raise Failed(f"Redis at {target.where} did not confirm the subscription")
     try:
         names = [name] if name is not None else target.names()
-        history = [event for n in names for event in target.transitions(n, count)]
+        history = [event for events in target.histories(names, count).values() for event in events]
         history.sort(key=lambda e: tuple(int(part) for part in e["id"].split("-")))
         history = history[-count:] if count else []
         for event in history:

@@ -4,9 +4,11 @@ hosts share it, with no multiprocess directory and nothing kept per process.
 ``BreakerCollector(client, prefix)`` is a prometheus-client collector: register
 it on your own registry, or let the Flask extension serve it at
 ``<admin path>/metrics`` (behind the token) or ``breaker-redis metrics`` print
-or serve it. Each scrape runs one snapshot script per breaker. The metric
-names are fixed (docs/design.md section 9). When Redis cannot be read, a scrape shows
-``breaker_redis_up 0`` and nothing else, and says why once in the log.
+or serve it. Each scrape reads every breaker as the CLI's ``status`` does
+(reader.py: lua/read.lua, one pipelined round trip per 500 breakers). The
+metric names are fixed (docs/design.md section 9). When Redis cannot be read,
+a scrape shows ``breaker_redis_up 0`` and nothing else, and says why once in
+the log.
 """
 
 from __future__ import annotations
@@ -19,29 +21,43 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from . import acl
 from .reader import Reader
 from .snapshot import OUTCOME_COUNTERS
 
 log = logging.getLogger("breaker_redis")
 
 STATES = ("closed", "open", "half_open")
+_PERMISSIONS_SAID: set[str] = set()  # once per process, however many collectors (exposition())
 
 
 class BreakerCollector(Collector):
     def __init__(self, client: Any, prefix: str = "breaker") -> None:
         self._reader = Reader(client, prefix, owns_client=False)
         self._failing = False
+        self._permission = acl.PermissionLog(client, prefix, "metrics", _PERMISSIONS_SAID)
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("breaker_redis_up", "1 if the breakers' Redis could be read by this scrape")
         try:
             snapshots = self._reader.snapshots()
         except Exception as exc:
-            if not self._failing:
+            # a permission Redis refuses is an error of its own, logged once with the ACL rule
+            # that grants it (acl.PermissionLog), and named by breaker_redis_up_error
+            missing = acl.missing_rule(exc, self._reader.prefix)
+            if missing is not None:
+                self._permission.note(exc)
+            elif not self._failing:
                 log.warning("metrics cannot read Redis (%s: %s)", type(exc).__name__, exc)
             self._failing = True
             up.add_metric([], 0)
             yield up
+            why = GaugeMetricFamily(
+                "breaker_redis_up_error", "1 for why breaker_redis_up is 0: unavailable, or permission "
+                "(missing: the ACL rule to grant)", labels=["reason", "missing"]
+            )
+            why.add_metric(["unavailable" if missing is None else "permission", missing or ""], 1)
+            yield why
             return
         self._failing = False
         up.add_metric([], 1)
@@ -64,6 +80,9 @@ def _families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
     slow = _counter("breaker_redis_slow_calls", "Calls at or over slow_call_seconds")
     rejected = _counter("breaker_redis_rejected", "Calls refused by the breaker")
     trips = _counter("breaker_redis_trips", "Times the breaker opened")
+    lost = _counter(
+        "breaker_redis_state_lost", "Times a worker found the state it knew gone (evicted, flushed)"
+    )
     window_calls = _gauge("breaker_redis_window_calls", "Calls in the sliding window")
     window_failures = _gauge("breaker_redis_window_failures", "Failures in the sliding window")
     retry_after = _gauge(
@@ -79,10 +98,11 @@ def _families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
         slow.add_metric([name], snap["slow"])
         rejected.add_metric([name], snap["rejected"])
         trips.add_metric([name], snap["trips"])
+        lost.add_metric([name], snap["state_lost"])
         window_calls.add_metric([name], snap["window_calls"])
         window_failures.add_metric([name], snap["window_failures"])
         retry_after.add_metric([name], snap["retry_after"] or 0)
-    yield from (state, forced, calls, slow, rejected, trips, window_calls, window_failures, retry_after)
+    yield from (state, forced, calls, slow, rejected, trips, lost, window_calls, window_failures, retry_after)
 
 
 def exposition(client: Any, prefix: str = "breaker") -> bytes:

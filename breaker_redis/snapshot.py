@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
 from .config import fields_from_lua
@@ -47,7 +48,12 @@ def _counter(value: Any) -> int:
 
 
 def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
-    fields = flat_pairs(raw)
+    """The snapshot of snapshot.lua's flat field, value reply."""
+    return snapshot_of(name, flat_pairs(raw), store)
+
+
+def snapshot_of(name: str, fields: dict[str, Any], store: str) -> dict[str, Any]:
+    """The snapshot of snapshot.lua's fields by name (lua/read.lua gives them by position)."""
     values = {key: int(fields.get(key) or 0) for key in _INT_FIELDS}
     stats = {key: _counter(value) for key, value in flat_pairs(fields.get("stats") or []).items()}
     overrides = {key: text(value) for key, value in flat_pairs(fields.get("overrides") or []).items()}
@@ -83,8 +89,16 @@ def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
 
 def _config_in_force(raw: Any) -> dict[str, Any] | None:
     """The config the scripts decide by (the caller's with the live overrides
-    applied), in BreakerConfig's names and units; None if it cannot be read."""
+    applied), in BreakerConfig's names and units; None if it cannot be read.
+    A dict of its own: the caller may change it."""
+    parsed = _parsed_config(text(raw)) if raw else None
+    return None if parsed is None else dict(parsed)
+
+
+@lru_cache(maxsize=256)
+def _parsed_config(raw: str) -> tuple[tuple[str, Any], ...] | None:
+    """Parsed once per text: a reader of 2,000 breakers sees a handful of configs."""
     try:
-        return fields_from_lua(json.loads(text(raw))) if raw else None
+        return tuple(fields_from_lua(json.loads(raw)).items())
     except (ValueError, TypeError, KeyError):
         return None

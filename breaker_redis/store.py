@@ -196,7 +196,7 @@ class StoreGate(GateHealth):
         if self._down_since is None:
             generation = self.generation
             try:
-                return self._run_remote_repairing(operation, name, now_ms, args), generation
+                return self.remote.run_repairing(operation, name, now_ms, args), generation
             except _UNAVAILABLE as exc:
                 self._mark_down(exc, generation)
                 if not fallback:
@@ -211,21 +211,7 @@ class StoreGate(GateHealth):
 
     def run_remote(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         """Admin operations go to Redis only: a force must not land in one process."""
-        return self._run_remote_repairing(operation, name, now_ms, args)
-
-    def _run_remote_repairing(
-        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
-    ) -> Any:
-        """A key of the wrong type (written by hand, or by another program) would
-        fail every call for good; drop the breaker's keys, say so, and go on closed."""
-        try:
-            return self.remote.run(operation, name, now_ms, args)
-        except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
-            self.remote.drop_keys(name)
-            return self.remote.run(operation, name, now_ms, args)
+        return self.remote.run_repairing(operation, name, now_ms, args)
 
     def _mark_down(self, exc: BaseException, seen_generation: int) -> None:
         with self._lock:

@@ -1,4 +1,5 @@
-"""Transition alerts: ``Breakers.on_transition(callback)``.
+"""Transition alerts: ``Breakers.on_transition(callback)`` and
+``Breakers.on_operator_action(callback)``.
 
 Each transition is made by exactly one script run, in one process, whose
 reply lists it (the ``events`` field of lua/_lib.lua's reply); that process,
@@ -6,6 +7,17 @@ and only it, calls the callbacks. So across every worker of every host a
 callback runs once per transition of the shared state, which is what an alert
 wants: no duplicates, no listener to elect. Transitions of the in-process
 fallback store (Redis down) are per process and are not reported.
+
+Two hooks, because a pager and an audit log want different things. An
+operator's word (lua/admin.lua: ``force_open()``, ``reset()``, the CLI's
+switches, the dashboard's buttons) always makes a transition in the events
+list, even when the state stays what it was: ``reset()`` of a closed breaker
+is ``closed -> closed (reset)``, ``force_open()`` of an open one ``open ->
+open (forced_open)``. ``on_transition`` hears of state changes only (old !=
+new), the rules' and the operators' alike, the latter marked
+``operator``; a pager that pages on ``t.new == "open" and not t.operator``
+pages on trips only. ``on_operator_action`` hears of every operator action
+this process applied, whether it changed the state or not.
 """
 
 from __future__ import annotations
@@ -16,15 +28,35 @@ from dataclasses import dataclass
 
 log = logging.getLogger("breaker_redis")
 
+# The causes lua/admin.lua gives its transitions (a test holds the two equal);
+# every other cause is a rule's (lua/_lib.lua, acquire.lua, record.lua).
+OPERATOR_CAUSES = frozenset(
+    {"forced_open", "forced_closed", "force_cleared", "opened", "half_opened", "reset"}
+)
+
 
 @dataclass(frozen=True)
 class Transition:
     name: str
     old: str  # closed | open | half_open
     new: str
-    cause: str  # e.g. consecutive, count, rate, slow, open_elapsed, probe_failed, forced_open, reset
+    # a rule's: consecutive, count, rate, slow, open_elapsed, probe_failed, probe_timeout,
+    # probes_succeeded;
+    # an operator's (OPERATOR_CAUSES): forced_open, forced_closed, force_cleared, opened (trip()),
+    # half_opened, reset
+    cause: str
     epoch: int  # the epoch it started
     at_ms: int  # Redis time of the change, ms since the epoch
+
+    @property
+    def operator(self) -> bool:
+        """Made by an operator's action (force_open(), reset(), trip() ...), not by the rules."""
+        return self.cause in OPERATOR_CAUSES
+
+    @property
+    def changed(self) -> bool:
+        """Whether the state changed (an operator's reset of a closed breaker does not)."""
+        return self.old != self.new
 
 
 TransitionCallback = Callable[[Transition], object]
@@ -42,7 +74,7 @@ def parse(name: str, events: str, final_epoch: int, at_ms: int) -> list[Transiti
     return found
 
 
-def notify(callbacks: list[TransitionCallback], transitions: list[Transition]) -> None:
+def notify(callbacks: list[TransitionCallback], transitions: list[Transition], hook: str) -> None:
     """Call every callback for every transition; a failing callback is logged,
     never raised into the call that made the transition."""
     for transition in transitions:
@@ -50,4 +82,32 @@ def notify(callbacks: list[TransitionCallback], transitions: list[Transition]) -
             try:
                 callback(transition)
             except Exception:
-                log.exception("on_transition callback %r failed for %s", callback, transition)
+                log.exception("%s callback %r failed for %s", hook, callback, transition)
+
+
+class TransitionHooks:
+    """The callbacks of one Breakers (sync or asyncio) and what each is told."""
+
+    def __init__(self) -> None:
+        self.changes: list[TransitionCallback] = []
+        self.actions: list[TransitionCallback] = []
+
+    @staticmethod
+    def add(
+        callbacks: list[TransitionCallback], callback: TransitionCallback, hook: str
+    ) -> TransitionCallback:
+        if not callable(callback):
+            raise TypeError(f"{hook} needs a callable (got {callback!r})")
+        callbacks.append(callback)
+        return callback
+
+    def report(self, name: str, events: str, epoch: int, at_ms: int) -> None:
+        """The transitions of one reply: state changes to ``on_transition``, then
+        operator actions to ``on_operator_action``."""
+        if not (self.changes or self.actions):
+            return
+        found = parse(name, events, epoch, at_ms)
+        if self.changes:
+            notify(list(self.changes), [t for t in found if t.changed], "on_transition")
+        if self.actions:
+            notify(list(self.actions), [t for t in found if t.operator], "on_operator_action")

@@ -473,8 +473,9 @@ def test_a_batch_that_trips_counts_its_later_successes_as_stale(store, clock):
 
 def test_trip_opens_for_open_seconds_and_half_open_makes_the_next_call_a_probe(make_breakers, clock):
     """The admin operations pybreaker's open() and half_open() map to (breaker_redis.compat)."""
-    breakers, seen = make_breakers(), []
+    breakers, seen, actions = make_breakers(), [], []
     breakers.on_transition(seen.append)
+    breakers.on_operator_action(actions.append)
     b = breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=10,
                                           half_open_max_calls=1))
     b.force_open()
@@ -493,12 +494,16 @@ def test_trip_opens_for_open_seconds_and_half_open_makes_the_next_call_a_probe(m
     with pytest.raises(BreakerOpen) as refused:
         b.acquire()
     assert refused.value.reason == "half_open_full"
-    assert [(t.new, t.cause) for t in seen] == [
+    assert [(t.new, t.cause) for t in seen] == [  # trip() of a forced-open breaker: open stays open
         ("open", "forced_open"),
-        ("open", "opened"),
         ("half_open", "open_elapsed"),
         ("closed", "probes_succeeded"),
         ("half_open", "half_opened"),
+    ]
+    assert [(t.old, t.new, t.cause) for t in actions] == [
+        ("closed", "open", "forced_open"),
+        ("open", "open", "opened"),
+        ("closed", "half_open", "half_opened"),
     ]
 
 

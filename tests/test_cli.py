@@ -4,6 +4,8 @@ redis-server (and the embedded server where workers must hear a switch)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -363,6 +365,73 @@ def test_unreachable_redis_exits_1_with_a_message(args):
     assert result.stderr.startswith(f"Error: cannot reach Redis at 127.0.0.1:{port}/0:")
     assert "Traceback" not in result.output
     assert result.stdout == ""
+
+
+@pytest.fixture(params=["stopped", "hung"])
+def dead_redis(request) -> Iterator[RedisServer]:
+    """A real redis-server that was stopped (nothing listens: refused at once)
+    or is SIGSTOPped (the kernel accepts the connection, nothing answers)."""
+    server = RedisServer().start()
+    assert server.process is not None
+    pid = server.process.pid
+    if request.param == "stopped":
+        server.stop()
+    else:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield server
+    finally:
+        if request.param == "hung":
+            os.kill(pid, signal.SIGCONT)
+        server.stop()
+
+
+def _one_clear_line(stderr: str, server: RedisServer, hung: bool) -> None:
+    assert stderr.endswith("\n") and stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"Error: cannot reach Redis at 127.0.0.1:{server.port}/0: "), stderr
+    if hung:
+        assert stderr.endswith("(no answer within 0.5 s; --timeout waits longer)\n"), stderr
+    else:
+        assert "Connection refused" in stderr, stderr
+
+
+DEAD_REDIS_SECONDS = 1.5  # the CLI waits 0.5 s at most; it took 5 s when it waited 5
+
+
+@pytest.mark.parametrize(
+    "args", [["status"], ["status", "--json"], ["metrics"], ["show", "pay"], ["open", "pay"], ["events"]]
+)
+def test_a_dead_redis_fails_the_command_within_a_second(dead_redis, args):
+    started = time.monotonic()
+    result = CliRunner().invoke(cli.main, ["--url", dead_redis.url, *args])
+    took = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    _one_clear_line(result.stderr, dead_redis, hung=dead_redis.process is not None)
+    assert result.stdout == ""
+    assert took < DEAD_REDIS_SECONDS, f"{args} took {took:.2f} s"
+
+
+def test_the_console_script_gives_up_on_a_dead_redis_within_a_second(dead_redis):
+    """The installed command, interpreter start and imports included (about 0.4 s
+    here): generous for a busy machine, yet far below the 5.3 s it took."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(SCRIPT), "--url", dead_redis.url, "status"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    _one_clear_line(done.stderr, dead_redis, hung=dead_redis.process is not None)
+    assert done.stdout == ""
+    assert took < 2 * DEAD_REDIS_SECONDS, f"took {took:.2f} s"
+
+
+def test_the_timeout_comes_from_the_option_then_the_url_then_half_a_second():
+    plain, own = "redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?socket_timeout=0.2"
+    assert cli._timeouts(plain, None) == {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}
+    assert cli._timeouts(own, None) == {"socket_connect_timeout": 0.5, "socket_timeout": 0.2}
+    assert cli._timeouts(own, 2.0) == {"socket_connect_timeout": 2.0, "socket_timeout": 2.0}
+    result = CliRunner().invoke(cli.main, ["--timeout", "0", "status"])
+    assert result.exit_code == 2 and "--timeout" in result.stderr
 
 
 def test_validation_comes_before_reaching_redis():

@@ -70,6 +70,7 @@ def test_every_metric_across_a_trip_and_a_recovery(redis_server):
     assert of(found, "breaker_redis_slow_calls_total", "pay") == 0
     assert of(found, "breaker_redis_forced", "pay") == 0
     assert 0 < of(found, "breaker_redis_retry_after_seconds", "pay") <= 10
+    assert of(found, "breaker_redis_state_lost_total", "pay") == 0
 
     clock.advance(10_000)
     pay.acquire().success()  # the probe closes it
@@ -89,7 +90,34 @@ def test_a_scrape_with_redis_down_says_so_instead_of_failing():
     Breakers(client, listen=False).get("pay").acquire().failure()
     server.connected = False
     found = samples(exposition(client).decode())
-    assert found == {("breaker_redis_up", ()): 0.0}
+    assert found == {("breaker_redis_up", ()): 0.0,
+                     ("breaker_redis_up_error", (("missing", ""), ("reason", "unavailable"))): 1.0}
+
+
+def test_a_scrape_refused_a_permission_names_it(redis_server, caplog):
+    """A user without +time (the scripts' clock): breaker_redis_up 0, and why, and one
+    ERROR with the rule to grant, however many scrapes."""
+    from breaker_redis import acl
+
+    admin = redis_server.client()
+    admin.flushall()
+    Breakers(admin, listen=False).get("pay").acquire().failure()
+    rules = acl.setuser_line().split(" ", 3)[3].replace(">PASSWORD", ">secret").replace(" +time", "")
+    admin.execute_command("ACL", "SETUSER", "scraper", "reset", *rules.split())
+    scraper = redis_server.client(username="scraper", password="secret")
+    try:
+        for _ in range(3):
+            found = samples(exposition(scraper).decode())
+        assert found == {("breaker_redis_up", ()): 0.0,
+                         ("breaker_redis_up_error", (("missing", "+time"), ("reason", "permission"))): 1.0}
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "ACL SETUSER scraper +time" in errors[0]
+        admin.execute_command("ACL", "SETUSER", "scraper", "+time")
+        found = samples(exposition(scraper).decode())
+        assert found[("breaker_redis_up", ())] == 1
+        assert of(found, "breaker_redis_state_lost_total", "pay") == 0
+    finally:
+        admin.execute_command("ACL", "DELUSER", "scraper")
 
 
 def test_cli_prints_the_exposition_and_fails_without_redis(redis_server):

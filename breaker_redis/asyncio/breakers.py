@@ -22,7 +22,7 @@ from ..breakers import DEFAULT_TTL_SECONDS
 from ..config import BreakerConfig, parse_overrides
 from ..recorder import BATCH_SECONDS
 from ..scripts import flat_pairs, text, validate_name
-from ..transitions import TransitionCallback, notify, parse
+from ..transitions import TransitionCallback, TransitionHooks
 from .breaker import Breaker
 from .invalidation import AsyncInvalidator, can_listen
 from .store import AsyncScriptRunner, AsyncStoreGate
@@ -60,7 +60,7 @@ class Breakers:
         self._runner = AsyncScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
         self.gate = AsyncStoreGate(self._runner, on_store_error, on_switch=self._forget_all)
         self._breakers: dict[str, Breaker] = {}
-        self._transition_callbacks: list[TransitionCallback] = []
+        self._hooks = TransitionHooks()
         # As on the sync side, a cluster (or any client whose connections this
         # process cannot watch) gets no subscription: every call asks Redis.
         self.invalidator: AsyncInvalidator | None = None
@@ -191,15 +191,17 @@ class Breakers:
             await self.client.ping()
 
     def on_transition(self, callback: TransitionCallback) -> TransitionCallback:
-        """Call ``callback(Transition)`` once per transition, in the process whose call made it."""
-        if not callable(callback):
-            raise TypeError(f"on_transition needs a callable (got {callback!r})")
-        self._transition_callbacks.append(callback)
-        return callback
+        """Call ``callback(Transition)`` once per state change, in the process whose
+        call made it (``t.operator`` for an operator's; see the sync side)."""
+        return self._hooks.add(self._hooks.changes, callback, "on_transition")
+
+    def on_operator_action(self, callback: TransitionCallback) -> TransitionCallback:
+        """Call ``callback(Transition)`` for every operator action made in this
+        process, whether it changed the state or not (see the sync side)."""
+        return self._hooks.add(self._hooks.actions, callback, "on_operator_action")
 
     def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None:
-        if self._transition_callbacks:
-            notify(list(self._transition_callbacks), parse(name, events, epoch, at_ms))
+        self._hooks.report(name, events, epoch, at_ms)
 
     def _on_event(self, payload: dict[str, Any]) -> None:
         if not self.gate.healthy:

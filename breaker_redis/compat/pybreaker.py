@@ -500,13 +500,22 @@ def _bound_to(key: tuple[int, str]) -> list[CircuitBreaker]:
 
 
 def _hook(breakers: Breakers) -> None:
-    """Hear of every transition made in this process (Breakers.on_transition: once
-    per transition cluster-wide, in the process whose call made it)."""
+    """Hear of every transition made in this process (Breakers.on_transition and
+    on_operator_action: once per transition cluster-wide, in the process whose call
+    made it)."""
     with _REGISTRY_LOCK:
         if breakers in _hooked:
             return
         _hooked.add(breakers)
-    breakers.on_transition(functools.partial(_on_transition, breakers))
+    # pybreaker tells its listeners of close() on a closed breaker too: every
+    # transition, each once (the rules' from one hook, the operators' from the other)
+    breakers.on_transition(functools.partial(_on_rules_transition, breakers))
+    breakers.on_operator_action(functools.partial(_on_transition, breakers))
+
+
+def _on_rules_transition(breakers: Breakers, transition: Transition) -> None:
+    if not transition.operator:
+        _on_transition(breakers, transition)
 
 
 def _on_transition(breakers: Breakers, transition: Transition) -> None:

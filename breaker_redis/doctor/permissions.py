@@ -87,6 +87,7 @@ def tries(up: Checkup, held: list[Any]) -> list[tuple[str, Callable[[], Any]]]:
         ("info", lambda: client.info("server")),
         ("evalsha", _tolerating("No matching script", lambda: client.evalsha(sha, *args))),
         ("eval", lambda: client.eval(source, *args)),
+        ("script|load", lambda: client.script_load(source)),  # the readers' pipelines load it first
     ]
     if up.functions:
         function = scripts.function_names["health"]

@@ -38,7 +38,7 @@ from .state import AppState
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # prometheus_client.CONTENT_TYPE_LATEST
 ACTIONS = {"open": "force_open", "close": "force_closed", "auto": "clear_force", "reset": "reset"}
 REALM = "breaker_redis"
-REDIS_DOWN = (redis.exceptions.RedisError, StoreUnavailable, OSError)
+REDIS_DOWN = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, StoreUnavailable, OSError)
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, StoreUnavailable, OSError)
 RETRY_SECONDS = 1  # the store gate probes Redis again within 2 s
 

@@ -64,12 +64,11 @@ def frame(state: AppState) -> dict[str, Any]:
     first call) with its last transitions, and Redis's clock."""
     reader = state.reader()
     seconds, micros = reader.client.time()
-    names = set(reader.names()) | state.app_names()
-    breakers = []
-    for name in sorted(names):
-        snapshot = reader.snapshot(name)  # reads only: a declared name gets no keys from it
-        snapshot["transitions"] = reader.transitions(name, TRANSITIONS_SHOWN)
-        breakers.append(snapshot)
+    names = sorted(set(reader.names()) | state.app_names())
+    breakers = reader.snapshots(names)  # reads only: a declared name gets no keys from it
+    histories = reader.histories(names, TRANSITIONS_SHOWN)
+    for snapshot in breakers:
+        snapshot["transitions"] = histories[snapshot["name"]]
     return {"now": int(seconds) * 1000 + int(micros) // 1000, "breakers": breakers}
 
 
