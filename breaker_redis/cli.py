@@ -443,7 +443,8 @@ def show(target: Target, name: str) -> None:
         f"(half_open); bulkhead slots in use {s['bulkhead_in_use']}",
         f"  counters     calls {s['calls']} (successes {s['successes']}, failures {s['failures']}, "
         f"ignored {s['ignored']}), slow {s['slow']}, stale {s['stale']}",
-        f"               rejected {s['rejected']}, would_reject {s['would_reject']}, trips {s['trips']}",
+        f"               rejected {s['rejected']}, would_reject {s['would_reject']}, trips {s['trips']}, "
+        f"state lost {s['state_lost']}",
         "",
     ]
     overrides = target.overrides(name)
