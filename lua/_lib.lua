@@ -13,7 +13,8 @@
 --                   ttl (the key TTL of the worker that wrote it, for sweep.lua),
 --                   born (the epoch this hash was created with), armed ('1' while a
 --                   late success could change a decision), arms (how often it armed),
---                   lost (the born of the last incarnation whose loss was counted)
+--                   lost (the born of the last incarnation whose loss was counted),
+--                   held (the born of the last incarnation an operator acted on: admin.lua)
 --   2 window HASH   head, bms (bucket ms), nb (buckets), sat (when a caller of this shape last
 --                   wrote it), tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket; bms and nb let a
 --                   reader without the config (the CLI) read the window
@@ -229,7 +230,8 @@ local function restore_lost(s, created)
     local line = last_transition()
     if line and (was == nil or line.epoch > was.epoch) then was = line end
   end
-  if was == nil or s.epoch ~= s.born or was.born == s.born or s.state ~= 'closed' or s.forced ~= '' then
+  if was == nil or s.epoch ~= s.born or was.born == s.born or s.state ~= 'closed' or s.forced ~= ''
+    or s.held == s.born then  -- an operator has acted on this incarnation: theirs is the last word
     return
   end
   local repair = s.lost == s.born  -- created by a repair (logged as one), not counted as a loss
@@ -270,14 +272,14 @@ end
 -- restore: acquire and record restore a lost state the caller knows (restore_lost).
 local function load_state(restore)
   local v = redis.call('HMGET', K_STATE, 'state', 'epoch', 'open_until', 'forced',
-    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'born', 'armed', 'arms', 'lost')
+    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'born', 'armed', 'arms', 'lost', 'held')
   local epoch, open_until, consec, open_ms = tonumber(v[2]), tonumber(v[3]), tonumber(v[5]), tonumber(v[6])
   local ho_ok, seq, born, arms = tonumber(v[7]), tonumber(v[8]), tonumber(v[10]), tonumber(v[12])
   local s = {state = v[1], epoch = epoch or 0, open_until = open_until or 0,
     forced = v[4] or '', consec = consec or 0, open_ms = open_ms or 0,
     ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = tonumber(v[9]) or 0,
     born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = tonumber(v[13]) or 0,
-    dirty = false}
+    held = tonumber(v[14]) or 0, dirty = false}
   -- a numeric field that is there but not a finite number: the hash was edited; start afresh
   local corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
     or unparsable(v[6], open_ms) or unparsable(v[7], ho_ok) or unparsable(v[8], seq) or unparsable(v[10], born)
@@ -320,7 +322,7 @@ local function save_state(s)
   redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
     'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq,
     'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms, 'lost', s.lost,
-    'ttl', TTL)
+    'held', s.held, 'ttl', TTL)
   redis.call('PERSIST', K_STATE)
   -- the caller's config, for readers that have none (the CLI's `show`): written with
   -- the state, so at least once a minute while a worker runs. A key of its own:

@@ -14,9 +14,9 @@
 -- Reads : state.  Writes: state, window, leases, events; publishes the change.
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
 local s, op = load_state(), ARGV[7]
--- an operator's word on a state created anew (lost, or never there): no worker restores
--- an older state over it (restore_lost takes only an incarnation nothing happened to)
-if s.created then s.epoch, s.dirty = s.epoch + 1, true end
+-- an operator's word on this incarnation of the keys: no worker restores an older state
+-- over it (restore_lost), also where it changed nothing (auto on a state just lost)
+if s.held ~= s.born then s.held, s.dirty = s.born, true end
 
 local function clean(forced, cause)
   s.forced, s.consec, s.open_ms, s.ho_ok, s.open_until = forced, 0, 0, 0, 0
