@@ -315,7 +315,10 @@ def status(target: Target, as_json: bool) -> None:
     """
     snapshots = target.snapshots()
     if as_json:
-        click.echo(json.dumps(snapshots, indent=2))
+        # one breaker per line (json.dumps without indent is the C encoder: 2,000 breakers in
+        # a fraction of the time), still one JSON array for json.load / jq
+        lines = ",\n".join(json.dumps(snapshot) for snapshot in snapshots)
+        click.echo(f"[\n{lines}\n]" if snapshots else "[]")
     elif not snapshots:
         click.echo(f"no breakers under prefix {target.prefix!r} at {target.where}")
     else:
