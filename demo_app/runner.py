@@ -210,21 +210,29 @@ class Demo:
             print("        the breaker never opened")
             return
 
-        # open: every worker refuses from memory; the upstream recovers unseen.
-        first = True
+        # open: every worker refuses from memory; the upstream recovers unseen. A round of
+        # requests starts only while the open period has longer to run than the last round
+        # took (a busy machine makes rounds slow), so none runs into the half-open probe;
+        # the upstream's count is the one before any round that did all the same.
+        first, round_ms = True, 0.0
+        story.hits_after_open = self.pay_hits()
         while True:
             state, open_until = self.pay_state()
-            if state != "open" or self.redis_now_ms() >= open_until:
+            if state != "open" or open_until - self.redis_now_ms() <= 1.5 * round_ms:
                 break
+            started = time.monotonic()
             answers = self.tick("open")
+            round_ms = (time.monotonic() - started) * 1000
+            if self.redis_now_ms() >= open_until:
+                break  # it ran into the open period's end: its hits are not the open period's
+            story.hits_after_open = self.pay_hits()
             story.workers_refusing |= {a.worker for a in answers if a.status == 503}
             if first:
                 first = False
                 self.control(fail_rate=0.0, latency_ms=700)
                 print("        -- the upstream recovers (slowly: 700 ms); no worker calls it to find out --")
             remaining = (open_until - self.redis_now_ms()) / 1000.0
-            time.sleep(max(0.0, min(1.0, remaining + 0.05)))
-        story.hits_after_open = self.pay_hits()
+            time.sleep(max(0.0, min(1.0, remaining - 1.5 * round_ms / 1000 + 0.05)))
 
         # half_open: of 16 concurrent requests exactly one is let through as a probe.
         stack.wait_until(lambda: self.redis_now_ms() >= self.pay_state()[1] + 50, 5, "the open period to end")
