@@ -10,7 +10,9 @@ The rules of this harness (README, "Quick start", says the same in a line):
    long-running server (gunicorn, uvicorn) belongs in a ``sh`` block; a
    fence whose language starts with ``py`` must be exactly ``python``.
 2. Its environment: ``BREAKER_REDIS_URL`` is a real redis-server this module
-   starts (one for all blocks, emptied before each), and ``UPSTREAM_URL``
+   starts (one for all blocks, emptied before each; the URL asks for a 0.9 s
+   client timeout, the longest the product allows, so that a stall of a busy
+   test machine does not send a block to its local breakers), and ``UPSTREAM_URL``
    demo_app's flaky upstream (``python -m demo_app.upstream``), healthy. An
    example reads them with ``os.environ.get(NAME, default)``; a quoted
    ``redis://`` URL may appear only as the default of
@@ -120,7 +122,11 @@ def test_block_runs(block: Block, redis_for_docs: RedisServer, upstream_url: str
     script, report = tmp_path / "example.py", tmp_path / "report.json"
     script.write_text(block.text, "utf-8")
     env = {key: value for key, value in os.environ.items() if not key.startswith("BREAKER_")}
-    env.update(BREAKER_REDIS_URL=redis_for_docs.url, UPSTREAM_URL=upstream_url)
+    # a generous client timeout: the blocks show the product's behaviour, not how it copes when a
+    # busy test machine stalls a reply past the default 0.25 s (it then goes on locally and says
+    # so on stderr, which fails the block: rule 3)
+    url = redis_for_docs.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
+    env.update(BREAKER_REDIS_URL=url, UPSTREAM_URL=upstream_url)
     done = subprocess.run(
         [sys.executable, str(RUNNER), str(script), str(report)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
