@@ -70,10 +70,6 @@ def setuser_line(
     return f"ACL SETUSER {user} on >PASSWORD ~{prefix}:* &{prefix}:* -@all {granted}"
 
 
-def is_permission_error(exc: BaseException) -> bool:
-    return _missing(exc) is not None
-
-
 def missing_rule(exc: BaseException, prefix: str = "breaker") -> str | None:
     """The ACL rule whose absence ``exc`` reports (``+time``, ``~breaker:*``,
     ``&breaker:*``; "" when it names none); None when it is no permission error."""

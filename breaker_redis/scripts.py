@@ -161,7 +161,6 @@ class Scripts:
         self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
         self._swept = (0, 0.0)  # (pid, when) of this process's last sweep
-        self._checked_pid = 0  # the process that checked the server's maxmemory-policy
         # Redis Functions (FCALL) while the server takes them, EVALSHA on a server
         # without them (Redis < 7, an older fakeredis, an ACL without FCALL). Not
         # on a cluster: redis-py finds FCALL's keys with a COMMAND GETKEYS round
@@ -192,24 +191,17 @@ class Scripts:
         elif "already exists" not in str(exc):  # not another worker's load meanwhile
             raise exc
 
-    def sweep_due(self) -> bool:
-        """Whether this process sweeps now: at its first listing, then every
-        quarter of the key TTL, as the scripts stamp a breaker's use."""
+    def chores_due(self) -> tuple[bool, bool]:
+        """(check the server's maxmemory-policy, sweep) for a listing now: this
+        process sweeps at its first listing, then every quarter of the key TTL,
+        as the scripts stamp a breaker's use, and checks the policy at the first
+        (once per process of each Breakers)."""
         now, pid = time.monotonic(), os.getpid()
         last_pid, last = self._swept
         if last_pid == pid and now - last < self.ttl_ms / 4000:
-            return False
+            return False, False
         self._swept = (pid, now)
-        return True
-
-    def first_check(self) -> bool:
-        """True once per process (of each Breakers): the start-up check of the server's
-        maxmemory-policy."""
-        pid = os.getpid()
-        if self._checked_pid == pid:
-            return False
-        self._checked_pid = pid
-        return True
+        return last_pid != pid, True
 
     def check_memory_policy(self, info: dict[str, Any]) -> None:
         """A WARNING when the server may evict the breakers' keys (doctor.memory says
@@ -387,15 +379,16 @@ class ScriptRunner(Scripts):
 
     def register_name(self, name: str, now_ms: int | None = None) -> None:
         """Add a name to the listing set (outside the scripts: it lives in another slot),
-        and now and then sweep a few idle breakers (Scripts.sweep_due)."""
+        and now and then sweep a few idle breakers (Scripts.chores_due)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.sadd(self.names_key, name)
         pipe.persist(self.names_key)  # a TTL an older version gave it
         pipe.execute()
-        if self.sweep_due():
-            if self.first_check():
-                with contextlib.suppress(Exception):  # INFO refused (an ACL without it): no check
-                    self.check_memory_policy(self.client.info("memory"))
+        check, sweep = self.chores_due()
+        if check:
+            with contextlib.suppress(Exception):  # INFO refused (an ACL without it): no check
+                self.check_memory_policy(self.client.info("memory"))
+        if sweep:
             self.sweep(now_ms)
 
     def sweep(self, now_ms: int | None = None) -> list[str]:

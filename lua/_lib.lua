@@ -224,7 +224,7 @@ end
 -- knew it closed can restore nothing (the window's counts are gone). A loss
 -- is counted once per new incarnation (stats state_lost) and the reply says
 -- so, for the worker to log it.
-local function restore_lost(s, created)
+local function restore_lost(s, created)  -- true when it restored a state
   local was = KNOWN
   if created then
     local line = last_transition()
@@ -232,7 +232,7 @@ local function restore_lost(s, created)
   end
   if was == nil or s.epoch ~= s.born or was.born == s.born or s.state ~= 'closed' or s.forced ~= ''
     or s.held == s.born then  -- an operator has acted on this incarnation: theirs is the last word
-    return
+    return false
   end
   local repair = s.lost == s.born  -- created by a repair (logged as one), not counted as a loss
   local restorable = was.state ~= 'closed' or was.forced ~= ''
@@ -242,9 +242,8 @@ local function restore_lost(s, created)
   end
   if not restorable then
     if not repair and was.source == nil then LOST = 'lost' end
-    return
+    return false
   end
-  s.restored = true
   if not repair then LOST = was.source == 'events' and 'restored_events' or 'restored' end
   local to = was.state
   if was.forced ~= '' then to = was.forced end
@@ -255,6 +254,7 @@ local function restore_lost(s, created)
   -- new hash from a lower floor), so epochs never go backwards for anyone
   s.epoch = math.max(s.epoch, FLOOR, was.epoch)
   transition(s, to, 'restored')
+  return true
 end
 
 -- A new incarnation that restored nothing: a line in the history, when there is
@@ -296,11 +296,7 @@ local function load_state(restore)
     s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
   end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
-  s.created = created
-  if restore then
-    restore_lost(s, created)
-    if created and not s.restored then mark_created(s) end
-  end
+  if restore and not restore_lost(s, created) and created then mark_created(s) end
   return s
 end
 

@@ -50,6 +50,17 @@ class AsyncScriptRunner(Scripts):
         except redis.exceptions.NoScriptError:
             return await self.client.eval(source, len(keys), *keys, *argv)  # as ScriptRunner.run
 
+    async def run_repairing(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        """run(), a key of the wrong type dropped and the call made again (as ScriptRunner.run_repairing)."""
+        try:
+            return await self.run(operation, name, now_ms, args)
+        except redis.exceptions.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
+            await self.drop_keys(name)
+            return await self.run(operation, name, now_ms, args)
+
     async def drop_keys(self, name: str) -> None:
         await self.client.delete(*breaker_keys(self.prefix, name))
 
@@ -58,10 +69,11 @@ class AsyncScriptRunner(Scripts):
         pipe.sadd(self.names_key, name)
         pipe.persist(self.names_key)
         await pipe.execute()
-        if self.sweep_due():
-            if self.first_check():
-                with contextlib.suppress(Exception):  # as ScriptRunner.register_name
-                    self.check_memory_policy(await self.client.info("memory"))
+        check, sweep = self.chores_due()
+        if check:
+            with contextlib.suppress(Exception):  # as ScriptRunner.register_name
+                self.check_memory_policy(await self.client.info("memory"))
+        if sweep:
             await self.sweep(now_ms)
 
     async def sweep(self, now_ms: int | None = None) -> list[str]:
@@ -101,7 +113,7 @@ class AsyncStoreGate(GateHealth):
         if self._down_since is None:
             generation = self.generation
             try:
-                return await self._run_remote_repairing(operation, name, now_ms, args), generation
+                return await self.remote.run_repairing(operation, name, now_ms, args), generation
             except _UNAVAILABLE as exc:
                 self._mark_down(exc, generation)
                 if not fallback:
@@ -114,19 +126,7 @@ class AsyncStoreGate(GateHealth):
 
     async def run_remote(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         """Admin operations go to Redis only: a force must not land in one process."""
-        return await self._run_remote_repairing(operation, name, now_ms, args)
-
-    async def _run_remote_repairing(
-        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
-    ) -> Any:
-        try:
-            return await self.remote.run(operation, name, now_ms, args)
-        except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
-            await self.remote.drop_keys(name)
-            return await self.remote.run(operation, name, now_ms, args)
+        return await self.remote.run_repairing(operation, name, now_ms, args)
 
     def _mark_down(self, exc: BaseException, seen_generation: int) -> None:
         if not self._went_down(exc, seen_generation):
