@@ -715,3 +715,33 @@ def test_an_outcome_waiting_while_the_store_switches_is_not_replayed_on_the_othe
     local_stats, redis_stats = run(main())
     assert local_stats == {}  # nothing recorded on the local store
     assert int(redis_stats.get(b"failures", 0)) <= 1  # only the failure already on its way
+
+
+def test_aclose_right_after_admin_actions_loses_nothing_and_logs_nothing(redis_server, caplog):
+    """The notices of an operator's actions start sends of the counts a worker
+    holds; aclose must let them finish before it closes the client, or a send in
+    flight fails on a connection closed under it (seen as "Redis unavailable ...
+    Connection lost" at shutdown, and a lost refusal count)."""
+    redis_server.client().flushall()
+
+    async def round_(index: int) -> int:
+        breakers = Breakers.from_url(redis_server.url, prefix=f"close{index}")
+        pay = breakers.get("pay", TRIP_AT_3)
+        await pay.call(asyncio.sleep, 0)
+        await pay.force_open()
+        with pytest.raises(BreakerOpen):
+            await pay.call(asyncio.sleep, 0)
+        await pay.force_closed()
+        await pay.clear_force()
+        await breakers.configure("pay", open_seconds=30)
+        await breakers.aclose()
+        reader = Breakers.from_url(redis_server.url, prefix=f"close{index}", listen=False)
+        try:
+            return int((await reader.get("pay", TRIP_AT_3).snapshot())["rejected"])
+        finally:
+            await reader.aclose()
+
+    caplog.set_level("INFO", logger="breaker_redis")
+    rejected = [run(round_(index)) for index in range(60)]
+    assert rejected == [1] * 60
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []

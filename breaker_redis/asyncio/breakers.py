@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..breakers import DEFAULT_TTL_SECONDS
@@ -70,6 +70,9 @@ class Breakers:
             )
         self._due: dict[int, Breaker] = {}
         self._flusher: asyncio.Task[None] | None = None
+        # sends started in the background: aclose waits for them before it closes
+        # the client, or a send in flight fails on a connection closed under it
+        self._sends: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.pid = os.getpid()
 
@@ -155,7 +158,7 @@ class Breakers:
             _drop_connections(self.client)  # they belong to the old loop, or to the parent
         self._loop = loop
         self.pid = os.getpid()
-        self._due, self._flusher = {}, None
+        self._due, self._flusher, self._sends = {}, None, set()
         self.gate.reset()
         if self.invalidator is not None:
             self.invalidator.reset()
@@ -174,7 +177,14 @@ class Breakers:
         # successes batched while a pass was sending are due again: another pass
         while self._due:
             await asyncio.sleep(BATCH_SECONDS)
-            await self._flush_due()
+            # shielded: aclose cancels this task while it sleeps, never a send half done
+            await asyncio.shield(self._start_send(self._flush_due()))
+
+    def _start_send(self, send: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(send)
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+        return task
 
     async def _flush_due(self) -> None:
         due, self._due = list(self._due.values()), {}
@@ -208,7 +218,7 @@ class Breakers:
             return
         breaker = self._breakers.get(str(payload.get("name", "")))
         if breaker is not None and breaker.hint(payload):
-            asyncio.get_running_loop().create_task(breaker.flush_batch())
+            self._start_send(breaker.flush_batch())
 
     def _forget_all(self) -> None:
         for breaker in list(self._breakers.values()):
@@ -227,15 +237,17 @@ class Breakers:
         loop = asyncio.get_running_loop()
         if self._loop is not None and (loop is not self._loop or os.getpid() != self.pid):
             self._restart(loop)  # what the old loop held went with it
-        await self.flush()
+        if self.invalidator is not None:
+            await self.invalidator.close()  # no more notices, so no more sends they start
         flusher, self._flusher = self._flusher, None
         if flusher is not None and not flusher.done():
             flusher.cancel()
             with contextlib.suppress(BaseException):
                 await flusher
+        if self._sends:  # sends in flight finish on open connections
+            await asyncio.gather(*list(self._sends), return_exceptions=True)
+        await self.flush()
         await self.gate.close()
-        if self.invalidator is not None:
-            await self.invalidator.close()
         self._loop = None
         with contextlib.suppress(Exception):
             await self.client.aclose()
