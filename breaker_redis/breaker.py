@@ -28,7 +28,6 @@ from typing import Any, Protocol
 from .config import BreakerConfig
 from .core import BreakerCore
 from .errors import BreakerOpen
-from .invalidation import Invalidator
 from .knowledge import Knowledge, Memory, Reply
 from .permit import Permit
 from .recorder import Recorder
@@ -48,21 +47,30 @@ class State(str, Enum):
         return self.value
 
 
+class Listener(Protocol):
+    """A breaker's event subscription: the process's one (invalidation.Invalidator) or,
+    on Redis Cluster, its channel on its master (sharded.Channel)."""
+
+    healthy: bool
+
+    def drain(self) -> None: ...
+
+
 class Shared(Protocol):
     """The per-process machinery a breaker uses (``Breakers`` provides it)."""
 
-    gate: StoreGate
-    invalidator: Invalidator | None
     recorder: Recorder
     batch_successes: bool
     pid: int
 
+    def gate_for(self, name: str) -> StoreGate: ...
+    def listener(self, name: str) -> Listener | None: ...
     def clock_ms(self) -> int | None: ...
     def now_ms(self) -> int: ...
     def observe_clock(self, redis_now_ms: int) -> None: ...
     def ensure_process(self) -> None: ...
     def register_name(self, name: str) -> None: ...
-    def barrier(self) -> None: ...
+    def barrier(self, name: str) -> None: ...
     def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None: ...
 
 
@@ -78,6 +86,8 @@ class Breaker(BreakerCore[Permit], Protects):
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
         super().__init__(name, config)
+        self._gate = shared.gate_for(name)  # on a cluster, its master's (store.MasterGates)
+        self._listener = shared.listener(name)
         self.after_fork()
 
     def after_fork(self) -> None:
@@ -106,7 +116,7 @@ class Breaker(BreakerCore[Permit], Protects):
             reply, generation, stamp = self._run("acquire", pending)
         except StoreUnavailable:
             self._restore_pending(pending)
-            if shared.gate.policy == "allow":
+            if self._gate.policy == "allow":
                 return Permit(self, -1, "", -1)  # detached: records nothing
             raise BreakerOpen(None, self.name, "open") from None
         except Exception:
@@ -115,14 +125,14 @@ class Breaker(BreakerCore[Permit], Protects):
         return self._from_reply(reply, generation, self._learn(reply, generation, stamp))
 
     def _drain(self) -> None:
-        invalidator = self._shared.invalidator
-        if invalidator is not None:
-            invalidator.drain()
+        listener = self._listener
+        if listener is not None:
+            listener.drain()
 
     def _trusted(self, known: Knowledge) -> bool:
         """Whether memory may decide (knowledge.py). Call after _drain()."""
-        gate, invalidator = self._shared.gate, self._shared.invalidator
-        subscribed = invalidator is not None and invalidator.healthy
+        gate, listener = self._gate, self._listener
+        subscribed = listener is not None and listener.healthy
         return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
 
     def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
@@ -138,7 +148,8 @@ class Breaker(BreakerCore[Permit], Protects):
         Never raises into the caller: a lost record must not fail the call.
         """
         shared = self._shared
-        if permit.generation != shared.gate.generation:
+        gate = self._gate
+        if permit.generation != gate.generation and not gate.live(permit.generation):
             return  # admitted by a store that is no longer in use
         if permit.observing:
             with self._lock:
@@ -167,11 +178,10 @@ class Breaker(BreakerCore[Permit], Protects):
         store may have switched while this waited for the send lock: then the
         outcome belongs to a store no longer in use and is dropped, as the
         batch is (its epoch and lease mean nothing to the other store)."""
-        shared = self._shared
         with self._send_lock:
             with self._lock:
-                pending, batch = self._take_for_send(shared.gate.generation)
-            if outcome and generation != shared.gate.generation:
+                pending, batch = self._take_for_send(self._gate.live)
+            if outcome and not self._gate.live(generation):
                 outcome = ""
             if not outcome and not batch[1] and not any(pending):
                 return
@@ -193,7 +203,7 @@ class Breaker(BreakerCore[Permit], Protects):
         """(reply, store generation, the invalidation count when it was sent)."""
         shared = self._shared
         stamp = self._memory.stamp()
-        raw, generation = shared.gate.run(
+        raw, generation = self._gate.run(
             operation,
             self.name,
             shared.clock_ms(),
@@ -206,22 +216,29 @@ class Breaker(BreakerCore[Permit], Protects):
         """Learn from a reply (knowledge.Memory); after a change, the barrier."""
         shared = self._shared
         shared.observe_clock(reply.now)
-        current = generation == shared.gate.generation and shared.gate.healthy
+        gate = self._gate
+        current = gate.shared(generation)
         known = self._learn_reply(reply, generation, stamp, current)
-        if current and self._listing_due(shared.pid, shared.gate.remote.ttl_ms):
+        if current and self._listing_due(shared.pid, gate.remote.ttl_ms):
             shared.register_name(self.name)
-        if reply.events and generation == shared.gate.generation and shared.gate.healthy:
-            shared.barrier()
+        if reply.events and current:
+            shared.barrier(self.name)
             shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
         return known
 
     def _key_prefix(self) -> str:
-        return self._shared.gate.remote.prefix
+        return self._gate.remote.prefix
+
+    @property
+    def store_healthy(self) -> bool:
+        """Whether this breaker's scripts run on Redis now (on a cluster: on its master)."""
+        return self._gate.healthy
 
     def hint(self, payload: dict[str, Any]) -> None:
         """A pushed message about this breaker: if it is news, the next call asks
-        Redis, and the batch goes now (the breaker may no longer be calm)."""
-        if self._memory.hint(payload):
+        Redis, and the batch goes now (the breaker may no longer be calm). Ignored
+        while its store is the local one: nothing known there came from Redis."""
+        if self._gate.healthy and self._memory.hint(payload):
             self.flush_batch()
 
     # -- reading and administration -----------------------------------------
@@ -238,11 +255,11 @@ class Breaker(BreakerCore[Permit], Protects):
         shared = self._shared
         try:
             args = self._script_args(pending)
-            raw, _ = shared.gate.run("snapshot", self.name, shared.clock_ms(), args)
+            raw, _ = self._gate.run("snapshot", self.name, shared.clock_ms(), args)
         except StoreUnavailable:
             self._restore_pending(pending)
             raise
-        return snapshot_dict(self.name, raw, shared.gate.kind)
+        return snapshot_dict(self.name, raw, self._gate.kind)
 
     def force_open(self) -> None:
         self._admin("force_open")
@@ -267,7 +284,7 @@ class Breaker(BreakerCore[Permit], Protects):
 
     def _admin(self, op: str, config: bytes | str = "") -> None:
         self._shared.register_name(self.name)  # a breaker only ever forced is listed too
-        gate, stamp = self._shared.gate, self._memory.stamp()
+        gate, stamp = self._gate, self._memory.stamp()
         args = [config, self._memory.epoch_seen, op]
         raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), args)
         self._learn(Reply.decode(raw), gate.generation, stamp)

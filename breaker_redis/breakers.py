@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from .breaker import Breaker
+from .cluster import notices_channel
 from .config import BreakerConfig
 from .failover import SentinelFollower
 from .invalidation import Invalidator
 from .recorder import Recorder
 from .scripts import ScriptRunner, flat_pairs, text, validate_name
-from .store import StoreGate
+from .sharded import Channel, ShardedInvalidator
+from .store import ClusterStoreGate, StoreGate
 from .transitions import TransitionCallback, TransitionHooks
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
@@ -55,25 +58,31 @@ class Breakers:
         self.batch_successes = clock is None if batch_successes is None else batch_successes
         self.recorder = Recorder()
         self._clock_offset_ms = 0.0
-        self._runner = ScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
-        self.gate = StoreGate(self._runner, on_store_error, on_switch=self._forget_all)
+        self._runner = runner = ScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
         self._breakers: dict[str, Breaker] = {}
         self._hooks = TransitionHooks()
         self._lock = threading.Lock()
-        # On Redis Cluster a message published by a script on one master reaches a
-        # subscription held on another only after the script's reply: a worker deciding
-        # from memory could admit the call right after a trip. So it never does there:
-        # no subscription, and every call runs the acquire script, then its record
-        # script (exact, two round trips; README "Capacity").
         self.follower: SentinelFollower | None = None
-        if _is_cluster(client):
-            listen = False
-        else:
+        self.invalidator: Invalidator | ShardedInvalidator | None = None
+        self.gate: StoreGate | ClusterStoreGate
+        if runner.slots is None:
+            self.gate = StoreGate(runner, on_store_error, on_switch=self._forget_all)
             self.follower = SentinelFollower.for_client(client, self._master_moved)
+            if listen:
+                self.invalidator = Invalidator(client, runner.channel, self._on_event, self._forget_all)
+        else:
+            # Redis Cluster: a gate and a subscription connection per master (store.py,
+            # sharded.py), and each breaker's notices on its own sharded channel.
+            def master_gate(master: str) -> StoreGate:
+                forget = functools.partial(self._forget_master, master)
+                return StoreGate(runner, on_store_error, on_switch=forget, per_master=True)
+
+            self.gate = ClusterStoreGate(runner, on_store_error, master_gate)
+            if listen:
+                self.invalidator = ShardedInvalidator(
+                    client, runner.slots, prefix, runner.route_key, self._on_event, self._forget_names
+                )
         self._listen = listen
-        self.invalidator: Invalidator | None = None
-        if listen:
-            self.invalidator = Invalidator(client, self._runner.channel, self._on_event, self._forget_all)
         self.pid = os.getpid()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _after_fork(ref))
@@ -107,6 +116,15 @@ class Breakers:
         """Whether this process has built a breaker of that name."""
         return name in self._breakers
 
+    def gate_for(self, name: str) -> StoreGate:
+        """The store gate of a breaker: the process's, or on a cluster its master's."""
+        gate = self.gate
+        return gate if isinstance(gate, StoreGate) else cast(StoreGate, gate.for_name(name))
+
+    def listener(self, name: str) -> Invalidator | Channel | None:
+        """The subscription a breaker drains and trusts (None with listen=False)."""
+        return None if self.invalidator is None else self.invalidator.listener(name)
+
     @property
     def store_healthy(self) -> bool:
         """Whether scripts run on Redis now (False while on_store_error is in force)."""
@@ -136,7 +154,7 @@ class Breakers:
             args += [key, value]
         self.register_name(name)
         raw = self.gate.run_remote("configure", name, self.clock_ms(), args)
-        self.barrier()  # every worker applies it at its next call
+        self.barrier(name)  # every worker applies it at its next call
         return {key: text(value) for key, value in flat_pairs(raw).items()}
 
     # -- time ---------------------------------------------------------------
@@ -167,17 +185,23 @@ class Breakers:
         with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
             self._runner.register_name(name, self.clock_ms())
 
-    def barrier(self) -> None:
-        """One round trip after a reply that made a change, before the call returns.
+    def barrier(self, name: str) -> None:
+        """One round trip after a reply that made a change to breaker name, before the call returns.
 
         Redis writes a published message in the same event-loop pass as the
         publisher's reply, but may write the reply first; any later command is
         read after that pass, so once it answers, the change's message is in
         every subscriber's socket (see invalidation.py). Done whether or not
-        this process listens: the other workers are the ones who need it.
+        this process listens: the other workers are the ones who need it. On a
+        cluster it goes to the breaker's master, whose subscribers hear the
+        breaker (cluster.Slots.barrier).
         """
         with contextlib.suppress(Exception):  # a lost barrier only weakens the hint's head start
-            self.client.ping()
+            slots = self._runner.slots
+            if slots is None:
+                self.client.ping()
+            else:
+                slots.barrier(self._runner.route_key(name), notices_channel(self.prefix, name), name)
 
     def on_transition(self, callback: TransitionCallback) -> TransitionCallback:
         """Call ``callback(Transition)`` once per state change of any breaker
@@ -198,8 +222,6 @@ class Breakers:
         self._hooks.report(name, events, epoch, at_ms)
 
     def _on_event(self, payload: dict[str, Any]) -> None:
-        if not self.gate.healthy:
-            return
         breaker = self._breakers.get(str(payload.get("name", "")))
         if breaker is not None:
             breaker.hint(payload)
@@ -207,7 +229,7 @@ class Breakers:
     def _master_moved(self) -> None:
         """Sentinel named another master: what this worker knew, and its event
         subscription, belong to the old one."""
-        if self.invalidator is not None:
+        if isinstance(self.invalidator, Invalidator):
             self.invalidator.resubscribe()
         else:
             self._forget_all()
@@ -215,6 +237,18 @@ class Breakers:
     def _forget_all(self) -> None:
         for breaker in list(self._breakers.values()):
             breaker.forget()
+
+    def _forget_names(self, names: list[str]) -> None:
+        for name in names:
+            breaker = self._breakers.get(name)
+            if breaker is not None:
+                breaker.forget()
+
+    def _forget_master(self, master: str) -> None:
+        """The gate of one master switched store: its breakers forget what they knew."""
+        gate = self.gate
+        if isinstance(gate, ClusterStoreGate):
+            self._forget_names([name for name in list(self._breakers) if gate.master_of(name) == master])
 
     def _after_fork(self) -> None:
         self.pid = os.getpid()
@@ -230,10 +264,9 @@ class Breakers:
 
     def flush(self) -> None:
         """Send every breaker's batched successes and rejection counts now (close, exit)."""
-        if not self.gate.healthy:
-            return  # what was counted under Redis cannot be replayed elsewhere
         for breaker in list(self._breakers.values()):
-            breaker.flush_batch()
+            if breaker.store_healthy:  # what was counted under Redis cannot be replayed elsewhere
+                breaker.flush_batch()
 
     def close(self) -> None:
         """Send pending batches and stop the background threads (a worker may simply exit)."""
@@ -257,10 +290,3 @@ def _after_fork(ref: weakref.ReferenceType[Breakers]) -> None:
     if breakers is not None:
         breakers._after_fork()
 
-
-def _is_cluster(client: Any) -> bool:
-    from redis.cluster import RedisCluster
-
-    from .urls import LazyCluster
-
-    return isinstance(client, (RedisCluster, LazyCluster))

@@ -187,12 +187,12 @@ class BreakerCore(Generic[P]):
             self._batch_count += 1
         return joins
 
-    def _take_for_send(self, store_generation: int) -> tuple[list[int], list[int]]:
+    def _take_for_send(self, live: Callable[[int], bool]) -> tuple[list[int], list[int]]:
         """(pending counts, [batch epoch, batch count]) for a record call; a batch
-        counted under a store no longer in use is dropped."""
+        counted under a store no longer in use (``live``: the gate's) is dropped."""
         pending = self._take_pending()
         batch = [self._batch_epoch, self._batch_count]
-        if self._batch_generation != store_generation:
+        if batch[1] and not live(self._batch_generation):
             batch[1] = 0
         self._batch_count = 0
         return pending, batch

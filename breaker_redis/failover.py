@@ -86,16 +86,8 @@ class SentinelFollower:
 
     def switched(self, sentinel: Any, data: str) -> None:
         """``<service> <old ip> <old port> <new ip> <new port>`` from ``sentinel``."""
-        parts = data.split()
-        if len(parts) != 5 or parts[0] != self._service:
+        if not announces_switch(self._service, self._sentinels, sentinel, data):
             return
-        with contextlib.suppress(ValueError):  # ask the sentinel that announced it first
-            index = self._sentinels.index(sentinel)
-            self._sentinels[0], self._sentinels[index] = self._sentinels[index], self._sentinels[0]
-        log.warning(
-            "Sentinel moved master %r from %s:%s to %s:%s; reconnecting to the new master",
-            *parts,
-        )
         # Asks the sentinels now: the pool learns the new address and closes its
         # idle connections; one in use is closed when its thread releases it (the
         # pool no longer owns a connection to another address). Never closed
@@ -103,3 +95,18 @@ class SentinelFollower:
         with contextlib.suppress(Exception):
             self._pool.get_master_address()
         self._on_switch()
+
+
+def announces_switch(service: str, sentinels: list[Any], sentinel: Any, data: str) -> bool:
+    """Whether a ``+switch-master`` message (``<service> <old ip> <old port> <new ip>
+    <new port>``) from ``sentinel`` is about ``service``; if so the sentinel that
+    announced it moves to the front of ``sentinels`` (it already knows the new
+    master) and the switch is logged. Shared with breaker_redis/asyncio/failover.py."""
+    parts = data.split()
+    if len(parts) != 5 or parts[0] != service:
+        return False
+    with contextlib.suppress(ValueError):  # ask the sentinel that announced it first
+        index = sentinels.index(sentinel)
+        sentinels[0], sentinels[index] = sentinels[index], sentinels[0]
+    log.warning("Sentinel moved master %r from %s:%s to %s:%s; reconnecting to the new master", *parts)
+    return True

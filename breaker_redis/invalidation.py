@@ -27,7 +27,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+import redis
 
 from . import acl
 from .background import ProcessThread
@@ -36,7 +38,104 @@ from .scripts import text
 log = logging.getLogger("breaker_redis")
 
 
+class Link:
+    """One subscription connection, and how it is read (steps 3 and 5 of the boundary).
+
+    Read by the deciding thread (``drain``) and by a listener thread, always under
+    ``lock``, held from before a read until what was read is delivered: "nothing
+    readable and the lock free" means nothing received is pending. The owner
+    (``Invalidator`` here, ``ShardedInvalidator`` per master) is given each message,
+    and is told when the client reconnected by itself (the socket changed:
+    messages may have been missed) or the connection failed.
+    """
+
+    def __init__(self, pubsub: Any, owner: LinkOwner, lock: threading.Lock) -> None:
+        self.pubsub = pubsub
+        self.owner = owner
+        self.lock = lock
+        self.closed = False
+        self.socket: Any = None
+        self.readable: Callable[[float], bool] = _never
+        self.attach()
+
+    def attach(self) -> None:
+        """Remember the socket and how to wait for it without reading it. Holds lock."""
+        connection = self.pubsub.connection
+        sock = getattr(connection, "_sock", None)
+        selector = getattr(connection, "_selector", None)
+        if selector is not None and hasattr(selector, "check_can_read"):  # fakeredis in-process
+            self.readable = selector.check_can_read
+        elif isinstance(sock, socket.socket):
+            self.readable = _poll_for(sock)
+        else:  # unknown transport: let drain() read under the lock each time
+            self.readable = _always
+        self.socket = sock
+
+    def drain(self) -> None:
+        """Deliver, in this thread, every message received so far.
+
+        Costs one non-blocking poll when nothing is waiting. Readability is
+        checked before the lock: a message read by the listener but not yet
+        delivered is covered by the lock it holds.
+        """
+        if not self.readable(0) and not self.lock.locked():
+            return
+        with self.lock:
+            self.read_all()
+
+    def read_all(self) -> None:
+        """Read and deliver every message that has arrived. Holds lock."""
+        if self.closed:
+            return
+        pubsub = self.pubsub
+        try:
+            while True:
+                try:
+                    message = pubsub.get_message(timeout=0)
+                except redis.exceptions.ResponseError as exc:  # an error reply, read whole
+                    if self.owner.refused(self, exc):
+                        continue
+                    raise
+                if getattr(pubsub.connection, "_sock", None) is not self.socket:
+                    # the client reconnected and re-subscribed by itself: messages
+                    # may have been missed, so nothing known is trusted until the
+                    # new subscription is confirmed (perhaps by this very message)
+                    self.owner.reconnected(self)
+                    self.attach()
+                if message is not None:
+                    self.owner.handle(self, message)
+                elif not _buffered(pubsub):
+                    break  # None can also mean a health-check PONG with more behind it
+        except Exception as exc:
+            self.owner.lost(self, exc)
+
+    def close(self) -> None:
+        """Stop reading it (drain returns at once) and close the connection."""
+        self.closed = True
+        self.readable = _never
+        with contextlib.suppress(Exception):
+            self.pubsub.close()
+
+
+class LinkOwner(Protocol):
+    def handle(self, link: Link, message: dict[str, Any]) -> None: ...
+    def refused(self, link: Link, exc: BaseException) -> bool: ...
+    def reconnected(self, link: Link) -> None: ...
+    def lost(self, link: Link, exc: BaseException | None) -> None: ...
+
+
+def parse_payload(message: dict[str, Any]) -> dict[str, Any] | None:
+    """A message's data as a JSON object, or None (not JSON, or not an object)."""
+    try:
+        payload = json.loads(text(message.get("data")))
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
 class Invalidator:
+    """The one subscription of a process on a single Redis (or a Sentinel's master)."""
+
     def __init__(
         self,
         client: Any,
@@ -50,41 +149,32 @@ class Invalidator:
         self._on_subscribed = on_subscribed
         self._listener = ProcessThread(self._loop, "breaker-redis-events")
         self._stop = self._listener.stop
-        # Held by whoever reads the subscription, from before the read until the
-        # messages read are delivered: "nothing readable and not held" means
-        # nothing received is pending.
+        # Held by whoever reads the subscription (Link): the same lock for every
+        # connection this process subscribes on in turn.
         self._read_lock = threading.Lock()
-        self._pubsub: Any = None
-        self._socket: Any = None
-        self._readable: Callable[[float], bool] = _never
+        self._link: Link | None = None
         self.healthy = False
         prefix = channel.removesuffix(":events")
         self._permission = acl.PermissionLog(client, prefix, "the event subscription")
+
+    def listener(self, name: str) -> Invalidator:
+        """What a breaker drains and checks: on one server, the one subscription."""
+        return self
 
     def ensure_running(self) -> None:
         """Start the listener once per process, whatever the concurrency of first calls."""
         self._listener.ensure_running()
 
     def drain(self) -> None:
-        """Deliver, in this thread, every message received so far.
-
-        Costs one non-blocking poll when nothing is waiting. Readability is
-        checked before the lock: a message read by the listener but not yet
-        delivered is covered by the lock it holds.
-        """
-        pubsub = self._pubsub
-        if pubsub is None:
-            return
-        if not self._readable(0) and not self._read_lock.locked():
-            return
-        with self._read_lock:
-            self._read_all(pubsub)
+        """Deliver, in this thread, every message received so far (Link.drain)."""
+        link = self._link
+        if link is not None:
+            link.drain()
 
     def after_fork(self) -> None:
         self._listener.after_fork()
         self._read_lock = threading.Lock()
-        self._pubsub = self._socket = None  # the parent's connection is the parent's
-        self._readable = _never
+        self._link = None  # the parent's connection is the parent's
         self.healthy = False
 
     def close(self) -> None:
@@ -99,8 +189,9 @@ class Invalidator:
         """
         with self._read_lock:
             self.healthy = False
-            self._pubsub = self._socket = None
-            self._readable = _never
+            link, self._link = self._link, None
+            if link is not None:  # no longer read; the listener thread closes it
+                link.closed, link.readable = True, _never
         self._on_subscribed()
 
     # -- the listener thread --------------------------------------------------
@@ -108,91 +199,65 @@ class Invalidator:
     def _loop(self) -> None:
         delay = 0.1
         while not self._stop.is_set():
-            pubsub = None
+            link = None
             try:
                 with self._read_lock:
                     pubsub = self._client.pubsub()
+                    link = Link(pubsub, self, self._read_lock)
+                    self._link = link
                     pubsub.subscribe(self._channel)
-                    self._attach(pubsub)
-                    self._read_all(pubsub)
-                while not self._stop.is_set() and self._pubsub is pubsub:
-                    if self._readable(1.0):
+                    link.attach()
+                    link.read_all()
+                while not self._stop.is_set() and self._link is link:
+                    if link.readable(1.0):
                         with self._read_lock:
-                            self._read_all(pubsub)
+                            link.read_all()
                     delay = 0.1 if self.healthy else delay
-                if self._pubsub is not pubsub:  # left by resubscribe(): at once, on the new server
-                    self._lost(pubsub, None)
+                if self._link is not link:  # left by resubscribe(): at once, on the new server
+                    self.lost(link, None)
                     delay = 0.05
             except Exception as exc:
-                self._lost(pubsub, exc)
+                self._lost(link, exc)
             self._stop.wait(delay)
             delay = min(delay * 2, 5.0)
-        self._lost(self._pubsub, None)
+        self._lost(self._link, None)
 
-    def _attach(self, pubsub: Any) -> None:
-        """Remember the subscription and how to wait for it without reading it. Holds _read_lock."""
-        connection = pubsub.connection
-        sock = getattr(connection, "_sock", None)
-        selector = getattr(connection, "_selector", None)
-        if selector is not None and hasattr(selector, "check_can_read"):  # fakeredis in-process
-            self._readable = selector.check_can_read
-        elif isinstance(sock, socket.socket):
-            self._readable = _poll_for(sock)
-        else:  # unknown transport: let drain() read under the lock each time
-            self._readable = _always
-        self._socket = sock
-        self._pubsub = pubsub
+    # -- what the link reports ------------------------------------------------
 
-    def _read_all(self, pubsub: Any) -> None:
-        """Read and deliver every message that has arrived. Holds _read_lock."""
-        if pubsub is not self._pubsub:
-            return
-        try:
-            while True:
-                message = pubsub.get_message(timeout=0)
-                if getattr(pubsub.connection, "_sock", None) is not self._socket:
-                    # the client reconnected and re-subscribed by itself: messages
-                    # may have been missed, so nothing known is trusted until the
-                    # new subscription is confirmed (perhaps by this very message)
-                    self.healthy = False
-                    self._on_subscribed()
-                    self._attach(pubsub)
-                if message is not None:
-                    self._handle(message)
-                elif not _buffered(pubsub):
-                    break  # None can also mean a health-check PONG with more behind it
-        except Exception as exc:
-            self._lost(pubsub, exc)
-
-    def _handle(self, message: dict[str, Any]) -> None:
+    def handle(self, link: Link, message: dict[str, Any]) -> None:
         kind = text(message.get("type"))
         if kind == "subscribe":
             self.healthy = True
             self._on_subscribed()  # what was learned before may have missed messages
         elif kind == "message":
-            try:
-                payload = json.loads(text(message.get("data")))
-            except ValueError:
-                return
-            if isinstance(payload, dict):
+            payload = parse_payload(message)
+            if payload is not None:
                 self._on_message(payload)
 
-    def _lost(self, pubsub: Any, exc: BaseException | None) -> None:
+    def refused(self, link: Link, exc: BaseException) -> bool:
+        return False  # SUBSCRIBE refused (an ACL without the channel): the connection ends
+
+    def reconnected(self, link: Link) -> None:
+        self.healthy = False
+        self._on_subscribed()
+
+    def lost(self, link: Link, exc: BaseException | None) -> None:
+        self._lost(link, exc)
+
+    def _lost(self, link: Link | None, exc: BaseException | None) -> None:
         if self.healthy and exc is not None:
             log.info("event subscription lost (%s); asking Redis at every call", exc)
         if exc is not None:
             self._permission.note(exc)
         self.healthy = False
-        if pubsub is not None and pubsub is self._pubsub:
-            self._pubsub = self._socket = None
-            self._readable = _never
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                pubsub.close()
+        if link is not None:
+            if link is self._link:
+                self._link = None
+            link.close()
 
 
 def _buffered(pubsub: Any) -> bool:
-    """Whether the client holds or can read more without waiting. Holds _read_lock."""
+    """Whether the client holds or can read more without waiting. Holds the link's lock."""
     connection = pubsub.connection
     return connection is not None and bool(connection.can_read(timeout=0))
 

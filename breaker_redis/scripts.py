@@ -36,6 +36,8 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from .cluster import Slots, is_cluster, notices_channel
+
 log = logging.getLogger("breaker_redis")
 
 Call = tuple[str, "int | None", Sequence[Any]]  # name, now_ms, args: one script call (run_many)
@@ -169,6 +171,10 @@ class Scripts:
         if functions is None:
             functions = isinstance(client, (redis.Redis, redis.asyncio.Redis))
         self.use_functions = functions
+        # On Redis Cluster: where each breaker lives, and each call sent to its master
+        # (breaker_redis/cluster.py); the scripts also SPUBLISH on the breaker's own channel.
+        self.slots: Slots | None = Slots(client) if is_cluster(client) else None
+        self._argv2: dict[str, str] = {}
 
     def fcall_failed(self, exc: redis.exceptions.ResponseError, attempt: int) -> bool:
         """After FCALL failed with ``exc``: True to load the library and call
@@ -220,13 +226,45 @@ class Scripts:
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
     ) -> tuple[str, str, list[str], list[Any]]:
         """(sha, source, keys, argv) of one script call."""
-        argv: list[Any] = [name, self.channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
-        argv.extend(args)
-        keys = [self.health_key] if operation == "health" else self._keys.get(name)
+        keys = self.health_keys(name) if operation == "health" else self._keys.get(name)
         if keys is None:
             keys = self._keys[name] = breaker_keys(self.prefix, name)
+        channel = self.channel
+        if self.slots is not None:  # ARGV 2: '<prefix>:events <sharded channel>' (lua/_lib.lua)
+            channel = self._argv2.get(keys[0]) or self._argv2.setdefault(keys[0], self.argv2(operation, name))
+        argv: list[Any] = [name, channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
+        argv.extend(args)
         sha, source = self._scripts[operation]
         return sha, source, keys, argv
+
+    def health_keys(self, name: str) -> list[str]:
+        """lua/health.lua's key: <prefix>:health, or on a cluster, to probe the master of
+        one breaker, a key in that breaker's slot."""
+        return [self.health_key if name == "health" else f"{self.prefix}:{{{name}}}:health"]
+
+    def argv2(self, operation: str, name: str) -> str:
+        """The channels a script publishes on (ARGV 2) on a cluster: the prefix's, and one in
+        the slot of the script's keys (the breaker's notices; for health, its key's name)."""
+        shard = self.health_keys(name)[0] if operation == "health" else notices_channel(self.prefix, name)
+        return f"{self.channel} {shard}"
+
+    def route_key(self, name: str) -> str:
+        """A key of the breaker (its state): on a cluster, its slot is the breaker's."""
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = breaker_keys(self.prefix, name)
+        return keys[0]
+
+
+def _evalsha(client: Any, sha: str, source: str, keys: list[str], argv: list[Any]) -> Any:
+    try:
+        return client.evalsha(sha, len(keys), *keys, *argv)
+    except redis.exceptions.NoScriptError:
+        # A flushed script cache or a restarted server: EVAL sends the body
+        # and runs it in one command, so a second SCRIPT FLUSH landing
+        # between a SCRIPT LOAD and the EVALSHA that follows (redis-py's
+        # own retry) cannot fail the call. EVAL caches the script again.
+        return client.eval(source, len(keys), *keys, *argv)
 
 
 class ScriptRunner(Scripts):
@@ -234,6 +272,8 @@ class ScriptRunner(Scripts):
 
     def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         sha, source, keys, argv = self.call(operation, name, now_ms, args)
+        if self.slots is not None:  # straight to the breaker's master (cluster.py)
+            return self.slots.call(keys[0], lambda target: _evalsha(target, sha, source, keys, argv))
         if self.use_functions:
             function = self.function_names[operation]
             for attempt in (1, 2):
@@ -246,14 +286,7 @@ class ScriptRunner(Scripts):
                     self.client.function_load(self.library)
                 except redis.exceptions.ResponseError as exc:
                     self.load_failed(exc)
-        try:
-            return self.client.evalsha(sha, len(keys), *keys, *argv)
-        except redis.exceptions.NoScriptError:
-            # A flushed script cache or a restarted server: EVAL sends the body
-            # and runs it in one command, so a second SCRIPT FLUSH landing
-            # between a SCRIPT LOAD and the EVALSHA that follows (redis-py's
-            # own retry) cannot fail the call. EVAL caches the script again.
-            return self.client.eval(source, len(keys), *keys, *argv)
+        return _evalsha(self.client, sha, source, keys, argv)
 
     def run_repairing(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         """run(), except that a key of the wrong type (written by hand, or by another

@@ -22,11 +22,12 @@ of health, at most one a minute while it flaps.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -49,11 +50,20 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"on_store_error must be one of {', '.join(POLICIES)} (got {policy!r})")
+    return policy
+
+
 class StoreUnavailable(Exception):
     """Redis is down and the policy is ``allow`` or ``deny``: nothing ran."""
 
 
 STEADY_SECONDS = 60.0  # Redis healthy this long: the next outage starts afresh
+# Each gate's generation is taken from one counter per process: on a cluster, a
+# breaker whose slot moved to another master's gate never finds the number it knew.
+_GENERATIONS = itertools.count()
 
 
 def _make_local_runner(prefix: str, ttl_ms: int) -> ScriptRunner:
@@ -76,11 +86,16 @@ class GateHealth:
     _max_backoff: float
     _local: ScriptRunner | None
 
-    def _init_health(self, policy: str, min_backoff: float, max_backoff: float) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"on_store_error must be one of {', '.join(POLICIES)} (got {policy!r})")
-        self.policy = policy
-        self.generation = 0
+    def _init_health(
+        self, policy: str, min_backoff: float, max_backoff: float, per_master: bool = False
+    ) -> None:
+        self.policy = check_policy(policy)
+        self.generation = next(_GENERATIONS)
+        # On Redis Cluster (MasterGates) the probe runs the health script in the slot of
+        # the breaker whose call failed, so it reaches that breaker's master, after
+        # reading the slot map again (a failover may have moved the slot).
+        self.per_master = per_master
+        self.probe_name = "health"
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
         self._down_since: float | None = None
@@ -101,6 +116,15 @@ class GateHealth:
     def kind(self) -> str:
         return "redis" if self.healthy else self.policy
 
+    def live(self, generation: int) -> bool:
+        """Whether what was admitted or counted under generation may still be sent
+        (to the store it came from)."""
+        return generation == self.generation
+
+    def shared(self, generation: int) -> bool:
+        """Whether generation is Redis's, in use now: its replies are shared state."""
+        return generation == self.generation and self._down_since is None
+
     def _went_down(self, exc: BaseException, seen_generation: int) -> bool:
         """Mark Redis down after exc; False if that was already done (or it came
         back) since seen_generation. A fresh outage gets a fresh local store and
@@ -110,7 +134,7 @@ class GateHealth:
         now = time.monotonic()
         flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
         self._down_since = now
-        self.generation += 1
+        self.generation = next(_GENERATIONS)
         self._noted_permission(exc)
         if not flapping:
             self._local, self._delay, self._flaps = None, self._min_backoff, 0
@@ -154,7 +178,7 @@ class GateHealth:
         self._down_since = None
         self.problem = None
         self._up_since = now
-        self.generation += 1
+        self.generation = next(_GENERATIONS)
         if not self._flaps:
             log.warning("Redis answers again after %.1fs; back to shared state", down_for)
 
@@ -176,9 +200,10 @@ class StoreGate(GateHealth):
         min_backoff: float = 0.25,
         max_backoff: float = 2.0,
         on_switch: Callable[[], None] | None = None,
+        per_master: bool = False,
     ) -> None:
         self.remote = remote
-        self._init_health(policy, min_backoff, max_backoff)
+        self._init_health(policy, min_backoff, max_backoff, per_master)
         self._on_switch = on_switch
         self._lock = threading.Lock()
         self._prober: threading.Thread | None = None
@@ -198,6 +223,8 @@ class StoreGate(GateHealth):
             try:
                 return self.remote.run_repairing(operation, name, now_ms, args), generation
             except _UNAVAILABLE as exc:
+                if self.per_master:
+                    self.probe_name = name
                 self._mark_down(exc, generation)
                 if not fallback:
                     raise StoreUnavailable(self.policy) from exc
@@ -230,7 +257,9 @@ class StoreGate(GateHealth):
     def _probe(self) -> None:
         """Raises unless Redis runs a script that writes and calls every command the
         breakers' scripts call (lua/health.lua; see the module's docstring)."""
-        self.remote.run("health", "health", None, ())
+        if self.per_master and self.remote.slots is not None:
+            self.remote.slots.cluster().nodes_manager.initialize()
+        self.remote.run("health", self.probe_name, None, ())
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(self._delay):
@@ -255,3 +284,108 @@ class StoreGate(GateHealth):
 
     def close(self) -> None:
         self._stop.set()
+
+
+G = TypeVar("G", bound=GateHealth)
+
+
+class MasterGates(Generic[G]):
+    """The store gates of a Redis Cluster: one per master, so that a dead master sends
+    only its own breakers to ``on_store_error`` while the others keep deciding on
+    Redis. A breaker's gate is its master's as the slot map names it at each use
+    (``for_name``): a resharding or a failover moves it to another gate, whose
+    generation it never knew, so it asks Redis again. ``make(master)`` builds the
+    gate of one master ('host:port'; '' while the map is not read yet)."""
+
+    def __init__(self, remote: Scripts, policy: str, make: Callable[[str], G]) -> None:
+        assert remote.slots is not None
+        self.remote = remote
+        self.slots = remote.slots
+        self.policy = check_policy(policy)
+        self._make = make
+        self._gates: dict[str, G] = {}
+        self._lock = threading.Lock()
+
+    def master_of(self, name: str) -> str:
+        return self.slots.owner_name(self.remote.route_key(name))
+
+    def of(self, name: str) -> G:
+        master = self.master_of(name)
+        gate = self._gates.get(master)
+        if gate is None:
+            with self._lock:
+                gate = self._gates.get(master)
+                if gate is None:
+                    gate = self._gates[master] = self._make(master)
+        return gate
+
+    def gates(self) -> list[G]:
+        return list(self._gates.values())
+
+    def for_name(self, name: str) -> BreakerGate:
+        return BreakerGate(self, name)
+
+    @property
+    def healthy(self) -> bool:
+        """Every master's breakers run on Redis."""
+        return all(gate.healthy for gate in self.gates())
+
+    @property
+    def kind(self) -> str:
+        return "redis" if self.healthy else self.policy
+
+    @property
+    def problem(self) -> str | None:
+        return next((gate.problem for gate in self.gates() if gate.problem), None)
+
+    def shared(self, generation: int) -> bool:
+        """Whether generation is some master's on Redis, in use now (a reply that came
+        back from another master than the map named when it was sent is still Redis's)."""
+        return any(gate.shared(generation) for gate in self.gates())
+
+    def run(self, operation: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.of(name).run(operation, name, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def run_remote(self, operation: str, name: str, *args: Any) -> Any:
+        return self.of(name).run_remote(operation, name, *args)  # type: ignore[attr-defined]
+
+
+class BreakerGate:
+    """The store gate of one breaker on a cluster: its master's, looked up at each use."""
+
+    __slots__ = ("_gates", "_name")
+
+    def __init__(self, gates: MasterGates[Any], name: str) -> None:
+        self._gates = gates
+        self._name = name
+
+    @property
+    def generation(self) -> int:
+        return int(self._gates.of(self._name).generation)
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self._gates.of(self._name).healthy)
+
+    def live(self, generation: int) -> bool:
+        """Its master's gate's generation, or any master's on Redis: a permit admitted by
+        Redis counts on Redis wherever the slot went; a local one only on its store."""
+        return generation == self.generation or self._gates.shared(generation)
+
+    def shared(self, generation: int) -> bool:
+        return self._gates.shared(generation)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._gates.of(self._name), attr)
+
+
+class ClusterStoreGate(MasterGates[StoreGate]):
+    """MasterGates of StoreGate: the sync side's."""
+
+    def after_fork(self) -> None:
+        for gate in self.gates():
+            gate.after_fork()
+
+    def close(self) -> None:
+        for gate in self.gates():
+            gate.close()

@@ -186,6 +186,10 @@ class LazyCluster:
                     self._client = client
         return client
 
+    def built(self) -> RedisCluster | None:
+        """The cluster client if it is made, else None (no I/O)."""
+        return self._client
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)

@@ -30,7 +30,9 @@
 -- evicts them (under allkeys-* it may: see load_state for what a worker does
 -- about it); breakers idle longer than the key TTL are removed by sweep.lua.
 -- ARGV (every script):
---   1 name  2 pub/sub channel  3 now_ms ('' = Redis TIME; tests only)
+--   1 name  2 pub/sub channel: <prefix>:events, and on Redis Cluster, after a space, the
+--     breaker's sharded channel <prefix>:{NAME}:notices (in the breaker's slot), which the
+--     scripts SPUBLISH to as well (notify)  3 now_ms ('' = Redis TIME; tests only)
 --   4 key TTL ms: a breaker unused this long is idle (sweep.lua)
 --   5 config: JSON from breaker_redis/config.py (to_lua_json), times in ms:
 --     trip, mode, threshold, rate, min_calls, slow_ms, slow_rate, bucket_ms, buckets,
@@ -49,7 +51,7 @@
 -- gets its keys and arguments as parameters).
 local KEY_LIST, ARGS
 local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG
-local NAME, CHANNEL, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
+local NAME, CHANNEL, SHARD, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
 -- Keys found corrupted (a field that does not parse) and repaired by this call,
 -- for the reply: the worker logs them, once each. EVENTS: the transitions of this call.
 -- LOST: '' or what this call found of a state the caller knew and Redis had lost
@@ -60,7 +62,8 @@ local function begin(keys, argv)
   KEY_LIST, ARGS = keys, argv
   K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG =
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
-  NAME, CHANNEL, TTL = argv[1], argv[2], tonumber(argv[4])
+  NAME, TTL = argv[1], tonumber(argv[4])
+  CHANNEL, SHARD = string.match(argv[2], '^(%S+) ?(%S*)$')
   local floor, state, epoch, born, open_until, forced =
     string.match(argv[6] or '', '^(%d+) ([a-z_]+) (%d+) (%d+) (%d+) ([a-z-]+)$')
   if floor then
@@ -352,12 +355,21 @@ local function flush_pending(from)
   end
 end
 
+-- One message to every listener: PUBLISH on <prefix>:events (single-server workers, the
+-- CLI's events --follow, the dashboard); on Redis Cluster also SPUBLISH on the breaker's
+-- own channel, which this master writes to its subscribers in the same event-loop pass as
+-- the reply (a PUBLISH reaches the other masters' subscribers over the cluster bus, later).
+local function notify(message)
+  redis.call('PUBLISH', CHANNEL, message)
+  if SHARD ~= '' then redis.call('SPUBLISH', SHARD, message) end
+end
+
 -- Every transition: epoch+1, one line in the events list, one pub/sub message. Messages
 -- are hints: a worker that hears one asks Redis again before trusting memory.
 local function publish(s, kind, extra)
   local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, born = s.born, at = NOW}
   for k, v in pairs(extra or {}) do msg[k] = v end
-  redis.call('PUBLISH', CHANNEL, cjson.encode(msg))
+  notify(cjson.encode(msg))
 end
 
 transition = function(s, to, cause)

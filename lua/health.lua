@@ -6,7 +6,8 @@
 -- lacks a command, the key pattern or the channel; tests/test_acl.py keeps
 -- its command list equal to theirs).
 --
--- KEYS  : 1 the health key, <prefix>:health (outside every breaker's hash tag)
+-- KEYS  : 1 the health key, <prefix>:health (outside every breaker's hash tag), or on Redis
+--         Cluster <prefix>:{NAME}:health, in the slot of a breaker whose master is probed
 -- ARGV  : 1-4 common (see _lib.lua; 5 and 6 unused)
 -- Reads and writes only the health key, which it leaves as a string expiring
 -- after 60 s; publishes one message naming no breaker (listeners drop it).
@@ -36,5 +37,5 @@ redis.call('SET', key, NOW)
 redis.call('GET', key)
 redis.call('PERSIST', key)
 redis.call('PEXPIRE', key, 60000)
-redis.call('PUBLISH', CHANNEL, '{"kind":"health"}')
+notify('{"kind":"health"}')  -- on a cluster, SPUBLISH too: the channel is the key's own name
 return 1

@@ -41,7 +41,6 @@ from ..core import BreakerCore
 from ..errors import BreakerOpen
 from ..knowledge import Knowledge, Memory, Reply
 from ..snapshot import snapshot_dict
-from .invalidation import AsyncInvalidator
 from .store import AsyncStoreGate, StoreUnavailable
 
 log = logging.getLogger("breaker_redis")
@@ -51,13 +50,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 MISSING: Any = object()
 
 
+class Listener(Protocol):
+    """A breaker's event subscription: the process's one (AsyncInvalidator) or, on Redis
+    Cluster, its channel on its master (breaker_redis/asyncio/sharded.py)."""
+
+    healthy: bool
+
+    def pending(self) -> bool: ...
+
+
 class Shared(Protocol):
     """The per-process machinery a breaker uses (``breaker_redis.asyncio.Breakers``)."""
 
-    gate: AsyncStoreGate
-    invalidator: AsyncInvalidator | None
     batch_successes: bool
     pid: int
+
+    def gate_for(self, name: str) -> AsyncStoreGate: ...
+    def listener(self, name: str) -> Listener | None: ...
 
     def clock_ms(self) -> int | None: ...
     def now_ms(self) -> int: ...
@@ -65,7 +74,7 @@ class Shared(Protocol):
     def ensure_loop(self) -> None: ...
     def schedule(self, breaker: Breaker) -> None: ...
     async def register_name(self, name: str) -> None: ...
-    async def barrier(self) -> None: ...
+    async def barrier(self, name: str) -> None: ...
     def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None: ...
 
 
@@ -141,6 +150,8 @@ class Breaker(BreakerCore[Permit]):
         self._permits: contextvars.ContextVar[tuple[Permit, ...]] = contextvars.ContextVar(
             f"breaker_redis:{name}", default=()
         )
+        self._gate = shared.gate_for(name)  # on a cluster, its master's (store.MasterGates)
+        self._listener = shared.listener(name)
         self.reset_process()
 
     def reset_process(self, *, forked: bool = True) -> None:
@@ -169,13 +180,12 @@ class Breaker(BreakerCore[Permit]):
         return await _shielded(self._acquire_from_redis(), _hand_back)
 
     async def _acquire_from_redis(self) -> Permit:
-        shared = self._shared
         pending = self._take_pending()
         try:
             reply, generation, stamp = await self._run("acquire", pending)
         except StoreUnavailable:
             self._put_back(pending)
-            if shared.gate.policy == "allow":
+            if self._gate.policy == "allow":
                 return Permit(self, -1, "", -1)
             raise BreakerOpen(None, self.name, "open") from None
         except BaseException:
@@ -184,8 +194,8 @@ class Breaker(BreakerCore[Permit]):
         return self._from_reply(reply, generation, await self._learn(reply, generation, stamp))
 
     def _trusted(self, known: Knowledge) -> bool:
-        gate, invalidator = self._shared.gate, self._shared.invalidator
-        subscribed = invalidator is not None and invalidator.healthy and not invalidator.pending()
+        gate, listener = self._gate, self._listener
+        subscribed = listener is not None and listener.healthy and not listener.pending()
         return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
 
     # -- outcomes --------------------------------------------------------------
@@ -194,7 +204,8 @@ class Breaker(BreakerCore[Permit]):
         """Count one outcome: in memory if it decides nothing now, else sent at once.
         Never raises into the caller: a lost record must not fail the call."""
         shared = self._shared
-        if permit.generation != shared.gate.generation:
+        gate = self._gate
+        if permit.generation != gate.generation and not gate.live(permit.generation):
             return
         if permit.observing and self._observed(permit, outcome, duration_ms):
             return
@@ -217,10 +228,9 @@ class Breaker(BreakerCore[Permit]):
     ) -> None:
         """As the sync Breaker._send: an outcome whose store was switched while it
         waited for the send lock is dropped."""
-        shared = self._shared
         async with self._send_lock:
-            pending, batch = self._take_for_send(shared.gate.generation)
-            if outcome and generation != shared.gate.generation:
+            pending, batch = self._take_for_send(self._gate.live)
+            if outcome and not self._gate.live(generation):
                 outcome = ""
             if not outcome and not batch[1] and not any(pending):
                 return
@@ -241,7 +251,7 @@ class Breaker(BreakerCore[Permit]):
     async def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int, int]:
         shared = self._shared
         stamp = self._memory.stamp()
-        raw, generation = await shared.gate.run(
+        raw, generation = await self._gate.run(
             operation,
             self.name,
             shared.clock_ms(),
@@ -253,22 +263,28 @@ class Breaker(BreakerCore[Permit]):
     async def _learn(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
         shared = self._shared
         shared.observe_clock(reply.now)
-        current = generation == shared.gate.generation and shared.gate.healthy
+        current = self._gate.shared(generation)
         known = self._learn_reply(reply, generation, stamp, current)
         if current:
-            if self._listing_due(shared.pid, shared.gate.remote.ttl_ms):
+            if self._listing_due(shared.pid, self._gate.remote.ttl_ms):
                 await shared.register_name(self.name)
             if reply.events:
-                await shared.barrier()
+                await shared.barrier(self.name)
                 shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
         return known
 
     def _key_prefix(self) -> str:
-        return self._shared.gate.remote.prefix
+        return self._gate.remote.prefix
 
     def hint(self, payload: dict[str, Any]) -> bool:
-        """A pushed message about this breaker; True when it was news and a batch is waiting."""
-        return self._memory.hint(payload) and self.holds_counts
+        """A pushed message about this breaker; True when it was news and a batch is
+        waiting. Ignored while its store is the local one (as on the sync side)."""
+        return self._gate.healthy and self._memory.hint(payload) and self.holds_counts
+
+    @property
+    def store_healthy(self) -> bool:
+        """Whether this breaker's scripts run on Redis now (on a cluster: on its master)."""
+        return self._gate.healthy
 
     # -- the ways to protect a call ----------------------------------------------
 
@@ -338,11 +354,11 @@ class Breaker(BreakerCore[Permit]):
         shared = self._shared
         try:
             args = self._script_args(pending)
-            raw, _ = await shared.gate.run("snapshot", self.name, shared.clock_ms(), args)
+            raw, _ = await self._gate.run("snapshot", self.name, shared.clock_ms(), args)
         except StoreUnavailable:
             self._put_back(pending)
             raise
-        return snapshot_dict(self.name, raw, shared.gate.kind)
+        return snapshot_dict(self.name, raw, self._gate.kind)
 
     async def force_open(self) -> None:
         await self._admin("force_open")
@@ -368,7 +384,7 @@ class Breaker(BreakerCore[Permit]):
         shared = self._shared
         shared.ensure_loop()
         await shared.register_name(self.name)
-        gate, stamp = shared.gate, self._memory.stamp()
+        gate, stamp = self._gate, self._memory.stamp()
         args = [config, self._memory.epoch_seen, op]
         raw = await gate.run_remote("admin", self.name, shared.clock_ms(), args)
         await self._learn(Reply.decode(raw), gate.generation, stamp)

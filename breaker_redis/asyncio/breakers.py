@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 from ..breakers import DEFAULT_TTL_SECONDS
+from ..cluster import notices_channel
 from ..config import BreakerConfig, parse_overrides
 from ..recorder import BATCH_SECONDS
 from ..scripts import flat_pairs, text, validate_name
 from ..transitions import TransitionCallback, TransitionHooks
 from .breaker import Breaker
+from .failover import AsyncSentinelFollower
 from .invalidation import AsyncInvalidator, can_listen
-from .store import AsyncScriptRunner, AsyncStoreGate
+from .sharded import AsyncChannel, AsyncShardedInvalidator
+from .store import AsyncClusterStoreGate, AsyncScriptRunner, AsyncStoreGate
 
 
 class Breakers:
@@ -57,17 +61,30 @@ class Breakers:
         self._clock = clock
         self.batch_successes = clock is None if batch_successes is None else batch_successes
         self._clock_offset_ms = 0.0
-        self._runner = AsyncScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
-        self.gate = AsyncStoreGate(self._runner, on_store_error, on_switch=self._forget_all)
+        self._runner = runner = AsyncScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
         self._breakers: dict[str, Breaker] = {}
         self._hooks = TransitionHooks()
-        # As on the sync side, a cluster (or any client whose connections this
-        # process cannot watch) gets no subscription: every call asks Redis.
-        self.invalidator: AsyncInvalidator | None = None
-        if listen and can_listen(client):
-            self.invalidator = AsyncInvalidator(
-                client, self._runner.channel, self._on_event, self._forget_all
-            )
+        # As on the sync side: one subscription, or on a cluster one per master; a
+        # client whose connections this process cannot watch (an in-process fake)
+        # gets none, and every call asks Redis.
+        self.invalidator: AsyncInvalidator | AsyncShardedInvalidator | None = None
+        self.follower: AsyncSentinelFollower | None = None
+        self.gate: AsyncStoreGate | AsyncClusterStoreGate
+        if runner.slots is None:
+            self.gate = AsyncStoreGate(runner, on_store_error, on_switch=self._forget_all)
+            if listen and can_listen(client):
+                self.invalidator = AsyncInvalidator(client, runner.channel, self._on_event, self._forget_all)
+                self.follower = AsyncSentinelFollower.for_client(client, self._master_moved)
+        else:
+            def master_gate(master: str) -> AsyncStoreGate:
+                forget = functools.partial(self._forget_master, master)
+                return AsyncStoreGate(runner, on_store_error, on_switch=forget, per_master=True)
+
+            self.gate = AsyncClusterStoreGate(runner, on_store_error, master_gate)
+            if listen:
+                self.invalidator = AsyncShardedInvalidator(
+                    client, runner.slots, prefix, runner.route_key, self._on_event, self._forget_names
+                )
         self._due: dict[int, Breaker] = {}
         self._flusher: asyncio.Task[None] | None = None
         # sends started in the background: aclose waits for them before it closes
@@ -99,6 +116,15 @@ class Breakers:
         """Whether this process has built a breaker of that name."""
         return name in self._breakers
 
+    def gate_for(self, name: str) -> AsyncStoreGate:
+        """The store gate of a breaker: the process's, or on a cluster its master's."""
+        gate = self.gate
+        return gate if isinstance(gate, AsyncStoreGate) else cast(AsyncStoreGate, gate.for_name(name))
+
+    def listener(self, name: str) -> AsyncInvalidator | AsyncChannel | None:
+        """The subscription a breaker trusts (None when this process does not listen)."""
+        return None if self.invalidator is None else self.invalidator.listener(name)
+
     @property
     def store_healthy(self) -> bool:
         return self.gate.healthy
@@ -125,7 +151,7 @@ class Breakers:
             args += [key, value]
         await self.register_name(name)
         raw = await self.gate.run_remote("configure", name, self.clock_ms(), args)
-        await self.barrier()
+        await self.barrier(name)
         return {key: text(value) for key, value in flat_pairs(raw).items()}
 
     # -- time ----------------------------------------------------------------
@@ -151,6 +177,8 @@ class Breakers:
             self._restart(loop)
         if self.invalidator is not None:
             self.invalidator.ensure_running()
+        if self.follower is not None:
+            self.follower.ensure_running()
 
     def _restart(self, loop: asyncio.AbstractEventLoop) -> None:
         forked = os.getpid() != self.pid
@@ -162,6 +190,8 @@ class Breakers:
         self.gate.reset()
         if self.invalidator is not None:
             self.invalidator.reset()
+        if self.follower is not None:
+            self.follower.reset()
         for breaker in self._breakers.values():
             breaker.reset_process(forked=forked)
             if breaker.holds_counts:
@@ -195,10 +225,15 @@ class Breakers:
         with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
             await self._runner.register_name(name, self.clock_ms())
 
-    async def barrier(self) -> None:
-        """One round trip after a reply that made a change (see Breakers.barrier on the sync side)."""
+    async def barrier(self, name: str) -> None:
+        """One round trip after a reply that made a change (see Breakers.barrier on the sync
+        side), on a cluster to the breaker's master."""
         with contextlib.suppress(Exception):
-            await self.client.ping()
+            slots = self._runner.slots
+            if slots is None:
+                await self.client.ping()
+            else:
+                await slots.abarrier(self._runner.route_key(name), notices_channel(self.prefix, name), name)
 
     def on_transition(self, callback: TransitionCallback) -> TransitionCallback:
         """Call ``callback(Transition)`` once per state change, in the process whose
@@ -214,8 +249,6 @@ class Breakers:
         self._hooks.report(name, events, epoch, at_ms)
 
     def _on_event(self, payload: dict[str, Any]) -> None:
-        if not self.gate.healthy:
-            return
         breaker = self._breakers.get(str(payload.get("name", "")))
         if breaker is not None and breaker.hint(payload):
             self._start_send(breaker.flush_batch())
@@ -224,13 +257,33 @@ class Breakers:
         for breaker in list(self._breakers.values()):
             breaker.forget()
 
+    def _forget_names(self, names: list[str]) -> None:
+        for name in names:
+            breaker = self._breakers.get(name)
+            if breaker is not None:
+                breaker.forget()
+
+    def _forget_master(self, master: str) -> None:
+        """The gate of one master switched store: its breakers forget what they knew."""
+        gate = self.gate
+        if isinstance(gate, AsyncClusterStoreGate):
+            self._forget_names([name for name in list(self._breakers) if gate.master_of(name) == master])
+
+    def _master_moved(self) -> None:
+        """Sentinel named another master (failover.py): the subscription is taken again there."""
+        if isinstance(self.invalidator, AsyncInvalidator):
+            self.invalidator.resubscribe()
+        else:
+            self._forget_all()
+
     async def flush(self) -> None:
         """Send every breaker's batched successes and counts kept in memory now."""
-        if not self.gate.healthy or self._loop is None:
+        if self._loop is None:
             return
         self._due = {}
         for breaker in list(self._breakers.values()):
-            await breaker.flush_batch()
+            if breaker.store_healthy:  # what was counted under Redis cannot be replayed elsewhere
+                await breaker.flush_batch()
 
     async def aclose(self) -> None:
         """Send what is batched, stop this loop's tasks and close the client's connections."""
@@ -239,6 +292,8 @@ class Breakers:
             self._restart(loop)  # what the old loop held went with it
         if self.invalidator is not None:
             await self.invalidator.close()  # no more notices, so no more sends they start
+        if self.follower is not None:
+            await self.follower.close()
         flusher, self._flusher = self._flusher, None
         if flusher is not None and not flusher.done():
             flusher.cancel()

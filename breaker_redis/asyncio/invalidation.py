@@ -15,20 +15,21 @@ waits for the loop to get round to the read.
 The connection is made by redis-py (AUTH, TLS and unix sockets as the
 client has them) and then taken over: its transport is given this protocol
 before SUBSCRIBE is sent. A client that is not a plain redis-py asyncio
-client (a fake server, a cluster) gets no subscription: its workers ask
-Redis at every call, which is exact.
+client (a fake server) gets no subscription: its workers ask Redis at
+every call, which is exact. On Redis Cluster the subscription is one per
+master, on sharded channels (breaker_redis/asyncio/sharded.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import select
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from ..invalidation import parse_payload
 from ..scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -84,8 +85,18 @@ class _Resp:
         return items, at
 
 
-class _Subscription(asyncio.Protocol):
-    def __init__(self, owner: AsyncInvalidator, transport: Any) -> None:
+class SubscriptionOwner(Protocol):
+    """Who a subscription delivers to: AsyncInvalidator here, or per master on a cluster
+    (breaker_redis/asyncio/sharded.py)."""
+
+    def handle(self, subscription: Subscription, message: list[Any]) -> None: ...
+    def finished(self, subscription: Subscription) -> None: ...
+
+
+class Subscription(asyncio.Protocol):
+    """One subscription connection, taken over from redis-py (``take_over``)."""
+
+    def __init__(self, owner: SubscriptionOwner, transport: Any) -> None:
         self._owner = owner
         self._resp = _Resp()
         self.transport = transport
@@ -105,7 +116,7 @@ class _Subscription(asyncio.Protocol):
             self._finish(exc)
             return
         for message in messages:
-            self._owner._handle(message)
+            self._owner.handle(self, message)
 
     def eof_received(self) -> bool | None:
         return None  # close
@@ -114,9 +125,15 @@ class _Subscription(asyncio.Protocol):
         self._finish(exc or ConnectionError("the subscription's connection was closed"))
 
     def _finish(self, exc: BaseException | None) -> None:
-        self._owner.healthy = False
+        self._owner.finished(self)
         if not self.lost.done():
             self.lost.set_result(exc)
+
+    def send(self, *args: str) -> None:
+        """Write one command (SUBSCRIBE, SSUBSCRIBE) on the connection."""
+        parts = [arg.encode() for arg in args]
+        bulks = b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
+        self.transport.write(b"*%d\r\n%s" % (len(parts), bulks))
 
     def unread(self) -> bool:
         """Whether something received is not delivered yet (see the module's docstring)."""
@@ -142,7 +159,7 @@ class AsyncInvalidator:
         self._channel = channel
         self._on_message = on_message
         self._on_subscribed = on_subscribed
-        self._subscription: _Subscription | None = None
+        self._subscription: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
         self.healthy = False
 
@@ -154,6 +171,16 @@ class AsyncInvalidator:
         """Whether a message may have arrived that is not delivered yet: then memory does not decide."""
         subscription = self._subscription
         return subscription is not None and subscription.unread()
+
+    def resubscribe(self) -> None:
+        """Leave the subscription (its server stopped being the master: Sentinel named
+        another). Workers ask Redis until the keeper task has subscribed again, on the
+        master the pool names now."""
+        self.healthy = False
+        subscription = self._subscription
+        if subscription is not None:
+            subscription.transport.close()
+        self._on_subscribed()
 
     def reset(self) -> None:
         """A new event loop or process: the old subscription belongs to the old one."""
@@ -193,41 +220,48 @@ class AsyncInvalidator:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def _subscribe(self) -> _Subscription:
-        connection = self._client.connection_pool.make_connection()
-        await connection.connect()
-        writer, reader = connection._writer, connection._reader
-        if writer is None or len(getattr(reader, "_buffer", b"")):
-            raise ConnectionError("the connection for the subscription is not a plain stream")
-        # the transport is this protocol's from now on; the redis-py connection lets go of it
-        connection._writer = connection._reader = None
-        transport = writer.transport
-        subscription = _Subscription(self, transport)
-        # a StreamWriter closes its transport when it is collected: keep it while the transport lives
-        subscription.stream = writer
-        transport.set_protocol(subscription)
-        channel = self._channel.encode()
-        transport.write(b"*2\r\n$9\r\nSUBSCRIBE\r\n$%d\r\n%s\r\n" % (len(channel), channel))
+    async def _subscribe(self) -> Subscription:
+        subscription = await take_over(self._client.connection_pool.make_connection(), self)
+        subscription.send("SUBSCRIBE", self._channel)
         self._subscription = subscription
         return subscription
 
-    def _handle(self, message: list[Any]) -> None:
+    def listener(self, name: str) -> AsyncInvalidator:
+        """What a breaker checks: on one server, the one subscription."""
+        return self
+
+    def finished(self, subscription: Subscription) -> None:
+        self.healthy = False
+
+    def handle(self, subscription: Subscription, message: list[Any]) -> None:
         kind = text(message[0]).lower() if message else ""
         if kind == "subscribe":
             self.healthy = True
             self._on_subscribed()  # what was learned before may have missed messages
         elif kind == "message" and len(message) >= 3:
-            try:
-                payload = json.loads(text(message[2]))
-            except ValueError:
-                return
-            if isinstance(payload, dict):
+            payload = parse_payload({"data": message[2]})
+            if payload is not None:
                 self._on_message(payload)
         elif kind not in ("pong", "unsubscribe"):
             log.info("the event subscription got %r; asking Redis at every call", message)
-            subscription = self._subscription
-            if subscription is not None:
-                subscription.transport.close()
+            subscription.transport.close()
+
+
+async def take_over(connection: Any, owner: SubscriptionOwner) -> Subscription:
+    """Connect a redis-py connection (AUTH, TLS, a unix socket, the Sentinel's master:
+    as the client has them) and give its transport to a Subscription."""
+    await connection.connect()
+    writer, reader = connection._writer, connection._reader
+    if writer is None or len(getattr(reader, "_buffer", b"")):
+        raise ConnectionError("the connection for the subscription is not a plain stream")
+    # the transport is the subscription's from now on; the redis-py connection lets go of it
+    connection._writer = connection._reader = None
+    transport = writer.transport
+    subscription = Subscription(owner, transport)
+    # a StreamWriter closes its transport when it is collected: keep it while the transport lives
+    subscription.stream = writer
+    transport.set_protocol(subscription)
+    return subscription
 
 
 def can_listen(client: Any) -> bool:
@@ -240,7 +274,6 @@ def can_listen(client: Any) -> bool:
     connection_class = getattr(pool, "connection_class", None)
     if not (isinstance(connection_class, type) and issubclass(connection_class, AbstractConnection)):
         return False
-    # an in-process fake has no socket; a Sentinel-managed connection would stay on
-    # a demoted master (the sync side follows the sentinels: breaker_redis/failover.py)
-    fake = connection_class.__module__.startswith("fakeredis")
-    return not fake and "Sentinel" not in connection_class.__name__
+    # an in-process fake has no socket (a Sentinel-managed connection is followed to
+    # the new master by breaker_redis/asyncio/failover.py)
+    return not connection_class.__module__.startswith("fakeredis")

@@ -21,11 +21,20 @@ from typing import Any
 import redis
 
 from ..scripts import SWEEP_PICKS, Scripts, breaker_keys, text
-from ..store import _UNAVAILABLE, GateHealth, StoreUnavailable, _make_local_runner
+from ..store import _UNAVAILABLE, GateHealth, MasterGates, StoreUnavailable, _make_local_runner
 
 log = logging.getLogger("breaker_redis")
 
-__all__ = ["AsyncScriptRunner", "AsyncStoreGate", "StoreUnavailable"]
+__all__ = ["AsyncClusterStoreGate", "AsyncScriptRunner", "AsyncStoreGate", "StoreUnavailable"]
+
+
+async def _evalsha(target: Any, sha: str, source: str, keys: list[str], argv: list[Any]) -> Any:
+    """On a cluster: EVALSHA on the breaker's master (a ClusterNode) or through the
+    cluster client (both take execute_command); EVAL on NOSCRIPT, as ScriptRunner.run."""
+    try:
+        return await target.execute_command("EVALSHA", sha, len(keys), *keys, *argv)
+    except redis.exceptions.NoScriptError:
+        return await target.execute_command("EVAL", source, len(keys), *keys, *argv)
 
 
 class AsyncScriptRunner(Scripts):
@@ -33,6 +42,8 @@ class AsyncScriptRunner(Scripts):
 
     async def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         sha, source, keys, argv = self.call(operation, name, now_ms, args)
+        if self.slots is not None:  # straight to the breaker's master (breaker_redis/cluster.py)
+            return await self.slots.acall(keys[0], lambda target: _evalsha(target, sha, source, keys, argv))
         if self.use_functions:  # as ScriptRunner.run
             function = self.function_names[operation]
             for attempt in (1, 2):
@@ -100,9 +111,10 @@ class AsyncStoreGate(GateHealth):
         min_backoff: float = 0.25,
         max_backoff: float = 2.0,
         on_switch: Callable[[], None] | None = None,
+        per_master: bool = False,
     ) -> None:
         self.remote = remote
-        self._init_health(policy, min_backoff, max_backoff)
+        self._init_health(policy, min_backoff, max_backoff, per_master)
         self._on_switch = on_switch
         self._prober: asyncio.Task[None] | None = None
 
@@ -115,6 +127,8 @@ class AsyncStoreGate(GateHealth):
             try:
                 return await self.remote.run_repairing(operation, name, now_ms, args), generation
             except _UNAVAILABLE as exc:
+                if self.per_master:
+                    self.probe_name = name
                 self._mark_down(exc, generation)
                 if not fallback:
                     raise StoreUnavailable(self.policy) from exc
@@ -137,7 +151,9 @@ class AsyncStoreGate(GateHealth):
             self._on_switch()
 
     async def _probe(self) -> None:
-        await self.remote.run("health", "health", None, ())  # as StoreGate._probe
+        if self.per_master and self.remote.slots is not None:  # as StoreGate._probe
+            await self.remote.slots.cluster().nodes_manager.initialize()
+        await self.remote.run("health", self.probe_name, None, ())
 
     async def _probe_loop(self) -> None:
         while True:
@@ -165,3 +181,15 @@ class AsyncStoreGate(GateHealth):
             prober.cancel()
             with contextlib.suppress(BaseException):
                 await prober
+
+
+class AsyncClusterStoreGate(MasterGates[AsyncStoreGate]):
+    """MasterGates of AsyncStoreGate (breaker_redis/store.py): the asyncio side's."""
+
+    def reset(self) -> None:
+        for gate in self.gates():
+            gate.reset()
+
+    async def close(self) -> None:
+        for gate in self.gates():
+            await gate.close()

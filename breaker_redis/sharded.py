@@ -1,0 +1,310 @@
+"""The event subscription of a worker on Redis Cluster: one connection per master.
+
+On a single server every worker subscribes to ``<prefix>:events``
+(invalidation.py). On Redis Cluster a PUBLISH reaches a subscription held
+on another master over the cluster bus, after the script's reply, which
+would break the boundary. So each script also publishes on its breaker's
+sharded channel (SPUBLISH on ``<prefix>:{NAME}:notices``, in the breaker's
+slot: lua/_lib.lua ``notify``), and the breaker's master writes that message
+to its own subscribers in the same event-loop pass as the reply: the single
+server's ordering, per master (docs/boundary.md).
+
+A process holds one subscription connection per master (a ``Link``, read
+exactly as the single server's: drained by the deciding thread, read by one
+listener thread, under one lock per connection), subscribed to the channels
+of the breakers this process has built. Each breaker has a ``Channel``,
+trusted once its master confirmed the SSUBSCRIBE; until then, and whenever
+it is lost, the breaker asks Redis at every call. The breaker forgets what
+it knew, and its channel is subscribed again on the master the slot map
+names then, when:
+
+- the master pushes ``sunsubscribe`` (it no longer serves the slot: a
+  resharding or a failover moved it);
+- SSUBSCRIBE is answered ``MOVED`` (the map was out of date; it is read again);
+- a script call for its slot is answered ``MOVED`` (cluster.Slots);
+- the connection fails, or the client re-made it by itself.
+
+A script call answered ``ASK`` (a migration under way) makes it forget only:
+cluster.py says why that is enough.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from . import acl
+from .background import ProcessThread
+from .cluster import Slots, notices_channel
+from .invalidation import Link, parse_payload
+from .scripts import text
+
+log = logging.getLogger("breaker_redis")
+
+
+class Channel:
+    """One breaker's subscription, as its breaker uses it: ``healthy`` (confirmed by
+    the master now serving the breaker) and ``drain()``."""
+
+    __slots__ = ("channel", "healthy", "link", "name", "slot")
+
+    def __init__(self, name: str, channel: str, slot: int) -> None:
+        self.name = name
+        self.channel = channel
+        self.slot = slot
+        self.healthy = False
+        self.link: Link | None = None
+
+    def drain(self) -> None:
+        """Deliver, in this thread, what the connection of this breaker's master holds."""
+        link = self.link
+        if link is not None:
+            link.drain()
+
+
+class ShardedInvalidator:
+    def __init__(
+        self,
+        client: Any,
+        slots: Slots,
+        prefix: str,
+        route_key: Callable[[str], str],
+        on_message: Callable[[dict[str, Any]], None],
+        on_forget: Callable[[list[str]], None],
+    ) -> None:
+        self._client = client
+        self._slots = slots
+        self._prefix = prefix
+        self._route_key = route_key
+        self._on_message = on_message
+        self._on_forget = on_forget
+        self._listener = ProcessThread(self._loop, "breaker-redis-events")
+        self._stop = self._listener.stop
+        self._permission = acl.PermissionLog(client, prefix, "the event subscription")
+        self._channels: dict[str, Channel] = {}  # by breaker name
+        self._by_channel: dict[str, Channel] = {}  # by channel name
+        slots.listeners.append(self._redirected)
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """A new process: the parent's connections are the parent's; every channel is
+        subscribed again by this process's listener."""
+        self._listener.after_fork()
+        self._lock = threading.Lock()  # the bookkeeping below; never held while a socket is read
+        self._links: dict[str, Link] = {}  # by master ('host:port')
+        self._wanted = set(self._channels)  # breaker names to subscribe (again)
+        self._refresh = False  # read the slot map again before subscribing
+        self._retry_at, self._delay = 0.0, 0.1
+        for channel in self._channels.values():
+            channel.healthy, channel.link = False, None
+        self._wake_r, self._wake_w = socket.socketpair()  # the listener's poll wakes on a byte
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    def listener(self, name: str) -> Channel:
+        """The breaker's channel, subscribed by the listener thread once it runs (no I/O here)."""
+        with self._lock:
+            channel = self._channels.get(name)
+            if channel is None:
+                slot = self._slots.slot(self._route_key(name))
+                channel = Channel(name, notices_channel(self._prefix, name), slot)
+                self._channels[name] = self._by_channel[channel.channel] = channel
+                self._wanted.add(name)
+        self._wake()
+        return channel
+
+    @property
+    def healthy(self) -> bool:
+        """Every breaker built so far is subscribed on its master."""
+        channels = list(self._channels.values())
+        return bool(channels) and all(channel.healthy for channel in channels)
+
+    def ensure_running(self) -> None:
+        self._listener.ensure_running()
+
+    def drain(self) -> None:
+        """Deliver what every connection holds (Channel.drain is one breaker's)."""
+        for link in list(self._links.values()):
+            link.drain()
+
+    def close(self) -> None:
+        self._listener.close()
+        self._wake()
+
+    # -- moves, as the script calls meet them ----------------------------------------
+
+    def _redirected(self, slot: int, moved: bool) -> None:
+        """cluster.Slots: a script call for slot was answered MOVED (moved) or ASK."""
+        channels = [c for c in list(self._channels.values()) if c.slot == slot]
+        if moved:
+            with self._lock:
+                for channel in channels:
+                    self._unsubscribed(channel)
+                self._refresh = True
+            self._wake()
+        self._on_forget([channel.name for channel in channels])
+
+    def _unsubscribed(self, channel: Channel) -> None:
+        """Not trusted until subscribed again, on the master the map names then. Holds _lock."""
+        channel.healthy, channel.link = False, None
+        self._wanted.add(channel.name)
+
+    # -- the listener thread ---------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._subscribe_wanted()
+            except Exception as exc:
+                self._failed(exc)
+            self._wait()
+        for link in list(self._links.values()):
+            self.lost(link, None)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (the listener wakes anyway) or closed
+            self._wake_w.send(b"x")
+
+    def _wait(self) -> None:
+        """Until a connection is readable (then read it), a wake-up, or a second."""
+        links = list(self._links.values())
+        poller = select.poll()
+        poller.register(self._wake_r.fileno(), select.POLLIN)
+        by_fd: dict[int, Link] = {}
+        for link in links:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                fd = link.socket.fileno()
+                poller.register(fd, select.POLLIN)
+                by_fd[fd] = link
+        timeout = 1.0
+        if self._wanted:
+            timeout = min(timeout, max(0.0, self._retry_at - time.monotonic()))
+        if len(by_fd) < len(links):
+            timeout = min(timeout, 0.05)  # a transport this cannot poll: read it every 50 ms
+        ready = {fd for fd, _ in poller.poll(timeout * 1000)}
+        if self._wake_r.fileno() in ready:
+            with contextlib.suppress(OSError):
+                self._wake_r.recv(4096)
+        polled = {id(link) for fd, link in by_fd.items() if fd not in ready}
+        for link in links:
+            if id(link) not in polled:  # readable, or not pollable
+                with link.lock:
+                    link.read_all()
+
+    def _subscribe_wanted(self) -> None:
+        if not self._wanted or time.monotonic() < self._retry_at:
+            return
+        cluster = self._slots.cluster()
+        if self._refresh:
+            self._refresh = False
+            cluster.nodes_manager.initialize()
+        with self._lock:
+            wanted, self._wanted = self._wanted, set()
+        by_master: dict[str, tuple[Any, list[Channel]]] = {}
+        for name in wanted:
+            channel = self._channels[name]
+            node = self._slots.owner(channel.slot)
+            if node is None:
+                with self._lock:
+                    self._wanted.add(name)
+                    self._refresh = True
+                continue
+            by_master.setdefault(node.name, (node, []))[1].append(channel)
+        for master, (node, channels) in by_master.items():
+            self._subscribe(cluster, master, node, channels)
+        self._delay = 0.1
+
+    def _subscribe(self, cluster: Any, master: str, node: Any, channels: list[Channel]) -> None:
+        link = self._links.get(master)
+        if link is None or link.closed:
+            pubsub = cluster.get_redis_connection(node).pubsub()
+            link = self._links[master] = Link(pubsub, self, threading.Lock())
+        with link.lock:
+            for channel in channels:
+                channel.healthy, channel.link = False, link
+            try:
+                for channel in channels:  # one command each: SSUBSCRIBE takes channels of one slot
+                    link.pubsub.ssubscribe(channel.channel)
+            except Exception as exc:
+                self.lost(link, exc)
+                raise
+            if link.socket is not getattr(link.pubsub.connection, "_sock", None):
+                link.attach()  # a new connection
+            link.read_all()
+
+    def _failed(self, exc: BaseException) -> None:
+        """Subscribing failed (a master down, a map out of date): again after a backoff."""
+        self._permission.note(exc)
+        self._refresh = True
+        self._retry_at = time.monotonic() + self._delay
+        self._delay = min(self._delay * 2, 5.0)
+        log.debug("could not subscribe to the breakers' channels (%s)", exc)
+
+    # -- what a link reports (under its lock) ------------------------------------------
+
+    def handle(self, link: Link, message: dict[str, Any]) -> None:
+        kind = text(message.get("type"))
+        if kind == "smessage":
+            payload = parse_payload(message)
+            if payload is not None:
+                self._on_message(payload)
+            return
+        channel = self._by_channel.get(text(message.get("channel")))
+        if channel is None or channel.link is not link:
+            return  # a channel since subscribed elsewhere
+        if kind == "ssubscribe":
+            self._on_forget([channel.name])  # what was learned before may have missed messages
+            channel.healthy = True
+        elif kind == "sunsubscribe":  # the master no longer serves the slot
+            link.pubsub.shard_channels.pop(message.get("channel"), None)
+            with self._lock:
+                self._unsubscribed(channel)
+                self._refresh = True
+            self._on_forget([channel.name])
+            self._wake()
+
+    def refused(self, link: Link, exc: BaseException) -> bool:
+        """An SSUBSCRIBE answered MOVED: the channels of that slot go where the map says
+        once it is read again; the connection stays. Anything else ends the connection."""
+        if not isinstance(exc, redis.exceptions.MovedError):
+            return False
+        with self._lock:
+            for channel in list(self._channels.values()):
+                if channel.link is link and channel.slot == exc.slot_id:
+                    link.pubsub.shard_channels.pop(link.pubsub.encoder.encode(channel.channel), None)
+                    self._unsubscribed(channel)
+            self._refresh = True
+        self._wake()
+        return True
+
+    def reconnected(self, link: Link) -> None:
+        """The client re-made the connection by itself: start it afresh instead."""
+        raise ConnectionError("the subscription's connection was re-made")
+
+    def lost(self, link: Link, exc: BaseException | None) -> None:
+        if exc is not None:
+            if any(c.healthy and c.link is link for c in self._channels.values()):
+                log.info("event subscription lost (%s); asking Redis at every call", exc)
+            self._permission.note(exc)
+        with self._lock:
+            for master, held in list(self._links.items()):
+                if held is link:
+                    del self._links[master]
+            gone = [c for c in self._channels.values() if c.link is link]
+            for channel in gone:
+                self._unsubscribed(channel)
+            self._refresh = self._refresh or exc is not None
+        link.close()
+        if gone:
+            self._on_forget([channel.name for channel in gone])
+            self._wake()
