@@ -16,6 +16,12 @@ that a redirect is seen rather than followed silently:
 - ``MOVED``: the slot has moved. The client's map is corrected, the
   listeners are told (the subscription forgets that breaker's notices and
   subscribes again on the new master), and the call is sent again.
+- ``TRYAGAIN``: the slot is migrating and the breaker's keys are split
+  between the two masters (its scripts take seven keys, some of which may
+  not exist: they cannot run anywhere until the slot is handed over). On
+  the sync side the error goes to the store gate at once, as any other
+  (redis-py would retry for about half a second): that master's breakers
+  decide locally until its probe passes.
 - ``ASK``: the slot is migrating and the keys are on the importing master.
   The script runs there (redis-py follows the redirect) and publishes
   there, where nobody subscribes yet: subscribers are served by the
@@ -45,7 +51,7 @@ MOVING_SECONDS = 10.0
 # A hint refused with MOVED: the migration is over, and the old master told its
 # subscribers (sunsubscribe) before it answered anything about the slot.
 _HINT_REFUSED = redis.exceptions.ResponseError
-_REDIRECTS = (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError)
+_MOVES = (redis.exceptions.MovedError, redis.exceptions.AskError)
 
 
 def notices_channel(prefix: str, name: str) -> str:
@@ -110,14 +116,12 @@ class Slots:
         return time.monotonic() - self._moving.get(slot, -1e18) < MOVING_SECONDS
 
     def redirected(self, slot: int, exc: BaseException) -> None:
-        """A call to slot got MOVED, ASK or TRYAGAIN: remember a migration on ASK and
-        tell the listeners. The map itself is corrected by the cluster client, which
-        the call goes through next and which meets the MOVED itself."""
+        """A call to slot got MOVED or ASK: remember a migration on ASK and tell the
+        listeners. The map itself is corrected by the cluster client, which the call
+        goes through next and which meets the MOVED itself."""
         moved = isinstance(exc, redis.exceptions.MovedError)
-        if isinstance(exc, redis.exceptions.AskError):
+        if not moved:
             self._moving[slot] = time.monotonic()
-        elif not moved:
-            return  # TRYAGAIN: keys of a migrating slot split between two masters, nothing moved yet
         for listener in list(self.listeners):
             listener(slot, moved)
 
@@ -132,7 +136,13 @@ class Slots:
         if node is not None:
             try:
                 return send(cluster.get_redis_connection(node))
-            except _REDIRECTS as exc:
+            except redis.exceptions.AskError as exc:
+                self.redirected(slot, exc)
+                importing = cluster.get_node(host=exc.host, port=exc.port)
+                if importing is not None:  # ASKING there, so that a TRYAGAIN is not retried
+                    with _Asking(cluster.get_redis_connection(importing)) as asking:
+                        return send(asking)
+            except redis.exceptions.MovedError as exc:
                 self.redirected(slot, exc)
         return send(cluster)
 
@@ -156,13 +166,15 @@ class Slots:
 
     async def acall(self, key: str, send: Callable[[Any], Awaitable[T]]) -> T:
         """call() for redis-py's asyncio cluster client: send(node or client) is awaited;
-        both take execute_command."""
+        both take execute_command. After an ASK the call goes through the cluster client
+        (an asyncio node does not keep one connection for ASKING and the command), which
+        retries a TRYAGAIN for up to about half a second without blocking the loop."""
         slot = self.slot(key)
         node = self.owner(slot)
         if node is not None:
             try:
                 return await send(node)
-            except _REDIRECTS as exc:
+            except _MOVES as exc:
                 self.redirected(slot, exc)
         return await send(self.client)
 
@@ -178,3 +190,25 @@ class Slots:
 def _moving_hint(name: str) -> str:
     """A message about the breaker that announces nothing: every listener forgets it."""
     return json.dumps({"name": name, "kind": "moving"}, separators=(",", ":"))
+
+
+class _Asking:
+    """The importing master's client for one script call after an ASK: each command goes
+    after ASKING on one connection of its own (ASKING holds for the next command only)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client: Any = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+
+    def evalsha(self, *args: Any) -> Any:
+        self._client.execute_command("ASKING")
+        return self._client.evalsha(*args)
+
+    def eval(self, *args: Any) -> Any:
+        self._client.execute_command("ASKING")
+        return self._client.eval(*args)
+
+    def __enter__(self) -> _Asking:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()

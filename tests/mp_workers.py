@@ -89,3 +89,28 @@ def serve(url: str, name: str, config: BreakerConfig, conn: Any) -> None:
             conn.send(False)
     breakers.close()
     conn.send("stopped")
+
+
+class Worker:
+    """A process running serve(), driven from the test: each command is sent and
+    answered before the next one."""
+
+    def __init__(self, ctx: Any, url: str, name: str, config: BreakerConfig) -> None:
+        self.conn, theirs = ctx.Pipe()
+        self.process = ctx.Process(target=serve, args=(url, name, config, theirs), daemon=True)
+        self.process.start()
+
+    def ready(self) -> None:
+        assert self.conn.poll(60), "the worker process did not subscribe within 60 s"
+        assert self.conn.recv() == "ready"
+
+    def __call__(self, command: str) -> bool:
+        self.conn.send(command)
+        assert self.conn.poll(30), f"the worker process did not answer {command!r}"
+        return bool(self.conn.recv())
+
+    def stop(self) -> None:
+        self.conn.send("stop")
+        assert self.conn.poll(30) and self.conn.recv() == "stopped"
+        self.conn.close()
+        self.process.join(30)

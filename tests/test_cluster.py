@@ -2,31 +2,75 @@
 
 Each breaker's keys share the hash tag {NAME}, so every script touches one
 slot; the names used here are chosen so that their slots are served by
-different masters. On a cluster a worker never decides from memory (it does not
-subscribe: a message published on one master reaches a subscription on another
-only after the script's reply), so every call asks the breaker's master and the
-boundary stays exact.
+different masters. Workers decide from memory as on a single server: the
+scripts also publish on the breaker's sharded channel (SPUBLISH, in its slot),
+each process subscribes once per master, and the barrier goes to the
+breaker's master, so the boundary is exact per master (docs/boundary.md). A
+slot that moves (a resharding here) makes the workers subscribe again on the
+new master; a dead master sends only its own breakers to the local store.
 """
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
 import os
 import signal
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster, key_slot
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
+from breaker_redis.scripts import KEY_SUFFIXES
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
+from tests.mp_workers import Worker
 from tests.redis_server import wait_until
-from tests.topologies import ClusterGroup, started
-from tests.workers import TRIP_AT_3, admits, fail, trips_at_3
+from tests.topologies import HOST, ClusterGroup, started
+from tests.workers import TRIP_AT_3, admits, fail, subscribed, trips_at_3
 
 
 def slot_of(name: str) -> int:
     return int(key_slot(f"{{{name}}}".encode()))
+
+
+def spread_over(group: ClusterGroup) -> dict[int, str]:
+    """One breaker name per master: {master port: name}."""
+    names: dict[int, str] = {}
+    for i in range(200):
+        names.setdefault(group.owner(slot_of(f"svc-{i}")), f"svc-{i}")
+    assert len(names) == len(group.ports)
+    return names
+
+
+ROUND_TRIPS = {f"cmdstat_{name}" for name in ("evalsha", "eval", "fcall", "ping")}
+
+
+def commands(group: ClusterGroup) -> int:
+    """Script calls and PINGs every node has served so far (INFO commandstats; the
+    commands a script runs count there too, and are left out)."""
+    return sum(
+        int(stats["calls"])
+        for port in group.ports
+        for command, stats in group.node(port).info("commandstats").items()
+        if command in ROUND_TRIPS
+    )
+
+
+def shard_subscribers(group: ClusterGroup, port: int) -> list[int]:
+    """How many sharded channels each client of one node subscribes to (those with any)."""
+    counts = []
+    for client in group.node(port).client_list():
+        if int(client.get("ssub", 0)):
+            counts.append(int(client["ssub"]))
+    return counts
+
+
+def shard_numsub(group: ClusterGroup, port: int, channel: str) -> int:
+    return int(group.node(port).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
 
 
 @pytest.fixture(scope="module")
@@ -118,37 +162,256 @@ def test_a_second_process_sees_the_same_state(cluster, spread, made):
             b.acquire()
 
 
-def test_workers_on_a_cluster_ask_redis_at_every_call_and_keep_the_exact_boundary(cluster, spread):
-    """tests/test_boundary.py's first test, on every master. A script's PUBLISH reaches
-    a subscription held on another master through the cluster bus, after the script's
-    reply: a worker deciding from memory would admit the call right after a trip (about
-    1 in 9 when measured). So on a cluster a worker never decides from memory: it
-    does not subscribe, and every call runs the acquire script on the breaker's master."""
-    workers = [Breakers.from_url(cluster.url) for _ in range(2)]  # listen left to its default
+def test_one_subscription_per_master_and_the_boundary_is_exact_on_every_master(cluster, spread, made):
+    """tests/test_boundary.py's first test, on every master, with workers deciding from
+    memory: right after a reset the other worker admits, right after the trip it refuses.
+    Each process holds one sharded subscription connection per master, whatever the
+    number of breakers there."""
+    made.extend(workers := [Breakers.from_url(cluster.url) for _ in range(2)])  # listen by default
+    names = [*spread.values(), *(f"more-{i}" for i in range(6))]
+    for w in workers:
+        for name in names:
+            w.get(name, TRIP_AT_3)
+    subscribed(workers)
+    for port in cluster.ports:
+        served = [name for name in names if cluster.owner(slot_of(name)) == port]
+        assert sorted(shard_subscribers(cluster, port)) == [len(served), len(served)]
+    for name in spread.values():
+        a, b = (w.get(name) for w in workers)
+        for _ in range(20):
+            a.reset()
+            assert admits(b)  # right after the reset
+            fail(a, 3)
+            assert not admits(b)  # right after the trip
+
+
+def test_a_healthy_calm_call_costs_no_redis_command(cluster, spread, made):
+    """2,000 healthy calls over breakers on every master: the successes travel in
+    batches (one record script per breaker per 50 ms), nothing else reaches a node."""
+    made.append(breakers := Breakers.from_url(cluster.url))
+    pays = [breakers.get(name, TRIP_AT_3) for name in spread.values()]
+    subscribed([breakers])
+    for pay in pays:
+        for _ in range(50):
+            pay.call(lambda: "ok")
+    breakers.flush()
+    before = commands(cluster)
+    for i in range(2000):
+        assert pays[i % 3].call(lambda: "ok") == "ok"
+    breakers.flush()
+    sent = commands(cluster) - before
+    assert sent <= 20, f"{sent} commands for 2,000 healthy calls"  # at most 1 % of a command per call
+    for index, pay in enumerate(pays):
+        snap = pay.snapshot()
+        assert (snap["state"], snap["successes"]) == ("closed", 50 + len(range(index, 2000, 3)))
+
+
+def test_asyncio_workers_decide_from_memory_on_a_cluster(cluster, spread):
+    """The asyncio side: the boundary on every master, and no command for healthy calls."""
+    from breaker_redis.asyncio import Breakers as AsyncBreakers
+
+    cluster.flushall()
+
+    async def admitted(breaker: Any) -> bool:
+        try:
+            await (await breaker.acquire()).ignore()
+            return True
+        except BreakerOpen:
+            return False
+
+    async def main() -> None:
+        workers = [AsyncBreakers.from_url(cluster.url) for _ in range(2)]
+        try:
+            for w in workers:
+                for name in spread.values():
+                    w.get(name, TRIP_AT_3)
+                w.ensure_loop()
+            deadline = time.monotonic() + 10
+            while not all(w.invalidator is not None and w.invalidator.healthy for w in workers):
+                assert time.monotonic() < deadline, "the sharded subscriptions did not come up within 10 s"
+                await asyncio.sleep(0.005)
+            for port in cluster.ports:
+                assert sorted(shard_subscribers(cluster, port)) == [1, 1]
+            for name in spread.values():
+                a, b = (w.get(name) for w in workers)
+                for _ in range(20):
+                    await a.reset()
+                    assert await admitted(b)
+                    for _ in range(3):
+                        await (await a.acquire()).failure()
+                    assert not await admitted(b)
+                await a.reset()
+            pays = [workers[1].get(name) for name in spread.values()]
+            for pay in pays:
+                assert await pay.call(lambda: "ok") == "ok"
+            await workers[1].flush()
+            before = commands(cluster)
+            for i in range(2000):
+                assert await pays[i % 3].call(lambda: "ok") == "ok"
+            await workers[1].flush()
+            sent = commands(cluster) - before
+            assert sent <= 20, f"{sent} commands for 2,000 healthy calls"
+        finally:
+            for w in workers:
+                await w.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.multiprocess
+def test_the_call_right_after_a_trip_is_refused_by_another_process(cluster, spread):
+    """tests/test_boundary_processes.py's first test on the cluster: two worker
+    processes per breaker, one breaker per master, 102 trips, none admitted after."""
+    cluster.flushall()
+    ctx = multiprocessing.get_context("spawn")
+    admin = Breakers.from_url(cluster.url, listen=False)  # an operator's process: it does not listen
+    workers: list[Worker] = []
+    admitted = 0
     try:
-        assert [w.invalidator for w in workers] == [None, None]
         for name in spread.values():
-            a, b = (w.get(name, TRIP_AT_3) for w in workers)
-            for _ in range(20):
-                a.reset()
-                assert admits(b)  # right after the reset
-                fail(a, 3)
-                assert not admits(b)  # right after the trip
+            pair = (Worker(ctx, cluster.url, name, TRIP_AT_3), Worker(ctx, cluster.url, name, TRIP_AT_3))
+            workers.extend(pair)
+        for worker in workers:
+            worker.ready()
+        for index, name in enumerate(spread.values()):
+            a, b = workers[2 * index], workers[2 * index + 1]
+            for _ in range(34):
+                admin.get(name, TRIP_AT_3).reset()
+                assert b("admits")  # the reset's notice was in b's socket before reset() returned
+                for _ in range(3):
+                    a("failure")
+                admitted += b("admits")
     finally:
-        for w in workers:
-            w.close()
+        admin.close()
+        for worker in workers:
+            if worker.process.is_alive():
+                worker.stop()
+    assert admitted == 0
+
+
+def test_a_resharded_slot_is_followed_and_the_boundary_holds_throughout(made):
+    """The slot of a breaker migrates to another master (CLUSTER SETSLOT IMPORTING /
+    MIGRATING, MIGRATE of its keys, SETSLOT NODE). While its keys are on the importing
+    master, its scripts run there by ASK and publish there, where nobody listens yet:
+    the worker whose call was redirected hints the migrating master, whose subscribers
+    still hear it, so a worker deciding from memory refuses right after the trip. Once
+    the slot is handed over, the old master unsubscribes the workers, every worker
+    subscribes on the new one, and decides from memory again, exactly."""
+    with started(ClusterGroup()) as group:
+        made.extend(workers := [Breakers.from_url(group.url, batch_successes=True) for _ in range(2)])
+        a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+        subscribed(workers)
+        slot, channel = slot_of("pay"), "breaker:{pay}:notices"
+        source = group.owner(slot)
+        target = next(port for port in group.ports if port != source)
+        assert shard_numsub(group, source, channel) == 2
+        # A script reaches the importing master only if all seven of its keys are there
+        # (else TRYAGAIN): a trip (events), a live override (config), a lease that never
+        # expires (leases; no bulkhead is configured, so it limits nothing).
+        fail(a, 3)
+        a.reset()
+        workers[0].configure("pay", failure_threshold=3)
+        assert a.call(lambda: "ok") == "ok"
+        workers[0].flush()  # the success reaches the window
+        keys = [f"breaker:{{pay}}:{suffix}" for suffix in KEY_SUFFIXES]
+        group.node(source).zadd(keys[2], {"kept-by-the-test": 2**52})
+        assert group.node(source).exists(*keys) == len(keys)
+        assert admits(b)  # b knows it closed, from its own reply
+
+        ids = {port: group.node(port).cluster("myid") for port in group.ports}
+        group.node(target).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+        group.node(source).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+        group.node(source).execute_command("MIGRATE", HOST, target, "", 0, 5000, "KEYS", *keys)
+        before = commands(group)
+        held = b.acquire()  # from memory: no command (recorded at the end: a record would go by ASK)
+        assert commands(group) == before
+        fail(a, 3)  # by ASK on the target, which publishes there: nobody hears it but the hint
+        pipe = group.node(target).pipeline(transaction=False)  # the importing master answers after ASKING
+        pipe.execute_command("ASKING").hget(keys[0], "state")
+        assert pipe.execute()[1] == b"open"
+        assert b.known is None  # the hint on the source made b forget
+        assert not admits(b)  # right after the trip, though b's subscription is on the source
+        assert shard_numsub(group, source, channel) == 2 and shard_numsub(group, target, channel) == 0
+        held.ignore()
+
+        for port in (target, source, *(p for p in group.ports if p not in (source, target))):
+            group.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+        wait_until(
+            lambda: shard_numsub(group, target, channel) == 2 and all(w.invalidator.healthy for w in workers),
+            timeout=15,
+            what="both workers subscribed on the new master",
+        )
+        assert shard_numsub(group, source, channel) == 0
+        for _ in range(20):
+            a.reset()
+            assert admits(b)
+            fail(a, 3)
+            assert not admits(b)
+        a.reset()
+        assert admits(b)
+        before = commands(group)
+        for _ in range(500):
+            assert b.call(lambda: "ok") == "ok"  # from memory again
+        workers[1].flush()
+        assert commands(group) - before <= 5
+        assert group.owner(slot) == target
+
+
+def test_a_dead_master_sends_only_its_own_breakers_to_the_local_store(made, monkeypatch):
+    """With cluster-require-full-coverage no, the other masters keep serving when one
+    dies: its breakers decide on local breakers, and no call of theirs reaches the
+    cluster (only the gate's probe does); the other breakers keep deciding on Redis,
+    from memory, and trip there."""
+    with started(ClusterGroup()) as group:
+        for port in group.ports:
+            group.node(port).config_set("cluster-require-full-coverage", "no")
+        made.append(breakers := Breakers.from_url(group.url))
+        names = spread_over(group)
+        pays = {port: breakers.get(name, TRIP_AT_3) for port, name in names.items()}
+        subscribed([breakers])
+        for pay in pays.values():
+            assert admits(pay)
+        default = breakers.client.get_default_node().port
+        victim = next(port for port in names if port != default)
+        group.crash(group.children[group.ports.index(victim)])
+        dead, alive = pays[victim], [pay for port, pay in pays.items() if port != victim]
+
+        monkeypatch.setattr(breakers.gate.of(dead.name), "_probe", dead_probe)  # it stays dead here
+        # its first command fails: that call and every later one decide locally
+        wait_until(lambda: admits(dead) and not dead.store_healthy, what="the dead master's breaker local")
+        assert not breakers.store_healthy
+        assert all(pay.store_healthy for pay in alive)
+        reached: list[str] = []
+        real_run = breakers.gate.remote.run
+
+        def run(operation: str, name: str, *args: Any) -> Any:
+            reached.append(name)
+            return real_run(operation, name, *args)
+
+        monkeypatch.setattr(breakers.gate.remote, "run", run)
+        fail(dead, 3)  # its local breaker trips at its threshold
+        assert not admits(dead) and dead.snapshot()["store"] == "local"
+        assert reached == []
+        for port, pay in pays.items():
+            if pay is dead:
+                continue
+            fail(pay, 3)
+            assert not admits(pay)
+            snap = pay.snapshot()
+            assert (snap["store"], snap["state"]) == ("redis", "open")
+            assert group.node(port).hget(f"breaker:{{{pay.name}}}:state", "state") == b"open"
+        assert dead.name not in reached and len(reached) > 0
 
 
 def test_a_dead_master_never_makes_a_call_wait(made, monkeypatch):
-    """One master killed (no replicas): a command to it fails (connection refused,
-    one slot-map reload, no retry) and the gate falls back to the local store, for
-    the breakers on the live masters too. From then on no call reaches the cluster
-    client at all (only the gate's probe does), so no call can wait on it."""
+    """One master killed (no replicas), with Redis's default cluster-require-full-coverage
+    yes: its breakers go local at their first failed command (connection refused, no
+    retry); once the cluster declares it failed (after the node timeout) the live
+    masters refuse every command too and their breakers follow. From then on no call
+    reaches the cluster client at all (only the gates' probes do), so no call can wait."""
     with started(ClusterGroup()) as group:
         made.append(breakers := Breakers.from_url(group.url, listen=False))
-        names: dict[int, str] = {}
-        for i in range(200):
-            names.setdefault(group.owner(slot_of(f"svc-{i}")), f"svc-{i}")
+        names = spread_over(group)
         calm = BreakerConfig(failure_threshold=1_000_000)  # every failure is one record script run
         pays = {port: breakers.get(name, calm) for port, name in names.items()}
         for pay in pays.values():
@@ -160,12 +423,13 @@ def test_a_dead_master_never_makes_a_call_wait(made, monkeypatch):
         def every_breaker_called_once() -> bool:
             for pay in pays.values():
                 pay.acquire().failure()  # counted in Redis or locally; never raises
-            return breakers.gate.kind == "local"
+            return not any(pay.store_healthy for pay in pays.values())
 
-        # the probe's key may live on a live master: it would bring the gate back (and
-        # the next call to the dead one would send it away again); held off here
-        monkeypatch.setattr(breakers.gate, "_probe", dead_probe)
-        wait_until(every_breaker_called_once, timeout=30, what="the gate to fall back to the local store")
+        # the probes would bring a gate back while the cluster is whole again for a moment
+        # (the failure detection is gossip); held off here
+        for gate in breakers.gate.gates():
+            monkeypatch.setattr(gate, "_probe", dead_probe)
+        wait_until(every_breaker_called_once, timeout=30, what="every gate to fall back to the local store")
         reached: list[str] = []
         real_run = breakers.gate.remote.run
         monkeypatch.setattr(breakers.gate.remote, "run",
@@ -174,8 +438,6 @@ def test_a_dead_master_never_makes_a_call_wait(made, monkeypatch):
             for pay in pays.values():
                 pay.acquire().failure()
         assert reached == [] and breakers.gate.kind == "local"
-
-
 def dead_probe() -> None:
     raise redis.exceptions.ConnectionError("held off by the test")
 
