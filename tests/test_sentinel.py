@@ -12,10 +12,12 @@ sentinels. A new Breakers reads the new master at once.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import redis
@@ -150,3 +152,67 @@ def test_a_tripped_breaker_survives_a_sentinel_failover(group, made):
     assert {store for at, _, _, store in traffic.calls if at < switched_at + demoted_after - 0.5} == {"redis"}
     assert took < 10 and demoted_after > 1  # the sentinels switch fast; the old master lingers
     group.wait(lambda: group.link_up(old), 10, "the old master to sync from the new one")
+
+
+def test_an_asyncio_worker_follows_a_failover_and_decides_from_memory_on_the_new_master(group, made):
+    """breaker_redis/asyncio/failover.py: an asyncio worker on a Sentinel-managed client
+    subscribes (on the master), hears +switch-master, and subscribes again on the new
+    master within seconds, where it decides from memory with the exact boundary."""
+    from breaker_redis.asyncio import Breakers as AsyncBreakers
+
+    made.append(admin := Breakers.from_url(group.url(), listen=False))  # an operator's process
+
+    async def admitted(breaker: Any) -> bool:
+        try:
+            await (await breaker.acquire()).ignore()
+            return True
+        except BreakerOpen:
+            return False
+
+    async def until(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+            await asyncio.sleep(0.01)
+
+    def subscribers(port: int) -> int:
+        return int(group.data(port).execute_command("PUBSUB", "NUMSUB", "breaker:events")[1])
+
+    async def main() -> None:
+        worker = AsyncBreakers.from_url(group.url())
+        try:
+            assert worker.follower is not None and worker.invalidator is not None
+            pay = worker.get("async-pay", TRIP_AT_3)
+            assert await admitted(pay)
+            old = group.master_port()
+            await until(lambda: worker.invalidator.healthy and subscribers(old) == 1, "the subscription")
+            _, new, _ = await asyncio.to_thread(group.failover)
+            # well before Sentinel demotes the old master (about 10 s), which would close
+            # its connections and so move the subscription without the follower
+            await until(lambda: worker.invalidator.healthy and subscribers(new) == 1,
+                        "the subscription on the new master", timeout=6)
+            tripping = admin.get("async-pay", TRIP_AT_3)
+            for _ in range(10):
+                tripping.reset()
+                assert await admitted(pay)  # the reset's notice was in the socket before reset() returned
+                fail(tripping, 3)
+                assert not await admitted(pay)  # right after the trip
+            assert group.data(new).hget("breaker:{async-pay}:state", "state") == b"open"
+            tripping.reset()
+            assert await admitted(pay)
+            before = round_trips(group.data(new))
+            for _ in range(200):
+                assert await pay.call(lambda: "ok") == "ok"
+            await worker.flush()
+            assert round_trips(group.data(new)) - before <= 5  # from memory; successes in batches
+        finally:
+            await worker.aclose()
+
+    asyncio.run(main())
+    group.wait(lambda: group.link_up(group.replica_port()), 30, "the old master to sync from the new one")
+
+
+def round_trips(server: redis.Redis) -> int:
+    """Script calls and PINGs the server has served (INFO commandstats)."""
+    stats = server.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "fcall", "ping"))
