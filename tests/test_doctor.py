@@ -440,16 +440,20 @@ def test_a_cluster_reports_its_masters_and_slots_and_every_master_s_policy(clust
     with_breakers(cluster.url, "breaker", "pay", "search", "ship")
     result = doctor(cluster.url, "breaker")
     assert result.exit_code == 0, result.output
-    assert statuses(result) == {name: ["OK"] * (3 if name == "memory" else 1) for name in NAMES}
+    assert statuses(result) == {name: ["OK"] * (3 if name in ("memory", "ordering") else 1) for name in NAMES}
     assert only(result, "topology") == (
-        "Redis Cluster: 3 masters, 0 replicas, all 16384 slots served (cluster_state ok); workers do not "
-        "subscribe on a cluster: every call asks the breaker's master"
+        "Redis Cluster: 3 masters, 0 replicas, all 16384 slots served (cluster_state ok); each worker "
+        "subscribes once per master, on the breakers' sharded channels"
     )
     assert [text for _, text in report(result)["memory"]] == [
         f"127.0.0.1:{port}: maxmemory-policy noeviction, maxmemory 0: no limit, nothing is ever evicted"
         for port in sorted(cluster.ports)
     ]
-    assert only(result, "ordering").startswith("not relied on: workers do not subscribe on a cluster")
+    assert [text for _, text in report(result)["ordering"]] == [
+        f"127.0.0.1:{port}: {ORDERING_ROUNDS} of {ORDERING_ROUNDS} messages were in the subscriber's socket "
+        "when the publisher's barrier PING was answered"
+        for port in sorted(cluster.ports)
+    ]
     assert only(result, "server").endswith(
         "on 3 masters: Redis Functions and sharded pub/sub (SPUBLISH) available; on a cluster the scripts "
         "run with EVALSHA (redis-py would find FCALL's keys with an extra round trip)"

@@ -92,5 +92,5 @@ def _cluster(up: Checkup) -> Lines:
         return [(PROBLEM, f"{layout}, {CLUSTER_SLOTS - served} of {CLUSTER_SLOTS} slots served by no "
                  f"node{state}: the breakers whose names hash there cannot reach Redis and decide alone; "
                  "bring their master back or assign them (redis-cli --cluster fix)")]
-    return [(OK, f"{layout}, all {CLUSTER_SLOTS} slots served{state}; workers do not subscribe on a "
-             "cluster: every call asks the breaker's master")]
+    return [(OK, f"{layout}, all {CLUSTER_SLOTS} slots served{state}; each worker subscribes once per "
+             "master, on the breakers' sharded channels")]

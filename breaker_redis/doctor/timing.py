@@ -3,8 +3,9 @@
 Ordering is the boundary the workers decide from memory by (README "The
 boundary", breaker_redis/invalidation.py): once the call that made a change
 has had the answer to its barrier PING, the change's message is in every
-subscriber's socket. Checked the way a worker relies on it: PUBLISH, the
-PING, then one non-blocking poll of the subscriber's socket.
+subscriber's socket. Checked the way a worker relies on it: PUBLISH (on a
+cluster SPUBLISH, on each master), the PING, then one non-blocking poll of
+the subscriber's socket.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 import statistics
 import time
 from typing import Any
+
+from redis.crc import key_slot
 
 from ..invalidation import _poll_for
 from ..scripts import text
@@ -28,26 +31,51 @@ LATENCY_WARN_MS = 2.0  # median above this: warn
 
 
 def check_ordering(up: Checkup) -> Lines:
-    if up.cluster is not None:
-        return [(OK, "not relied on: workers do not subscribe on a cluster (a message published on one "
-                 "master reaches a subscriber on another late), so every call asks the breaker's master")]
-    channel = f"{up.prefix}:doctor"  # in the prefix's channel pattern; no worker listens to it
-    pubsub = up.client.pubsub()
+    """On one server, PUBLISH to a subscriber; on a cluster, SPUBLISH on a channel of
+    each master to a subscriber there (the workers' sharded channels: sharded.py)."""
+    if up.cluster is None:
+        channel = f"{up.prefix}:doctor"  # in the prefix's channel pattern; no worker listens to it
+        return _ordering(up, up.client, channel, sharded=False)
+    lines: Lines = []
+    for server in up.servers:
+        found = _ordering(up, server.client, _channel_served_by(up, server.label), sharded=True)
+        lines += [(status, f"{server.label}: {line}") for status, line in found]
+    return lines
+
+
+def _channel_served_by(up: Checkup, master: str) -> str:
+    """A channel in the prefix's pattern whose slot that master serves."""
+    assert up.cluster is not None
+    slots = up.cluster.nodes_manager.slots_cache
+    for tag in range(100_000):
+        channel = f"{up.prefix}:doctor:{{{tag}}}"
+        nodes = slots.get(int(key_slot(channel.encode())))
+        if nodes and nodes[0].name == master:
+            return channel
+    raise RuntimeError(f"no slot served by {master}")
+
+
+def _ordering(up: Checkup, client: Any, channel: str, *, sharded: bool) -> Lines:
+    publish, kind = ("SPUBLISH", "smessage") if sharded else ("PUBLISH", "message")
+    pubsub = client.pubsub()
     try:
-        pubsub.subscribe(channel)
-        confirmed(pubsub, "subscribe")
+        if sharded:
+            pubsub.ssubscribe(channel)
+        else:
+            pubsub.subscribe(channel)
+        confirmed(pubsub, "ssubscribe" if sharded else "subscribe")
         sock = getattr(pubsub.connection, "_sock", None)
         if sock is None:
             return [(SKIP, "the subscription's socket cannot be polled here")]
         readable = _poll_for(sock)
         rounds = late = 0
-        deadline = time.monotonic() + ORDERING_SECONDS
+        deadline = time.monotonic() + ORDERING_SECONDS / len(up.servers)
         while rounds < ORDERING_ROUNDS and late < ORDERING_ENOUGH_LATE and time.monotonic() < deadline:
             payload = f"doctor {rounds}"
-            up.client.publish(channel, payload)
-            up.client.ping()  # the barrier
+            client.execute_command(publish, channel, payload)
+            client.ping()  # the barrier
             in_time = readable(0)
-            if not _received(pubsub, payload):
+            if not _received(pubsub, payload, kind):
                 return [(PROBLEM, f"a message published on {channel} did not reach its subscriber "
                          f"within {MESSAGE_WAIT:g} s: workers would miss trips until their 30 s re-check; "
                          "look for a proxy in the way that drops pub/sub messages")]
@@ -65,12 +93,12 @@ def check_ordering(up: Checkup) -> Lines:
              "barrier PING was answered")]
 
 
-def _received(pubsub: Any, payload: str) -> bool:
+def _received(pubsub: Any, payload: str, kind: str) -> bool:
     """Read until ``payload`` arrives (anything before it is dropped); False after MESSAGE_WAIT."""
     deadline = time.monotonic() + MESSAGE_WAIT
     while (left := deadline - time.monotonic()) > 0:
         message = pubsub.get_message(timeout=left)
-        if message is None or text(message.get("type")) != "message":
+        if message is None or text(message.get("type")) != kind:
             continue
         if text(message.get("data")) == payload:
             return True
