@@ -121,7 +121,7 @@ class Breakers:
         gate = self.gate
         return gate if isinstance(gate, StoreGate) else cast(StoreGate, gate.for_name(name))
 
-    def listener(self, name: str) -> Invalidator | Channel | None:
+    def listener(self, name: str) -> Invalidator | Channel[Any] | None:
         """The subscription a breaker drains and trusts (None with listen=False)."""
         return None if self.invalidator is None else self.invalidator.listener(name)
 

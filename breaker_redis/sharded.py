@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -50,72 +50,64 @@ from .scripts import text
 log = logging.getLogger("breaker_redis")
 
 
-class Channel:
-    """One breaker's subscription, as its breaker uses it: ``healthy`` (confirmed by
-    the master now serving the breaker) and ``drain()``."""
+X = TypeVar("X")  # the connection a channel is subscribed on: a Link here, a Subscription in asyncio
 
-    __slots__ = ("channel", "healthy", "link", "name", "slot")
+
+class Channel(Generic[X]):
+    """One breaker's subscription, as its breaker uses it: ``healthy`` once the master
+    now serving the breaker confirmed it, and the ``connection`` it was made on."""
+
+    __slots__ = ("channel", "connection", "healthy", "name", "slot")
 
     def __init__(self, name: str, channel: str, slot: int) -> None:
         self.name = name
         self.channel = channel
         self.slot = slot
         self.healthy = False
-        self.link: Link | None = None
+        self.connection: X | None = None
 
     def drain(self) -> None:
-        """Deliver, in this thread, what the connection of this breaker's master holds."""
-        link = self.link
-        if link is not None:
+        """Deliver, in this thread, what the connection of this breaker's master holds (sync)."""
+        link = self.connection
+        if isinstance(link, Link):
             link.drain()
 
 
-class ShardedInvalidator:
+class Channels(Generic[X]):
+    """The channels of the breakers one process uses on a cluster, and what happens to
+    them whatever their connections are: what ShardedInvalidator and the asyncio
+    one (breaker_redis/asyncio/sharded.py) share. ``_lock`` guards the bookkeeping
+    (a threading.Lock on the sync side, a null context on an event loop)."""
+
+    _lock: Any
+    channel_class: type[Channel[X]] = Channel
+
     def __init__(
         self,
-        client: Any,
         slots: Slots,
         prefix: str,
         route_key: Callable[[str], str],
         on_message: Callable[[dict[str, Any]], None],
         on_forget: Callable[[list[str]], None],
     ) -> None:
-        self._client = client
         self._slots = slots
         self._prefix = prefix
         self._route_key = route_key
         self._on_message = on_message
         self._on_forget = on_forget
-        self._listener = ProcessThread(self._loop, "breaker-redis-events")
-        self._stop = self._listener.stop
-        self._permission = acl.PermissionLog(client, prefix, "the event subscription")
-        self._channels: dict[str, Channel] = {}  # by breaker name
-        self._by_channel: dict[str, Channel] = {}  # by channel name
-        slots.listeners.append(self._redirected)
-        self.after_fork()
-
-    def after_fork(self) -> None:
-        """A new process: the parent's connections are the parent's; every channel is
-        subscribed again by this process's listener."""
-        self._listener.after_fork()
-        self._lock = threading.Lock()  # the bookkeeping below; never held while a socket is read
-        self._links: dict[str, Link] = {}  # by master ('host:port')
-        self._wanted = set(self._channels)  # breaker names to subscribe (again)
+        self._channels: dict[str, Channel[X]] = {}  # by breaker name
+        self._by_channel: dict[str, Channel[X]] = {}  # by channel name
+        self._wanted: set[str] = set()  # breaker names to subscribe (again)
         self._refresh = False  # read the slot map again before subscribing
-        self._retry_at, self._delay = 0.0, 0.1
-        for channel in self._channels.values():
-            channel.healthy, channel.link = False, None
-        self._wake_r, self._wake_w = socket.socketpair()  # the listener's poll wakes on a byte
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        slots.listeners.append(self._redirected)
 
-    def listener(self, name: str) -> Channel:
-        """The breaker's channel, subscribed by the listener thread once it runs (no I/O here)."""
+    def listener(self, name: str) -> Channel[X]:
+        """The breaker's channel, subscribed in the background once that runs (no I/O here)."""
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
                 slot = self._slots.slot(self._route_key(name))
-                channel = Channel(name, notices_channel(self._prefix, name), slot)
+                channel = self.channel_class(name, notices_channel(self._prefix, name), slot)
                 self._channels[name] = self._by_channel[channel.channel] = channel
                 self._wanted.add(name)
         self._wake()
@@ -127,19 +119,19 @@ class ShardedInvalidator:
         channels = list(self._channels.values())
         return bool(channels) and all(channel.healthy for channel in channels)
 
-    def ensure_running(self) -> None:
-        self._listener.ensure_running()
+    def _wake(self) -> None:
+        """The background subscriber has something to do."""
 
-    def drain(self) -> None:
-        """Deliver what every connection holds (Channel.drain is one breaker's)."""
-        for link in list(self._links.values()):
-            link.drain()
+    def _forget_connections(self) -> None:
+        """A new process or event loop: every channel is subscribed again there."""
+        self._wanted = set(self._channels)
+        for channel in self._channels.values():
+            channel.healthy, channel.connection = False, None
 
-    def close(self) -> None:
-        self._listener.close()
-        self._wake()
-
-    # -- moves, as the script calls meet them ----------------------------------------
+    def _unsubscribed(self, channel: Channel[X]) -> None:
+        """Not trusted until subscribed again, on the master the map names then. Holds _lock."""
+        channel.healthy, channel.connection = False, None
+        self._wanted.add(channel.name)
 
     def _redirected(self, slot: int, moved: bool) -> None:
         """cluster.Slots: a script call for slot was answered MOVED (moved) or ASK."""
@@ -152,10 +144,118 @@ class ShardedInvalidator:
             self._wake()
         self._on_forget([channel.name for channel in channels])
 
-    def _unsubscribed(self, channel: Channel) -> None:
-        """Not trusted until subscribed again, on the master the map names then. Holds _lock."""
-        channel.healthy, channel.link = False, None
-        self._wanted.add(channel.name)
+    def _by_master(self, wanted: set[str]) -> tuple[dict[str, tuple[Any, list[Channel[X]]]], list[str]]:
+        """The channels to subscribe grouped by the master serving them ({name: (node,
+        channels)}), and the breakers whose slots no master serves."""
+        by_master: dict[str, tuple[Any, list[Channel[X]]]] = {}
+        unserved = []
+        for name in wanted:
+            channel = self._channels[name]
+            node = self._slots.owner(channel.slot)
+            if node is None:
+                unserved.append(name)
+            else:
+                by_master.setdefault(node.name, (node, []))[1].append(channel)
+        return by_master, unserved
+
+    def _not_done(self, by_master: dict[str, tuple[Any, list[Channel[X]]]], failed: str) -> None:
+        """Subscribing on master failed: its channels and those of the masters after it
+        (in by_master's order) are wanted again."""
+        masters = list(by_master)
+        with self._lock:
+            for master in masters[masters.index(failed):]:
+                self._wanted.update(channel.name for channel in by_master[master][1])
+
+    def _handled(self, connection: X, kind: str, channel_name: str, data: Any) -> bool:
+        """A message, confirmation or unsubscription read on connection; False if it is
+        none of those (an error, an unknown kind)."""
+        if kind == "smessage":
+            payload = parse_payload({"data": data})
+            if payload is not None:
+                self._on_message(payload)
+            return True
+        if kind not in ("ssubscribe", "sunsubscribe"):
+            return kind == "pong"
+        channel = self._by_channel.get(channel_name)
+        if channel is None or channel.connection is not connection:
+            return True  # a channel since subscribed elsewhere
+        if kind == "ssubscribe":
+            self._on_forget([channel.name])  # what was learned before may have missed messages
+            channel.healthy = True
+        else:  # the master no longer serves the slot
+            with self._lock:
+                self._unsubscribed(channel)
+                self._refresh = True
+            self._on_forget([channel.name])
+            self._wake()
+        return True
+
+    def _moved_away(self, connection: X, slot: int) -> list[Channel[X]]:
+        """An SSUBSCRIBE answered MOVED: the channels of that slot on connection go where
+        the map says once it is read again."""
+        moved = []
+        with self._lock:
+            for channel in list(self._channels.values()):
+                if channel.connection is connection and channel.slot == slot and not channel.healthy:
+                    self._unsubscribed(channel)
+                    moved.append(channel)
+            self._refresh = True
+        self._wake()
+        return moved
+
+    def _connection_ended(self, connection: X) -> list[Channel[X]]:
+        """Its channels are subscribed again, where the map says; the breakers forget."""
+        with self._lock:
+            gone = [c for c in self._channels.values() if c.connection is connection]
+            for channel in gone:
+                self._unsubscribed(channel)
+            self._refresh = True
+        if gone:
+            self._on_forget([channel.name for channel in gone])
+            self._wake()
+        return gone
+
+
+class ShardedInvalidator(Channels[Link]):
+    def __init__(
+        self,
+        client: Any,
+        slots: Slots,
+        prefix: str,
+        route_key: Callable[[str], str],
+        on_message: Callable[[dict[str, Any]], None],
+        on_forget: Callable[[list[str]], None],
+    ) -> None:
+        self._lock = threading.Lock()
+        super().__init__(slots, prefix, route_key, on_message, on_forget)
+        self._listener = ProcessThread(self._loop, "breaker-redis-events")
+        self._stop = self._listener.stop
+        self._permission = acl.PermissionLog(client, prefix, "the event subscription")
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """A new process: the parent's connections are the parent's; every channel is
+        subscribed again by this process's listener."""
+        self._listener.after_fork()
+        self._lock = threading.Lock()  # the bookkeeping; never held while a socket is read
+        self._links: dict[str, Link] = {}  # by master ('host:port')
+        self._forget_connections()
+        self._retry_at, self._delay = 0.0, 0.1
+        self._wake_r, self._wake_w = socket.socketpair()  # the listener's poll wakes on a byte
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    def ensure_running(self) -> None:
+        self._listener.ensure_running()
+
+    def drain(self) -> None:
+        """Deliver what every connection holds (Channel.drain is one breaker's)."""
+        for link in list(self._links.values()):
+            link.drain()
+
+    def close(self) -> None:
+        self._listener.close()
+        self._wake()
 
     # -- the listener thread ---------------------------------------------------------
 
@@ -172,7 +272,7 @@ class ShardedInvalidator:
         self._wake_w.close()
 
     def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # full (the listener wakes anyway) or closed
+        with contextlib.suppress(OSError, AttributeError):  # full (it wakes anyway), closed, or not made yet
             self._wake_w.send(b"x")
 
     def _wait(self) -> None:
@@ -210,28 +310,27 @@ class ShardedInvalidator:
             cluster.nodes_manager.initialize()
         with self._lock:
             wanted, self._wanted = self._wanted, set()
-        by_master: dict[str, tuple[Any, list[Channel]]] = {}
-        for name in wanted:
-            channel = self._channels[name]
-            node = self._slots.owner(channel.slot)
-            if node is None:
-                with self._lock:
-                    self._wanted.add(name)
-                    self._refresh = True
-                continue
-            by_master.setdefault(node.name, (node, []))[1].append(channel)
+        by_master, unserved = self._by_master(wanted)
         for master, (node, channels) in by_master.items():
-            self._subscribe(cluster, master, node, channels)
+            try:
+                self._subscribe(cluster, master, node, channels)
+            except BaseException:
+                self._not_done(by_master, master)
+                raise
+        if unserved:  # a slot no master serves (yet): again after a backoff
+            with self._lock:
+                self._wanted.update(unserved)
+            raise redis.exceptions.ClusterDownError(f"{len(unserved)} breakers' slots served by no master")
         self._delay = 0.1
 
-    def _subscribe(self, cluster: Any, master: str, node: Any, channels: list[Channel]) -> None:
+    def _subscribe(self, cluster: Any, master: str, node: Any, channels: list[Channel[Link]]) -> None:
         link = self._links.get(master)
         if link is None or link.closed:
             pubsub = cluster.get_redis_connection(node).pubsub()
             link = self._links[master] = Link(pubsub, self, threading.Lock())
         with link.lock:
             for channel in channels:
-                channel.healthy, channel.link = False, link
+                channel.healthy, channel.connection = False, link
             try:
                 for channel in channels:  # one command each: SSUBSCRIBE takes channels of one slot
                     link.pubsub.ssubscribe(channel.channel)
@@ -253,38 +352,18 @@ class ShardedInvalidator:
     # -- what a link reports (under its lock) ------------------------------------------
 
     def handle(self, link: Link, message: dict[str, Any]) -> None:
-        kind = text(message.get("type"))
-        if kind == "smessage":
-            payload = parse_payload(message)
-            if payload is not None:
-                self._on_message(payload)
-            return
-        channel = self._by_channel.get(text(message.get("channel")))
-        if channel is None or channel.link is not link:
-            return  # a channel since subscribed elsewhere
-        if kind == "ssubscribe":
-            self._on_forget([channel.name])  # what was learned before may have missed messages
-            channel.healthy = True
-        elif kind == "sunsubscribe":  # the master no longer serves the slot
+        kind, channel = text(message.get("type")), text(message.get("channel"))
+        if kind == "sunsubscribe":  # redis-py forgets only the channels it was asked to leave
             link.pubsub.shard_channels.pop(message.get("channel"), None)
-            with self._lock:
-                self._unsubscribed(channel)
-                self._refresh = True
-            self._on_forget([channel.name])
-            self._wake()
+        self._handled(link, kind, channel, message.get("data"))
 
     def refused(self, link: Link, exc: BaseException) -> bool:
-        """An SSUBSCRIBE answered MOVED: the channels of that slot go where the map says
-        once it is read again; the connection stays. Anything else ends the connection."""
+        """An SSUBSCRIBE answered MOVED: the connection stays (Channels._moved_away).
+        Anything else ends it."""
         if not isinstance(exc, redis.exceptions.MovedError):
             return False
-        with self._lock:
-            for channel in list(self._channels.values()):
-                if channel.link is link and channel.slot == exc.slot_id:
-                    link.pubsub.shard_channels.pop(link.pubsub.encoder.encode(channel.channel), None)
-                    self._unsubscribed(channel)
-            self._refresh = True
-        self._wake()
+        for channel in self._moved_away(link, exc.slot_id):
+            link.pubsub.shard_channels.pop(link.pubsub.encoder.encode(channel.channel), None)
         return True
 
     def reconnected(self, link: Link) -> None:
@@ -293,18 +372,12 @@ class ShardedInvalidator:
 
     def lost(self, link: Link, exc: BaseException | None) -> None:
         if exc is not None:
-            if any(c.healthy and c.link is link for c in self._channels.values()):
+            if any(c.healthy and c.connection is link for c in self._channels.values()):
                 log.info("event subscription lost (%s); asking Redis at every call", exc)
             self._permission.note(exc)
         with self._lock:
             for master, held in list(self._links.items()):
                 if held is link:
                     del self._links[master]
-            gone = [c for c in self._channels.values() if c.link is link]
-            for channel in gone:
-                self._unsubscribed(channel)
-            self._refresh = self._refresh or exc is not None
         link.close()
-        if gone:
-            self._on_forget([channel.name for channel in gone])
-            self._wake()
+        self._connection_ended(link)

@@ -309,8 +309,16 @@ class MasterGates(Generic[G]):
     def master_of(self, name: str) -> str:
         return self.slots.owner_name(self.remote.route_key(name))
 
+    def slot_of(self, name: str) -> int:
+        return self.slots.slot(self.remote.route_key(name))
+
     def of(self, name: str) -> G:
-        master = self.master_of(name)
+        return self.at(self.slot_of(name))
+
+    def at(self, slot: int) -> G:
+        """The gate of the master serving slot now."""
+        node = self.slots.owner(slot)
+        master = "" if node is None else str(node.name)
         gate = self._gates.get(master)
         if gate is None:
             with self._lock:
@@ -353,19 +361,19 @@ class MasterGates(Generic[G]):
 class BreakerGate:
     """The store gate of one breaker on a cluster: its master's, looked up at each use."""
 
-    __slots__ = ("_gates", "_name")
+    __slots__ = ("_gates", "_slot")
 
     def __init__(self, gates: MasterGates[Any], name: str) -> None:
         self._gates = gates
-        self._name = name
+        self._slot = gates.slot_of(name)
 
     @property
     def generation(self) -> int:
-        return int(self._gates.of(self._name).generation)
+        return int(self._gates.at(self._slot).generation)
 
     @property
     def healthy(self) -> bool:
-        return bool(self._gates.of(self._name).healthy)
+        return bool(self._gates.at(self._slot).healthy)
 
     def live(self, generation: int) -> bool:
         """Its master's gate's generation, or any master's on Redis: a permit admitted by
@@ -376,7 +384,7 @@ class BreakerGate:
         return self._gates.shared(generation)
 
     def __getattr__(self, attr: str) -> Any:
-        return getattr(self._gates.of(self._name), attr)
+        return getattr(self._gates.at(self._slot), attr)
 
 
 class ClusterStoreGate(MasterGates[StoreGate]):

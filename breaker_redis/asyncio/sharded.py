@@ -14,35 +14,27 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from ..cluster import Slots, notices_channel
-from ..invalidation import parse_payload
+from ..cluster import Slots
 from ..scripts import text
+from ..sharded import Channel, Channels
 from .invalidation import Subscription, take_over
 
 log = logging.getLogger("breaker_redis")
 
 
-class AsyncChannel:
-    """One breaker's subscription as its breaker uses it: ``healthy`` and ``pending()``."""
-
-    __slots__ = ("channel", "healthy", "name", "slot", "subscription")
-
-    def __init__(self, name: str, channel: str, slot: int) -> None:
-        self.name = name
-        self.channel = channel
-        self.slot = slot
-        self.healthy = False
-        self.subscription: Subscription | None = None
+class AsyncChannel(Channel[Subscription]):
+    __slots__ = ()
 
     def pending(self) -> bool:
-        """Whether its master's connection may hold a message not delivered yet."""
-        subscription = self.subscription
+        """Whether the breaker's master's connection may hold a message not delivered yet."""
+        subscription = self.connection
         return subscription is not None and subscription.unread()
 
 
-class AsyncShardedInvalidator:
+class AsyncShardedInvalidator(Channels[Subscription]):
+    channel_class = AsyncChannel
     def __init__(
         self,
         client: Any,
@@ -52,15 +44,9 @@ class AsyncShardedInvalidator:
         on_message: Callable[[dict[str, Any]], None],
         on_forget: Callable[[list[str]], None],
     ) -> None:
+        self._lock = contextlib.nullcontext()  # one event loop runs all of it
+        super().__init__(slots, prefix, route_key, on_message, on_forget)
         self._client = client
-        self._slots = slots
-        self._prefix = prefix
-        self._route_key = route_key
-        self._on_message = on_message
-        self._on_forget = on_forget
-        self._channels: dict[str, AsyncChannel] = {}
-        self._by_channel: dict[str, AsyncChannel] = {}
-        slots.listeners.append(self._redirected)
         self._task: asyncio.Task[None] | None = None
         self.reset()
 
@@ -68,31 +54,15 @@ class AsyncShardedInvalidator:
         """A new event loop or process: the old connections belong to the old one."""
         self._task = None
         self._subscriptions: dict[str, Subscription] = {}  # by master ('host:port')
-        self._wanted = set(self._channels)
-        self._refresh = False
-        self._wake: asyncio.Event | None = None
-        for channel in self._channels.values():
-            channel.healthy, channel.subscription = False, None
+        self._forget_connections()
+        self._wake_event: asyncio.Event | None = None
 
     def listener(self, name: str) -> AsyncChannel:
-        """The breaker's channel, subscribed by the keeper task (no I/O here)."""
-        channel = self._channels.get(name)
-        if channel is None:
-            slot = self._slots.slot(self._route_key(name))
-            channel = AsyncChannel(name, notices_channel(self._prefix, name), slot)
-            self._channels[name] = self._by_channel[channel.channel] = channel
-            self._wanted.add(name)
-            self._poke()
-        return channel
-
-    @property
-    def healthy(self) -> bool:
-        channels = list(self._channels.values())
-        return bool(channels) and all(channel.healthy for channel in channels)
+        return cast(AsyncChannel, super().listener(name))  # channel_class makes them
 
     def ensure_running(self) -> None:
         if self._task is None or self._task.done():
-            self._wake = asyncio.Event()
+            self._wake_event = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._keep())
 
     async def close(self) -> None:
@@ -100,37 +70,22 @@ class AsyncShardedInvalidator:
         for subscription in list(self._subscriptions.values()):
             subscription.transport.close()
         self._subscriptions = {}
-        for channel in self._channels.values():
-            channel.healthy, channel.subscription = False, None
+        self._forget_connections()
         if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
 
-    def _poke(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    def _unsubscribed(self, channel: AsyncChannel) -> None:
-        channel.healthy, channel.subscription = False, None
-        self._wanted.add(channel.name)
-
-    def _redirected(self, slot: int, moved: bool) -> None:
-        """cluster.Slots: a script call for slot was answered MOVED (moved) or ASK."""
-        channels = [c for c in self._channels.values() if c.slot == slot]
-        if moved:
-            for channel in channels:
-                self._unsubscribed(channel)
-            self._refresh = True
-            self._poke()
-        self._on_forget([channel.name for channel in channels])
+    def _wake(self) -> None:
+        if self._wake_event is not None:
+            self._wake_event.set()
 
     # -- the keeper task ---------------------------------------------------------------
 
     async def _keep(self) -> None:
         delay = 0.1
         while True:
-            wake = self._wake
+            wake = self._wake_event
             assert wake is not None
             wake.clear()
             try:
@@ -155,14 +110,7 @@ class AsyncShardedInvalidator:
         wanted, self._wanted = self._wanted, set()
         if any(self._slots.owner(self._channels[name].slot) is None for name in wanted):
             await self._client.nodes_manager.initialize()  # not read yet (read at the first command)
-        by_master: dict[str, tuple[Any, list[AsyncChannel]]] = {}
-        for name in wanted:
-            channel = self._channels[name]
-            node = self._slots.owner(channel.slot)
-            if node is None:  # a slot no master serves: again later
-                self._wanted.add(name)
-                continue
-            by_master.setdefault(node.name, (node, []))[1].append(channel)
+        by_master, unserved = self._by_master(wanted)
         for master, (node, channels) in by_master.items():
             subscription = self._subscriptions.get(master)
             if subscription is None or subscription.lost.done():
@@ -170,64 +118,36 @@ class AsyncShardedInvalidator:
                     connection = node.connection_class(**node.connection_kwargs)
                     subscription = await take_over(connection, self)
                 except BaseException:
-                    self._wanted.update(channel.name for channel in channels)
+                    self._not_done(by_master, master)
                     raise
                 self._subscriptions[master] = subscription
             for channel in channels:
-                channel.healthy, channel.subscription = False, subscription
+                channel.healthy, channel.connection = False, subscription
                 subscription.send("SSUBSCRIBE", channel.channel)  # one each: SSUBSCRIBE takes one slot
+        if unserved:  # a slot no master serves (yet): again after a backoff
+            self._wanted.update(unserved)
+            raise ConnectionError(f"{len(unserved)} breakers' slots served by no master")
 
     # -- what a subscription reports (from the loop's read callback) -------------------------
 
     def handle(self, subscription: Subscription, message: list[Any]) -> None:
         kind = text(message[0]).lower() if message else ""
-        if kind == "smessage" and len(message) >= 3:
-            payload = parse_payload({"data": message[2]})
-            if payload is not None:
-                self._on_message(payload)
-            return
         if kind.startswith("-moved "):  # SSUBSCRIBE refused: the map was out of date
-            self._refused_moved(subscription, kind)
-            return
-        if kind.startswith("-") or kind not in ("ssubscribe", "sunsubscribe", "pong"):
+            try:
+                self._moved_away(subscription, int(kind.split()[1]))
+                return
+            except (IndexError, ValueError):
+                pass
+        channel = text(message[1]) if len(message) > 1 else ""
+        if not self._handled(subscription, kind, channel, message[2] if len(message) > 2 else None):
             log.info("the event subscription got %r; asking Redis at every call", message)
             subscription.transport.close()
-            return
-        channel = self._by_channel.get(text(message[1])) if len(message) > 1 else None
-        if channel is None or channel.subscription is not subscription:
-            return  # a channel since subscribed elsewhere
-        if kind == "ssubscribe":
-            self._on_forget([channel.name])  # what was learned before may have missed messages
-            channel.healthy = True
-        elif kind == "sunsubscribe":  # the master no longer serves the slot
-            self._unsubscribed(channel)
-            self._refresh = True
-            self._on_forget([channel.name])
-            self._poke()
-
-    def _refused_moved(self, subscription: Subscription, line: str) -> None:
-        try:
-            slot = int(line.split()[1])
-        except (IndexError, ValueError):
-            subscription.transport.close()
-            return
-        for channel in self._channels.values():
-            if channel.subscription is subscription and channel.slot == slot and not channel.healthy:
-                self._unsubscribed(channel)
-        self._refresh = True
-        self._poke()
 
     def finished(self, subscription: Subscription) -> None:
         """The connection ended: its channels are subscribed again, where the map says."""
         for master, held in list(self._subscriptions.items()):
             if held is subscription:
                 del self._subscriptions[master]
-        gone = [c for c in self._channels.values() if c.subscription is subscription]
-        if any(channel.healthy for channel in gone):
+        if any(c.healthy and c.connection is subscription for c in self._channels.values()):
             log.info("event subscription lost; asking Redis at every call until subscribed again")
-        for channel in gone:
-            self._unsubscribed(channel)
-        if gone:
-            self._refresh = True
-            self._on_forget([channel.name for channel in gone])
-            self._poke()
+        self._connection_ended(subscription)
