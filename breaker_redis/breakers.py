@@ -11,24 +11,49 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from .breaker import Breaker
 from .cluster import notices_channel
 from .config import BreakerConfig
+from .core import BreakerCore
 from .failover import SentinelFollower
 from .invalidation import Invalidator
 from .recorder import Recorder
 from .scripts import ScriptRunner, flat_pairs, text, validate_name
 from .sharded import Channel, ShardedInvalidator
-from .store import ClusterStoreGate, StoreGate
+from .store import ClusterStoreGate, MasterGates, StoreGate
 from .transitions import TransitionCallback, TransitionHooks
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 
 
-class Breakers:
+class Forgetting:
+    """Making breakers forget what they knew, all of them or some: what the sync Breakers
+    and the asyncio one (breaker_redis/asyncio/breakers.py) share."""
+
+    _breakers: Mapping[str, BreakerCore[Any]]
+    gate: Any
+
+    def _forget_all(self) -> None:
+        for breaker in list(self._breakers.values()):
+            breaker.forget()
+
+    def _forget_names(self, names: list[str]) -> None:
+        for name in names:
+            breaker = self._breakers.get(name)
+            if breaker is not None:
+                breaker.forget()
+
+    def _forget_master(self, master: str) -> None:
+        """The gate of one cluster master switched store: its breakers forget what they knew."""
+        gate = self.gate
+        if isinstance(gate, MasterGates):
+            self._forget_names([name for name in list(self._breakers) if gate.master_of(name) == master])
+
+
+class Breakers(Forgetting):
     """The breakers of one app on one Redis, under one key prefix.
 
     Build one per process (or before the fork: nothing connects until first
@@ -234,21 +259,6 @@ class Breakers:
         else:
             self._forget_all()
 
-    def _forget_all(self) -> None:
-        for breaker in list(self._breakers.values()):
-            breaker.forget()
-
-    def _forget_names(self, names: list[str]) -> None:
-        for name in names:
-            breaker = self._breakers.get(name)
-            if breaker is not None:
-                breaker.forget()
-
-    def _forget_master(self, master: str) -> None:
-        """The gate of one master switched store: its breakers forget what they knew."""
-        gate = self.gate
-        if isinstance(gate, ClusterStoreGate):
-            self._forget_names([name for name in list(self._breakers) if gate.master_of(name) == master])
 
     def _after_fork(self) -> None:
         self.pid = os.getpid()

@@ -79,17 +79,19 @@ class Channels(Generic[X]):
     one (breaker_redis/asyncio/sharded.py) share. ``_lock`` guards the bookkeeping
     (a threading.Lock on the sync side, a null context on an event loop)."""
 
-    _lock: Any
     channel_class: type[Channel[X]] = Channel
 
     def __init__(
         self,
+        client: Any,
         slots: Slots,
         prefix: str,
         route_key: Callable[[str], str],
         on_message: Callable[[dict[str, Any]], None],
         on_forget: Callable[[list[str]], None],
     ) -> None:
+        self._lock: Any = self._new_lock()
+        self._client = client
         self._slots = slots
         self._prefix = prefix
         self._route_key = route_key
@@ -100,6 +102,13 @@ class Channels(Generic[X]):
         self._wanted: set[str] = set()  # breaker names to subscribe (again)
         self._refresh = False  # read the slot map again before subscribing
         slots.listeners.append(self._redirected)
+        self._started()
+
+    def _new_lock(self) -> Any:
+        return threading.Lock()
+
+    def _started(self) -> None:
+        """The side's own state, once the channels' is made."""
 
     def listener(self, name: str) -> Channel[X]:
         """The breaker's channel, subscribed in the background once that runs (no I/O here)."""
@@ -217,20 +226,10 @@ class Channels(Generic[X]):
 
 
 class ShardedInvalidator(Channels[Link]):
-    def __init__(
-        self,
-        client: Any,
-        slots: Slots,
-        prefix: str,
-        route_key: Callable[[str], str],
-        on_message: Callable[[dict[str, Any]], None],
-        on_forget: Callable[[list[str]], None],
-    ) -> None:
-        self._lock = threading.Lock()
-        super().__init__(slots, prefix, route_key, on_message, on_forget)
+    def _started(self) -> None:
         self._listener = ProcessThread(self._loop, "breaker-redis-events")
         self._stop = self._listener.stop
-        self._permission = acl.PermissionLog(client, prefix, "the event subscription")
+        self._permission = acl.PermissionLog(self._client, self._prefix, "the event subscription")
         self.after_fork()
 
     def after_fork(self) -> None:

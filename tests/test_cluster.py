@@ -30,7 +30,7 @@ from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
 from tests.mp_workers import Worker
 from tests.redis_server import wait_until
 from tests.topologies import HOST, ClusterGroup, started
-from tests.workers import TRIP_AT_3, admits, fail, subscribed, trips_at_3
+from tests.workers import TRIP_AT_3, admits, admitted, fail, subscribed, trips_at_3
 
 
 def slot_of(name: str) -> int:
@@ -211,13 +211,6 @@ def test_asyncio_workers_decide_from_memory_on_a_cluster(cluster, spread):
     from breaker_redis.asyncio import Breakers as AsyncBreakers
 
     cluster.flushall()
-
-    async def admitted(breaker: Any) -> bool:
-        try:
-            await (await breaker.acquire()).ignore()
-            return True
-        except BreakerOpen:
-            return False
 
     async def main() -> None:
         workers = [AsyncBreakers.from_url(cluster.url) for _ in range(2)]

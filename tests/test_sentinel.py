@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 import redis
@@ -27,7 +26,7 @@ from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
 from tests.redis_server import wait_until
 from tests.topologies import HOST, SentinelGroup, started
-from tests.workers import TRIP_AT_3, fail, subscribed
+from tests.workers import TRIP_AT_3, admitted, fail, subscribed
 
 CALM = BreakerConfig(trip="consecutive", failure_threshold=1_000_000)
 
@@ -161,13 +160,6 @@ def test_an_asyncio_worker_follows_a_failover_and_decides_from_memory_on_the_new
     from breaker_redis.asyncio import Breakers as AsyncBreakers
 
     made.append(admin := Breakers.from_url(group.url(), listen=False))  # an operator's process
-
-    async def admitted(breaker: Any) -> bool:
-        try:
-            await (await breaker.acquire()).ignore()
-            return True
-        except BreakerOpen:
-            return False
 
     async def until(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout

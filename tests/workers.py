@@ -27,6 +27,15 @@ def admits(breaker: Any) -> bool:
         return False
 
 
+async def admitted(breaker: Any) -> bool:
+    """admits() for an asyncio breaker."""
+    try:
+        await (await breaker.acquire()).ignore()
+        return True
+    except BreakerOpen:
+        return False
+
+
 def fail(breaker: Any, n: int = 1) -> None:
     for _ in range(n):
         breaker.acquire().failure()

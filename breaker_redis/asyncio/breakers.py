@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from ..breakers import DEFAULT_TTL_SECONDS
+from ..breakers import DEFAULT_TTL_SECONDS, Forgetting
 from ..cluster import notices_channel
 from ..config import BreakerConfig, parse_overrides
 from ..recorder import BATCH_SECONDS
@@ -32,7 +32,7 @@ from .sharded import AsyncChannel, AsyncShardedInvalidator
 from .store import AsyncClusterStoreGate, AsyncScriptRunner, AsyncStoreGate
 
 
-class Breakers:
+class Breakers(Forgetting):
     """The breakers of one app on one Redis, under one key prefix, for asyncio code.
 
     ``client`` is a ``redis.asyncio`` client (``from_url`` builds one with the
@@ -252,22 +252,6 @@ class Breakers:
         breaker = self._breakers.get(str(payload.get("name", "")))
         if breaker is not None and breaker.hint(payload):
             self._start_send(breaker.flush_batch())
-
-    def _forget_all(self) -> None:
-        for breaker in list(self._breakers.values()):
-            breaker.forget()
-
-    def _forget_names(self, names: list[str]) -> None:
-        for name in names:
-            breaker = self._breakers.get(name)
-            if breaker is not None:
-                breaker.forget()
-
-    def _forget_master(self, master: str) -> None:
-        """The gate of one master switched store: its breakers forget what they knew."""
-        gate = self.gate
-        if isinstance(gate, AsyncClusterStoreGate):
-            self._forget_names([name for name in list(self._breakers) if gate.master_of(name) == master])
 
     def _master_moved(self) -> None:
         """Sentinel named another master (failover.py): the subscription is taken again there."""

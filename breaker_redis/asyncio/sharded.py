@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any, cast
 
-from ..cluster import Slots
 from ..scripts import text
 from ..sharded import Channel, Channels
 from .invalidation import Subscription, take_over
@@ -35,18 +33,10 @@ class AsyncChannel(Channel[Subscription]):
 
 class AsyncShardedInvalidator(Channels[Subscription]):
     channel_class = AsyncChannel
-    def __init__(
-        self,
-        client: Any,
-        slots: Slots,
-        prefix: str,
-        route_key: Callable[[str], str],
-        on_message: Callable[[dict[str, Any]], None],
-        on_forget: Callable[[list[str]], None],
-    ) -> None:
-        self._lock = contextlib.nullcontext()  # one event loop runs all of it
-        super().__init__(slots, prefix, route_key, on_message, on_forget)
-        self._client = client
+    def _new_lock(self) -> Any:
+        return contextlib.nullcontext()  # one event loop runs all of it
+
+    def _started(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self.reset()
 
