@@ -6,12 +6,11 @@ order of the calls is the order of the commands."""
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any
 
 import pytest
 
 from breaker_redis import BreakerConfig, Breakers
-from tests import mp_workers
+from tests.mp_workers import Worker
 from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, snapshot
 
 pytestmark = pytest.mark.multiprocess
@@ -21,28 +20,6 @@ def url(request: pytest.FixtureRequest) -> str:
     server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
     Breakers.from_url(server.url, listen=False).client.flushall()
     return str(server.url)
-
-
-class Worker:
-    def __init__(self, ctx: Any, url: str, name: str, config: BreakerConfig) -> None:
-        self.conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=mp_workers.serve, args=(url, name, config, theirs), daemon=True)
-        self.process.start()
-
-    def ready(self) -> None:
-        assert self.conn.poll(60), "the worker process did not subscribe within 60 s"
-        assert self.conn.recv() == "ready"
-
-    def __call__(self, command: str) -> bool:
-        self.conn.send(command)
-        assert self.conn.poll(30), f"the worker process did not answer {command!r}"
-        return bool(self.conn.recv())
-
-    def stop(self) -> None:
-        self.conn.send("stop")
-        assert self.conn.poll(30) and self.conn.recv() == "stopped"
-        self.conn.close()
-        self.process.join(30)
 
 
 @pytest.fixture
