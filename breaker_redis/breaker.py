@@ -78,6 +78,7 @@ class Breaker(BreakerCore[Permit], Protects):
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
         super().__init__(name, config)
+        self.now_ms = shared.now_ms  # type: ignore[method-assign]  # one call less per permit
         self.after_fork()
 
     def after_fork(self) -> None:
@@ -94,8 +95,13 @@ class Breaker(BreakerCore[Permit], Protects):
         """A Permit for one call, or BreakerOpen. Decides from memory when it can."""
         shared = self._shared
         shared.ensure_process()
-        self._drain()
+        invalidator = shared.invalidator
+        if invalidator is not None:
+            invalidator.drain()
         known = self._memory.known
+        if known is not None and known.admits and self._trusted(known):
+            # the healthy call: admitted from memory, nothing counted (core.py _from_memory)
+            return Permit(self, known.epoch, "", known.generation, known.calm)
         with self._lock:
             if known is not None and self._trusted(known):
                 permit = self._from_memory(known)
@@ -121,9 +127,9 @@ class Breaker(BreakerCore[Permit], Protects):
 
     def _trusted(self, known: Knowledge) -> bool:
         """Whether memory may decide (knowledge.py). Call after _drain()."""
-        gate, invalidator = self._shared.gate, self._shared.invalidator
-        subscribed = invalidator is not None and invalidator.healthy
-        return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
+        shared = self._shared
+        invalidator = shared.invalidator
+        return known.trusted(shared.gate, invalidator is not None and invalidator.healthy)
 
     def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
         """Put back what a script call that failed did not deliver."""
@@ -145,7 +151,9 @@ class Breaker(BreakerCore[Permit], Protects):
                 if self._observed(permit, outcome, duration_ms):
                     return
         if outcome == "success" and permit.batchable and shared.batch_successes:
-            self._drain()  # hear of an arming before choosing to batch
+            invalidator = shared.invalidator
+            if invalidator is not None:
+                invalidator.drain()  # hear of an arming before choosing to batch
             known = self._memory.known
             with self._lock:
                 joins = self._join_batch(permit, duration_ms, known is not None and self._trusted(known))

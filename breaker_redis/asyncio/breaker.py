@@ -186,7 +186,7 @@ class Breaker(BreakerCore[Permit]):
     def _trusted(self, known: Knowledge) -> bool:
         gate, invalidator = self._shared.gate, self._shared.invalidator
         subscribed = invalidator is not None and invalidator.healthy and not invalidator.pending()
-        return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
+        return known.trusted(gate, subscribed)
 
     # -- outcomes --------------------------------------------------------------
 
