@@ -17,22 +17,32 @@ class ProcessThread:
         self._name = name
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # True from the start of the thread until its target returns: checked at
+        # every call, where Thread.is_alive() would cost a lock
+        self._running = False
         self.stop = threading.Event()  # set by close(); the target's loop watches it
 
     def ensure_running(self) -> None:
-        thread = self._thread
-        if thread is not None and thread.is_alive():
+        if self._running:
             return
         with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
+            if not self._running:
                 self.stop.clear()
-                self._thread = threading.Thread(target=self._target, name=self._name, daemon=True)
+                self._running = True
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._target()
+        finally:
+            self._running = False
 
     def after_fork(self) -> None:
         """The child starts with no thread of its own (and no lock held by one)."""
         self._start_lock = threading.Lock()
         self._thread = None
+        self._running = False
 
     def close(self) -> None:
         self.stop.set()

@@ -86,6 +86,7 @@ class Breaker(BreakerCore[Permit], Protects):
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
         super().__init__(name, config)
+        self.now_ms = shared.now_ms  # type: ignore[method-assign]  # one call less per permit
         self._gate = shared.gate_for(name)  # on a cluster, its master's (store.MasterGates)
         self._listener = shared.listener(name)
         self.after_fork()
@@ -104,8 +105,13 @@ class Breaker(BreakerCore[Permit], Protects):
         """A Permit for one call, or BreakerOpen. Decides from memory when it can."""
         shared = self._shared
         shared.ensure_process()
-        self._drain()
+        listener = self._listener
+        if listener is not None:
+            listener.drain()
         known = self._memory.known
+        if known is not None and known.admits and self._trusted(known):
+            # the healthy call: admitted from memory, nothing counted (core.py _from_memory)
+            return Permit(self, known.epoch, "", known.generation, known.calm)
         with self._lock:
             if known is not None and self._trusted(known):
                 permit = self._from_memory(known)
@@ -131,9 +137,8 @@ class Breaker(BreakerCore[Permit], Protects):
 
     def _trusted(self, known: Knowledge) -> bool:
         """Whether memory may decide (knowledge.py). Call after _drain()."""
-        gate, listener = self._gate, self._listener
-        subscribed = listener is not None and listener.healthy
-        return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
+        listener = self._listener
+        return known.trusted(self._gate, listener is not None and listener.healthy)
 
     def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
         """Put back what a script call that failed did not deliver."""
@@ -156,7 +161,9 @@ class Breaker(BreakerCore[Permit], Protects):
                 if self._observed(permit, outcome, duration_ms):
                     return
         if outcome == "success" and permit.batchable and shared.batch_successes:
-            self._drain()  # hear of an arming before choosing to batch
+            listener = self._listener
+            if listener is not None:
+                listener.drain()  # hear of an arming before choosing to batch
             known = self._memory.known
             with self._lock:
                 joins = self._join_batch(permit, duration_ms, known is not None and self._trusted(known))

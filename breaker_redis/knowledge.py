@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from .scripts import text
 
@@ -88,6 +88,15 @@ class Reply:
         )
 
 
+class Gate(Protocol):
+    """What trust reads of a store gate (store.py StoreGate, asyncio/store.py AsyncStoreGate)."""
+
+    generation: int
+
+    @property
+    def healthy(self) -> bool: ...
+
+
 class Verdict(Enum):
     ADMIT = "admit"  # closed (or forced closed): go ahead
     OBSERVE = "observe"  # open in observe mode: go ahead, counted as would_reject
@@ -109,6 +118,18 @@ class Knowledge:
     slow_ms: int
     generation: int  # the store-gate generation it was learned under
     learned_at: float  # time.monotonic()
+    # decide() admits whatever the time, with no counting: closed (or forced closed) and no
+    # bulkhead. Worked out once, so the healthy call checks one field
+    admits: bool = field(init=False, compare=False)
+    calm: bool = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        forced, closed = self.forced, self.state == "closed"
+        object.__setattr__(
+            self, "admits", forced == "closed" or (not forced and not self.max_concurrent and closed)
+        )
+        # closed with nothing a late success could change: successes may be batched
+        object.__setattr__(self, "calm", forced == "closed" or (closed and not forced and not self.armed))
 
     @classmethod
     def from_reply(
@@ -140,27 +161,22 @@ class Knowledge:
             return True
         return self.rank >= other.rank
 
-    def trusted(self, generation: int, *, shared_store: bool, subscribed: bool) -> bool:
+    def trusted(self, gate: Gate, subscribed: bool) -> bool:
         """Whether memory may decide (after the notices received were delivered).
 
-        Learned from the store in use; and that store is the in-process
-        fallback, which no other process changes, or the subscription is up and
-        a reply came within TRUST_SECONDS.
+        Learned from the store the gate uses now; and that store is the
+        in-process fallback, which no other process changes, or the
+        subscription is up and a reply came within TRUST_SECONDS.
         """
-        if self.generation != generation:
+        if self.generation != gate.generation:
             return False
-        if not shared_store:
+        if not gate.healthy:
             return True
         return subscribed and time.monotonic() - self.learned_at < TRUST_SECONDS
 
     def slow(self, duration_ms: int) -> bool:
         """A call this long counts as slow (as lua/record.lua judges it)."""
         return bool(self.slow_ms) and duration_ms >= self.slow_ms
-
-    @property
-    def calm(self) -> bool:
-        """Closed with nothing a late success could change: successes may be batched."""
-        return self.forced == "closed" or (self.state == "closed" and not self.forced and not self.armed)
 
     def decide(self, now_ms: int) -> Verdict:
         if self.forced == "open":

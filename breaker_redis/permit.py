@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Protocol
 
 
@@ -23,8 +22,7 @@ class Permit:
 
     __slots__ = (
         "_breaker",
-        "_done",
-        "_lock",
+        "_unrecorded",
         "batchable",
         "epoch",
         "generation",
@@ -40,8 +38,8 @@ class Permit:
         epoch: int,
         lease: str,
         generation: int,
-        *,
         batchable: bool = False,
+        *,
         observing: bool = False,
     ) -> None:
         self._breaker = breaker
@@ -54,8 +52,9 @@ class Permit:
         # admitted in observe mode while known open: the outcome only feeds the counters
         self.observing = observing
         self.started = breaker.now_ms()
-        self._done = False
-        self._lock = threading.Lock()
+        # emptied by the first record(): list.pop is atomic, so exactly one of
+        # several threads recording at once goes on, without a lock per permit
+        self._unrecorded = [True]
 
     def success(self) -> None:
         self.record("success")
@@ -69,15 +68,16 @@ class Permit:
     def record(self, outcome: str) -> None:
         if outcome not in ("success", "failure", "ignored"):
             raise ValueError(f"outcome must be success, failure or ignored (got {outcome!r})")
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._breaker._record(self, outcome, self._breaker.now_ms() - self.started)
+        try:
+            self._unrecorded.pop()
+        except IndexError:
+            return  # recorded already
+        breaker = self._breaker
+        breaker._record(self, outcome, breaker.now_ms() - self.started)
 
     @property
     def recorded(self) -> bool:
-        return self._done
+        return not self._unrecorded
 
     def __enter__(self) -> Permit:
         return self

@@ -282,7 +282,7 @@ local function load_state(restore)
     forced = v[4] or '', consec = consec or 0, open_ms = open_ms or 0,
     ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = tonumber(v[9]) or 0,
     born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = tonumber(v[13]) or 0,
-    held = tonumber(v[14]) or 0, dirty = false}
+    held = tonumber(v[14]) or 0, dirty = false, was = v}
   -- a numeric field that is there but not a finite number: the hash was edited; start afresh
   local corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
     or unparsable(v[6], open_ms) or unparsable(v[7], ho_ok) or unparsable(v[8], seq) or unparsable(v[10], born)
@@ -297,6 +297,7 @@ local function load_state(restore)
     s.state, s.born, s.armed, s.dirty = 'closed', s.epoch, false, true
     s.open_until, s.consec, s.open_ms, s.ho_ok, s.seq, s.arms, s.forced = 0, 0, 0, 0, 0, 0, ''
     s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
+    s.was = nil  -- written whole
   end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
   if restore and not restore_lost(s, created) and created then mark_created(s) end
@@ -310,23 +311,36 @@ local function current_epoch(s, epoch)
   return epoch == s.epoch or (epoch ~= nil and epoch < s.born and s.epoch == s.born)
 end
 
--- Writes the state if it changed, and stamps the keys' use once a minute
--- (ttl_at, for sweep.lua), dropping any TTL an older version gave them.
+-- The state hash's fields, in load_state's HMGET order.
+local STATE_FIELDS = {'state', 'epoch', 'open_until', 'forced', 'consec', 'open_ms', 'ho_ok', 'seq',
+  'ttl_at', 'born', 'armed', 'arms', 'lost', 'held'}
+
+-- Writes the fields of the state that changed (a failure that only counts one more
+-- in a run writes `consec` alone), and stamps the keys' use once a minute (ttl_at,
+-- for sweep.lua), dropping any TTL an older version gave them. The whole hash, the
+-- writer's key TTL (ttl) and the config copy (cfg) are written when the hash is
+-- created, at the stamp and at a transition.
 local function save_state(s)
-  if NOW - s.ttl_at >= TTL_REFRESH_MS or NOW < s.ttl_at then
+  local stamp = NOW - s.ttl_at >= TTL_REFRESH_MS or NOW < s.ttl_at
+  if stamp then
     s.ttl_at, s.dirty = NOW, true
-    for i = 2, 6 do redis.call('PERSIST', KEY_LIST[i]) end  -- cfg: rewritten below
+    for i = 1, 6 do redis.call('PERSIST', KEY_LIST[i]) end  -- cfg: rewritten below
   end
   if not s.dirty then return end
-  redis.call('HSET', K_STATE, 'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until,
-    'forced', s.forced, 'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok, 'seq', s.seq,
-    'ttl_at', s.ttl_at, 'born', s.born, 'armed', s.armed and '1' or '0', 'arms', s.arms, 'lost', s.lost,
-    'held', s.held, 'ttl', TTL)
-  redis.call('PERSIST', K_STATE)
-  -- the caller's config, for readers that have none (the CLI's `show`): written with
-  -- the state, so at least once a minute while a worker runs. A key of its own:
-  -- in the state hash, a value this long would make Redis store the hash less compactly
-  if ARGS[5] ~= '' then redis.call('SET', K_CFG, ARGS[5]) end
+  local whole = stamp or s.was == nil or EVENTS ~= ''
+  local was, f = s.was or {}, {}
+  for i, field in ipairs(STATE_FIELDS) do
+    local value = s[field]
+    if field == 'armed' then value = value and '1' or '0' end
+    local same = was[i] == value or (type(value) == 'number' and tonumber(was[i]) == value)
+    if whole or not same then f[#f + 1], f[#f + 2] = field, value end
+  end
+  if whole then f[#f + 1], f[#f + 2] = 'ttl', TTL end
+  if #f > 0 then redis.call('HSET', K_STATE, unpack(f)) end
+  -- the caller's config, for readers that have none (the CLI's `show`): at least once a
+  -- minute while a worker runs. A key of its own: in the state hash, a value this long
+  -- would make Redis store the hash less compactly
+  if whole and ARGS[5] ~= '' then redis.call('SET', K_CFG, ARGS[5]) end
 end
 
 -- A counter that does not parse (the hash was edited) starts again from `by`.
@@ -387,24 +401,6 @@ transition = function(s, to, cause)
   redis.call('LTRIM', K_EVENTS, 0, EVENTS_KEPT - 1)
   publish(s, 'transition', {from = from, to = to, open_until = s.open_until, forced = s.forced, cause = cause})
   EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. from .. '>' .. to .. ':' .. cause
-end
-
--- Armed: closed, and a success reaching Redis late could change a decision (it
--- would reset a consecutive run, or dilute a failure or slow-call rate). Workers
--- batch successes only while calm; the calm->armed change is published so every
--- worker stops batching before the calls that follow. The count rule ignores
--- successes, so only slow calls arm it.
-local function update_armed(s, c, w)
-  local armed = s.state == 'closed' and s.forced == '' and (
-    (c.trip == 'consecutive' and s.consec > 0) or (c.trip == 'rate' and w.tf > 0)
-    or (c.slow_ms > 0 and w.ts > 0))
-  if armed == s.armed then return end
-  s.armed, s.dirty = armed, true
-  if armed then
-    s.arms = s.arms + 1
-    publish(s, 'armed', nil)
-    EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. 'armed'
-  end
 end
 
 -- Leases. Probe leases exist only in half_open; leaving it drops them.
@@ -535,6 +531,17 @@ local function window_read(c, counts)
     kept = kept, sat = tonumber(w[10]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
 end
 
+-- The counts of the window's oldest bucket, the next to slide out (c, f, s), or
+-- nil when the window is one bucket or starts afresh. For update_armed: sliding
+-- raises a rate when the oldest bucket was healthier than the rest.
+local function oldest_bucket(w)
+  if w.reset or w.nb < 2 then return nil end
+  local id = w.cur - w.nb + 1
+  if id > w.head then return nil end  -- nothing was counted before the current bucket
+  local b = redis.call('HMGET', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id)
+  return {c = tonumber(b[1]) or 0, f = tonumber(b[2]) or 0, s = tonumber(b[3]) or 0}
+end
+
 local SAT_EVERY_MS = 5000  -- a shape's claim (sat) is renewed this often, well within WINDOW_CLAIM_MS
 local function window_add(c, calls, failures, slows)
   local w = window_read(c, failures ~= 0 or slows ~= 0)
@@ -561,6 +568,61 @@ local function window_add(c, calls, failures, slows)
   end
   redis.call('HSET', K_WINDOW, unpack(f))
   return w
+end
+
+-- Armed: closed, and a success reaching Redis late could change a decision.
+-- Workers batch successes only while calm, and a failure (every outcome but a
+-- plain success) always goes at once carrying the worker's batch; the calm->armed
+-- change is published, so every worker sends its batch and then every outcome at
+-- once (docs/boundary.md, "Calm and armed", states the guarantee):
+-- - consecutive rule: armed while the run of failures is above 0 (a success ends it);
+-- - rate and slow-call rules: armed while REACH more failures (slow calls) could
+--   make the rule hold, on the window as it is and as it will be once its oldest
+--   bucket slid out (a slide can raise a rate between two records); far from its
+--   threshold the breaker stays calm, so a background error rate costs one record
+--   per failure and nothing per success. Once armed it calms again only beyond
+--   twice that reach, so a rate hovering at the edge does not arm again and again.
+-- The count rule ignores successes, so only its slow-call rule arms it.
+local REACH = 20
+local function within_reach(c, tc, tf, ts, k)
+  if tc + k < c.min_calls then return false end
+  return (c.trip == 'rate' and tf + k >= c.rate * (tc + k))
+    or (c.slow_ms > 0 and ts + k >= c.slow_rate * (tc + k))
+end
+
+-- Whether sliding out the older buckets could bring the rule within reach: at
+-- most it takes out every call of theirs that is not a failure (not slow). When
+-- not, the oldest bucket is not read (the common case: a busy current bucket).
+local function slide_may_arm(c, w, k)
+  if w.reset or w.tc + k < c.min_calls then return false end
+  local older = w.tc - w.bc
+  local tc_rate = w.tc - math.max(0, older - (w.tf - w.bf))
+  local tc_slow = w.tc - math.max(0, older - (w.ts - w.bs))
+  return (c.trip == 'rate' and w.tf + k >= c.rate * (tc_rate + k))
+    or (c.slow_ms > 0 and w.ts + k >= c.slow_rate * (tc_slow + k))
+end
+
+local function update_armed(s, c, w)
+  local armed = false
+  if s.state == 'closed' and s.forced == '' then
+    if c.trip == 'consecutive' and s.consec > 0 then
+      armed = true
+    elseif c.trip == 'rate' or c.slow_ms > 0 then
+      local k = s.armed and 2 * REACH or REACH
+      armed = within_reach(c, w.tc, w.tf, w.ts, k)
+      if not armed and slide_may_arm(c, w, k) then
+        local old = oldest_bucket(w)
+        armed = old ~= nil and within_reach(c, w.tc - old.c, w.tf - old.f, w.ts - old.s, k)
+      end
+    end
+  end
+  if armed == s.armed then return end
+  s.armed, s.dirty = armed, true
+  if armed then
+    s.arms = s.arms + 1
+    publish(s, 'armed', nil)
+    EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. 'armed'
+  end
 end
 
 -- Which trip rule holds for these window totals and consecutive count (nil: none).

@@ -58,10 +58,10 @@ def race_to_trip(
     return admitted
 
 
-def serve(url: str, name: str, config: BreakerConfig, conn: Any) -> None:
+def serve(url: str, name: str, config: BreakerConfig, conn: Any, batch_successes: bool = True) -> None:
     """A worker process driven step by step by the test: each command is run and
     answered before the next is sent, so the test fixes the real-time order."""
-    breakers = Breakers.from_url(url)
+    breakers = Breakers.from_url(url, batch_successes=batch_successes)
     breaker = breakers.get(name, config)
     breakers.ensure_process()
     while not (breakers.invalidator is not None and breakers.invalidator.healthy):
@@ -91,13 +91,42 @@ def serve(url: str, name: str, config: BreakerConfig, conn: Any) -> None:
     conn.send("stopped")
 
 
-class Worker:
-    """A process running serve(), driven from the test: each command is sent and
-    answered before the next one."""
+def steady(url: str, name: str, config: BreakerConfig, failure_rate: float, seconds: float,
+           barrier: Any) -> tuple[int, int, int]:
+    """Calls for ``seconds``, the i-th failing when floor((i + 1) * rate) > floor(i * rate):
+    every prefix of this worker's calls fails at most ``failure_rate`` of the time.
+    Returns (calls, failures, refused); close() sends what is batched."""
+    import math
+    import time
 
-    def __init__(self, ctx: Any, url: str, name: str, config: BreakerConfig) -> None:
+    breakers = Breakers.from_url(url)
+    breaker = breakers.get(name, config)
+    barrier.wait()
+    calls = failures = refused = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        fails = math.floor((calls + 1) * failure_rate) > math.floor(calls * failure_rate)
+        try:
+            breaker.acquire().record("failure" if fails else "success")
+        except BreakerOpen:
+            refused += 1
+            continue
+        calls += 1
+        failures += fails
+    breakers.close()
+    return calls, failures, refused
+
+
+class Worker:
+    """A process running serve(), driven by the test one command at a time."""
+
+    def __init__(
+        self, ctx: Any, url: str, name: str, config: BreakerConfig, batch_successes: bool = True
+    ) -> None:
         self.conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(url, name, config, theirs), daemon=True)
+        self.process = ctx.Process(
+            target=serve, args=(url, name, config, theirs, batch_successes), daemon=True
+        )
         self.process.start()
 
     def ready(self) -> None:

@@ -194,9 +194,9 @@ class Breaker(BreakerCore[Permit]):
         return self._from_reply(reply, generation, await self._learn(reply, generation, stamp))
 
     def _trusted(self, known: Knowledge) -> bool:
-        gate, listener = self._gate, self._listener
+        listener = self._listener
         subscribed = listener is not None and listener.healthy and not listener.pending()
-        return known.trusted(gate.generation, shared_store=gate.healthy, subscribed=subscribed)
+        return known.trusted(self._gate, subscribed)
 
     # -- outcomes --------------------------------------------------------------
 
