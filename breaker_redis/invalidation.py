@@ -166,10 +166,12 @@ class Invalidator:
         self._listener.ensure_running()
 
     def drain(self) -> None:
-        """Deliver, in this thread, every message received so far (Link.drain)."""
+        """Deliver, in this thread, every message received so far: Link.drain, written
+        out here (the healthy call runs it twice)."""
         link = self._link
-        if link is not None:
-            link.drain()
+        if link is not None and (link.readable(0) or link.lock.locked()):
+            with link.lock:
+                link.read_all()
 
     def after_fork(self) -> None:
         self._listener.after_fork()
