@@ -265,6 +265,16 @@ class Breaker(BreakerCore[Permit], Protects):
         """half_open now: the next call is a probe."""
         self._admin("half_open")
 
+    def hold_open(self, seconds: float) -> None:
+        """If the breaker is open, keep it open at least ``seconds`` from now, for
+        every worker (lua/hold.lua; capped at max_open_seconds): a service's own
+        Retry-After, honoured by the HTTP client integrations. Never shortens it."""
+        try:
+            reply, generation, stamp = self._run("hold", [max(0, round(seconds * 1000))])
+        except StoreUnavailable:
+            return
+        self._learn(reply, generation, stamp)
+
     def _admin(self, op: str, config: bytes | str = "") -> None:
         self._shared.register_name(self.name)  # a breaker only ever forced is listed too
         gate, stamp = self._shared.gate, self._memory.stamp()

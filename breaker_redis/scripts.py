@@ -39,7 +39,7 @@ import redis.asyncio
 log = logging.getLogger("breaker_redis")
 
 Call = tuple[str, "int | None", Sequence[Any]]  # name, now_ms, args: one script call (run_many)
-OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot", "read", "health", "sweep")
+OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot", "read", "health", "sweep", "hold")
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 

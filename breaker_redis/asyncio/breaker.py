@@ -364,6 +364,16 @@ class Breaker(BreakerCore[Permit]):
         """half_open now: the next call is a probe."""
         await self._admin("half_open")
 
+    async def hold_open(self, seconds: float) -> None:
+        """As the sync Breaker.hold_open: if open, keep it open at least ``seconds``
+        from now, for every worker (a service's Retry-After)."""
+        self._shared.ensure_loop()
+        try:
+            reply, generation, stamp = await self._run("hold", [max(0, round(seconds * 1000))])
+        except StoreUnavailable:
+            return
+        await self._learn(reply, generation, stamp)
+
     async def _admin(self, op: str, config: bytes | str = "") -> None:
         shared = self._shared
         shared.ensure_loop()

@@ -1,0 +1,451 @@
+"""Outbound HTTP behind shared breakers: breaker_redis.requests.BreakerAdapter and
+breaker_redis.httpx.BreakerTransport / AsyncBreakerTransport (docs/http-clients.md).
+
+Every test runs for each client (requests, httpx, httpx with asyncio breakers)
+against real local upstream HTTP servers (demo_app's flaky upstream, one per
+host) and the session's real redis-server. Time is the test clock
+(``Breakers(clock=...)``), except where two processes share a breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import requests
+from urllib3.util.retry import Retry
+
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+from breaker_redis.asyncio import Breakers as AsyncBreakers
+from breaker_redis.httpx import AsyncBreakerTransport, BreakerTransport
+from breaker_redis.httpx import BreakerRefused as HttpxRefused
+from breaker_redis.reader import parse_event
+from breaker_redis.requests import BreakerAdapter
+from breaker_redis.requests import BreakerRefused as RequestsRefused
+from tests.http_upstreams import LocalUpstream, refused_url
+
+pytestmark = pytest.mark.real
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=10)
+KINDS = ["requests", "httpx", "httpx_async"]
+_prefixes = itertools.count()
+
+
+class Client:
+    """One kind of HTTP client behind breakers, driven synchronously by the tests."""
+
+    kind: str
+    base_error: type[BaseException]
+    timeout_error: type[BaseException]
+    connect_error: type[BaseException]
+
+    def __init__(self, breakers: Any, **options: Any) -> None:
+        self.breakers = breakers
+
+    def get(self, url: str, timeout: float = 5.0) -> int:
+        raise NotImplementedError
+
+    def stream_unread(self, url: str) -> int:
+        """A streamed GET whose body is never read (nor the response closed)."""
+        raise NotImplementedError
+
+    def many(self, url: str, n: int) -> list[int | BaseException]:
+        """n GETs sent at once."""
+        raise NotImplementedError
+
+    def snapshot(self, name: str) -> dict[str, Any]:
+        return self.breakers.get(name).snapshot()  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.breakers.close()
+
+
+class RequestsClient(Client):
+    kind = "requests"
+    base_error = requests.RequestException
+    timeout_error = requests.Timeout
+    connect_error = requests.ConnectionError
+
+    def __init__(self, breakers: Any, **options: Any) -> None:
+        super().__init__(breakers)
+        self.session = requests.Session()
+        self.session.mount("http://", BreakerAdapter(breakers, **options))
+
+    def get(self, url: str, timeout: float = 5.0) -> int:
+        return self.session.get(url, timeout=timeout).status_code
+
+    def stream_unread(self, url: str) -> int:
+        return self.session.get(url, timeout=5, stream=True).status_code
+
+    def many(self, url: str, n: int) -> list[int | BaseException]:
+        barrier = threading.Barrier(n)
+
+        def one(_: int) -> int | BaseException:
+            barrier.wait(5)
+            try:
+                return self.get(url)
+            except BreakerOpen as refused:
+                return refused
+
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(one, range(n)))
+
+    def close(self) -> None:
+        self.session.close()
+        super().close()
+
+
+class HttpxClient(RequestsClient):
+    kind = "httpx"
+    base_error = httpx.TransportError
+    timeout_error = httpx.TimeoutException
+    connect_error = httpx.ConnectError
+
+    def __init__(self, breakers: Any, **options: Any) -> None:
+        Client.__init__(self, breakers)
+        self.client = httpx.Client(transport=BreakerTransport(breakers, **options))
+
+    def get(self, url: str, timeout: float = 5.0) -> int:
+        return self.client.get(url, timeout=timeout).status_code
+
+    def stream_unread(self, url: str) -> int:
+        return self.client.send(self.client.build_request("GET", url), stream=True).status_code
+
+    def close(self) -> None:
+        self.client.close()
+        Client.close(self)
+
+
+class AsyncHttpxClient(Client):
+    kind = "httpx_async"
+    base_error = httpx.TransportError
+    timeout_error = httpx.TimeoutException
+    connect_error = httpx.ConnectError
+
+    def __init__(self, breakers: Any, **options: Any) -> None:
+        super().__init__(breakers)
+        self.loop = asyncio.new_event_loop()
+        self.client = httpx.AsyncClient(transport=AsyncBreakerTransport(breakers, **options))
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def get(self, url: str, timeout: float = 5.0) -> int:
+        return int(self.run(self.client.get(url, timeout=timeout)).status_code)
+
+    def stream_unread(self, url: str) -> int:
+        request = self.client.build_request("GET", url)
+        return int(self.run(self.client.send(request, stream=True)).status_code)
+
+    def many(self, url: str, n: int) -> list[int | BaseException]:
+        async def one() -> int | BaseException:
+            try:
+                return (await self.client.get(url, timeout=5)).status_code
+            except BreakerOpen as refused:
+                return refused
+
+        async def all_of() -> list[int | BaseException]:
+            return list(await asyncio.gather(*(one() for _ in range(n))))
+
+        return self.run(all_of())  # type: ignore[no-any-return]
+
+    def snapshot(self, name: str) -> dict[str, Any]:
+        return self.run(self.breakers.get(name).snapshot())  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.run(self.client.aclose())
+        self.run(self.breakers.aclose())
+        self.loop.close()
+
+
+CLIENTS: dict[str, type[Client]] = {"requests": RequestsClient, "httpx": HttpxClient,
+                                    "httpx_async": AsyncHttpxClient}
+REFUSALS: dict[str, type[BaseException]] = {"requests": RequestsRefused, "httpx": HttpxRefused,
+                                            "httpx_async": HttpxRefused}
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[list[LocalUpstream]]:
+    made = [LocalUpstream() for _ in range(2)]
+    yield made
+    for host in made:
+        host.stop()
+
+
+@pytest.fixture
+def a(hosts: list[LocalUpstream]) -> LocalUpstream:
+    hosts[0].reset()
+    return hosts[0]
+
+
+@pytest.fixture
+def b(hosts: list[LocalUpstream]) -> LocalUpstream:
+    hosts[1].reset()
+    return hosts[1]
+
+
+@pytest.fixture
+def make_client(request, redis_server, clock) -> Iterator[Callable[..., Client]]:
+    """make_client(kind, **options): that kind of client on fresh breakers (the test clock,
+    a prefix of its own) on the session's redis-server."""
+    made: list[Client] = []
+
+    def make(kind: str, *, breakers_options: dict[str, Any] | None = None, **options: Any) -> Client:
+        prefix = f"http{next(_prefixes)}"
+        settings = {"clock": clock, "listen": False, **(breakers_options or {})}
+        if kind == "httpx_async":
+            breakers: Any = AsyncBreakers.from_url(redis_server.url, prefix, **settings)
+        else:
+            breakers = Breakers.from_url(redis_server.url, prefix, **settings)
+        options.setdefault("config", CONFIG)
+        client = CLIENTS[kind](breakers, **options)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def transitions(redis: Any, client: Client, name: str) -> list[tuple[str, str, str]]:
+    found = reversed(redis.lrange(f"{client.breakers.prefix}:{{{name}}}:events", 0, -1))  # newest first
+    return [(e["from"], e["to"], e["cause"]) for e in map(parse_event, found) if e is not None]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_five_failures_open_the_hosts_breaker_and_a_probe_closes_it(
+    kind: str, make_client, a: LocalUpstream, b: LocalUpstream, clock, redis_server
+):
+    client = make_client(kind)
+    a.control(fail_rate=1.0)
+    assert [client.get(a.url + "/pay") for _ in range(5)] == [500] * 5
+    assert a.hits() == 5
+
+    # refused without reaching the upstream; the refusal is the client's own exception too
+    for _ in range(3):
+        with pytest.raises(REFUSALS[kind]) as refused:
+            client.get(a.url + "/pay")
+        assert isinstance(refused.value, BreakerOpen) and isinstance(refused.value, client.base_error)
+        found = (refused.value.breaker, refused.value.reason, refused.value.retry_after)
+        assert found == (a.name, "open", 10.0)
+    assert a.hits() == 5
+
+    # the other host has a breaker of its own, untouched
+    assert [client.get(b.url + "/pay") for _ in range(3)] == [200] * 3
+    assert client.snapshot(b.name)["state"] == "closed"
+    assert client.snapshot(a.name)["state"] == "open"
+
+    # after open_seconds, of 4 calls at once one probe reaches the upstream; its success closes it
+    clock.advance(10_000)
+    a.control(fail_rate=0.0, latency_ms=300)  # the probe holds its lease while the others arrive
+    answers = client.many(a.url + "/pay", 4)
+    assert sorted(x for x in answers if isinstance(x, int)) == [200]
+    assert Counter(x.reason for x in answers if isinstance(x, BreakerOpen)) == {"half_open_full": 3}
+    assert a.hits() == 6
+    assert client.snapshot(a.name)["state"] == "closed"
+    assert transitions(redis_server.client(), client, a.name) == [("closed", "open", "consecutive"),
+                                           ("open", "half_open", "open_elapsed"),
+                                           ("half_open", "closed", "probes_succeeded")]
+    a.control(latency_ms=0)
+    assert client.get(a.url + "/pay") == 200 and a.hits() == 7
+
+
+def run_worker(spec: dict[str, Any]) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "tests.http_client_worker", json.dumps(spec)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_processes_with_their_own_clients_share_the_hosts_breaker(
+    kind: str, make_client, a: LocalUpstream, redis_server
+):
+    # real time and a subscription: this process decides from memory, and hears of the trip
+    client = make_client(kind, breakers_options={"clock": None, "listen": True},
+                         config=BreakerConfig(failure_threshold=5, open_seconds=30))
+    assert client.get(a.url + "/pay") == 200
+    a.control(fail_rate=1.0)
+    spec = {"kind": kind, "redis": redis_server.url, "prefix": client.breakers.prefix,
+            "urls": [a.url + "/pay"], "calls": 7,
+            "config": {"failure_threshold": 5, "open_seconds": 30}}
+    assert run_worker(spec) == ["500"] * 5 + [f"refused:{a.name}"] * 2
+    assert a.hits() == 6
+    with pytest.raises(BreakerOpen) as refused:
+        client.get(a.url + "/pay")
+    assert refused.value.breaker == a.name and 0 < refused.value.retry_after <= 30
+    assert a.hits() == 6, "the second process reached the host its breaker had opened"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_timeouts_and_refused_connections_fail_404_and_400_do_not(kind: str, make_client, a: LocalUpstream):
+    client = make_client(kind)
+    a.control(hang=True)
+    with pytest.raises(client.timeout_error):
+        client.get(a.url + "/pay", timeout=0.2)
+    a.reset()
+    closed = refused_url()
+    with pytest.raises(client.connect_error):
+        client.get(closed + "/pay")
+    for status in (404, 400):
+        a.control(fail_rate=1.0, fail_status=status)
+        assert client.get(a.url + "/pay") == status
+    counted = client.snapshot(a.name)
+    assert (counted["failures"], counted["successes"], counted["consecutive_failures"]) == (1, 2, 0)
+    assert client.snapshot(closed.removeprefix("http://"))["failures"] == 1
+    for status in (429, 503, 502):
+        a.control(fail_rate=1.0, fail_status=status)
+        assert client.get(a.url + "/pay") == status
+    assert client.snapshot(a.name)["consecutive_failures"] == 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_503_with_retry_after_counts_and_holds_the_breaker_open_that_long(
+    kind: str, make_client, a: LocalUpstream, clock
+):
+    client = make_client(kind)
+    a.control(fail_rate=1.0, fail_status=503, retry_after="120")
+    assert [client.get(a.url + "/pay") for _ in range(5)] == [503] * 5
+    with pytest.raises(BreakerOpen) as refused:
+        client.get(a.url + "/pay")
+    assert (refused.value.reason, refused.value.retry_after) == ("open", 120.0)  # not open_seconds (10)
+    clock.advance(10_000)  # the breaker's own open period is over: still open for the service's 120 s
+    with pytest.raises(BreakerOpen) as refused:
+        client.get(a.url + "/pay")
+    assert refused.value.retry_after == 110.0
+    assert a.hits() == 5
+    clock.advance(110_000)
+    a.reset()
+    assert client.get(a.url + "/pay") == 200
+    assert client.snapshot(a.name)["state"] == "closed"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_retry_after_is_capped_by_max_open_seconds_and_can_be_ignored(
+    kind: str, make_client, a: LocalUpstream, b: LocalUpstream
+):
+    config = BreakerConfig(failure_threshold=1, open_seconds=10, max_open_seconds=60)
+    capped = make_client(kind, config=config)
+    a.control(fail_rate=1.0, fail_status=429, retry_after="3600")
+    assert capped.get(a.url + "/pay") == 429
+    with pytest.raises(BreakerOpen) as refused:
+        capped.get(a.url + "/pay")
+    assert refused.value.retry_after == 60.0
+    ignoring = make_client(kind, config=BreakerConfig(failure_threshold=1, open_seconds=10),
+                           honor_retry_after=False)
+    b.control(fail_rate=1.0, fail_status=503, retry_after="Wed, 21 Oct 2099 07:28:00 GMT")
+    assert ignoring.get(b.url + "/pay") == 503
+    with pytest.raises(BreakerOpen) as refused:
+        ignoring.get(b.url + "/pay")
+    assert refused.value.retry_after == 10.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_streamed_response_is_judged_at_its_status_and_settles_unread(
+    kind: str, make_client, a: LocalUpstream, clock
+):
+    client = make_client(kind)
+    a.control(fail_rate=1.0)
+    assert [client.stream_unread(a.url + "/pay") for _ in range(5)] == [500] * 5
+    assert client.snapshot(a.name)["state"] == "open"  # five unread failures tripped it
+    clock.advance(10_000)
+    a.reset()
+    assert client.stream_unread(a.url + "/pay") == 200  # the probe: never read, yet it closes the breaker
+    snapshot = client.snapshot(a.name)
+    assert (snapshot["state"], snapshot["probes_in_flight"], snapshot["successes"]) == ("closed", 0, 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_naming_rule_and_per_breaker_configs(kind: str, make_client, a: LocalUpstream):
+    def by_service(request: Any) -> str:
+        return "pay" if "/pay" in str(request.url) else "shop"
+
+    client = make_client(kind, name=by_service, configs={"pay": {"failure_threshold": 2}})
+    a.control(fail_rate=1.0, path="/pay")
+    assert [client.get(a.url + "/pay") for _ in range(2)] == [500, 500]
+    with pytest.raises(BreakerOpen) as refused:
+        client.get(a.url + "/pay")
+    assert refused.value.breaker == "pay"
+    assert client.get(a.url + "/cart") == 200  # the same host, another breaker
+    assert client.snapshot("shop")["state"] == "closed"
+    assert client.breakers.get("pay").config.failure_threshold == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_classifier_and_status_lists(kind: str, make_client, a: LocalUpstream):
+    client = make_client(kind, failure_statuses={502}, ignore_statuses={503},
+                         classify=lambda response: "failure" if response.status_code == 418 else None)
+    for status in (500, 503, 418, 502):
+        a.control(fail_rate=1.0, fail_status=status)
+        assert client.get(a.url + "/pay") == status
+    counted = client.snapshot(a.name)
+    assert (counted["successes"], counted["ignored"], counted["failures"]) == (1, 1, 2)
+
+
+def test_the_adapter_passes_its_own_arguments_through(make_client, a: LocalUpstream):
+    client = make_client("requests", max_retries=Retry(total=2, status_forcelist=[503], backoff_factor=0),
+                         pool_maxsize=3)
+    adapter = client.session.get_adapter(a.url)  # type: ignore[attr-defined]
+    assert adapter._pool_maxsize == 3
+    a.control(fail_rate=1.0, fail_status=503)
+    with pytest.raises(requests.exceptions.RetryError):
+        client.get(a.url + "/pay")
+    assert a.hits() == 3  # urllib3 retried twice inside one send ...
+    assert client.snapshot(a.name)["failures"] == 1  # ... which is one outcome
+
+
+def test_the_transport_passes_its_own_arguments_through(make_client):
+    client = make_client("httpx", retries=1)
+    assert client.client._transport.transport._pool._retries == 1  # type: ignore[attr-defined]
+    closed = refused_url()
+    with pytest.raises(httpx.ConnectError):
+        client.get(closed + "/pay")
+    assert client.snapshot(closed.removeprefix("http://"))["failures"] == 1
+
+
+def test_bad_options_are_errors_naming_them(redis_server):
+    breakers = Breakers.from_url(redis_server.url, "badopts", listen=False)
+    async_breakers = AsyncBreakers.from_url(redis_server.url, "badopts", listen=False)
+    cases: list[tuple[Callable[[], Any], type[Exception], str]] = [
+        (lambda: BreakerAdapter(breakers, failure_statuses=502), TypeError,
+         "BreakerAdapter: failure_statuses must be a collection of HTTP status codes"),
+        (lambda: BreakerAdapter(breakers, ignore_statuses=[700]), ValueError,
+         "BreakerAdapter: ignore_statuses holds 700"),
+        (lambda: BreakerAdapter(breakers, name=42), TypeError, "BreakerAdapter: name must be"),
+        (lambda: BreakerAdapter(breakers, name="a b"), ValueError,
+         "BreakerAdapter: name: invalid breaker name"),
+        (lambda: BreakerAdapter(breakers, configs={"http://x:1": {"failure_threshold": 0}}), ValueError,
+         "BreakerAdapter: configs['http://x:1']: BreakerConfig.failure_threshold"),
+        (lambda: BreakerAdapter(breakers, configs={"pay": 3}), TypeError,
+         "configs['pay']: give a BreakerConfig"),
+        (lambda: BreakerAdapter(breakers, classify="5xx"), TypeError,
+         "BreakerAdapter: classify must be callable"),
+        (lambda: BreakerAdapter(async_breakers), TypeError,
+         "BreakerAdapter: breakers must be a breaker_redis.Breakers"),
+        (lambda: AsyncBreakerTransport(breakers), TypeError,
+         "AsyncBreakerTransport: breakers must be a breaker_redis.asyncio.Breakers"),
+        (lambda: BreakerTransport(breakers, httpx.HTTPTransport(), retries=2), TypeError,
+         "BreakerTransport: give a transport or its options, not both (got retries)"),
+    ]
+    for build, error, message in cases:
+        with pytest.raises(error) as raised:
+            build()
+        assert message in str(raised.value)
+    session = requests.Session()
+    session.mount("http://", BreakerAdapter(breakers, name=lambda request: "{pay}"))
+    with pytest.raises(ValueError, match=r"BreakerAdapter: name\(request\): invalid breaker name '\{pay\}'"):
+        session.get("http://127.0.0.1:9/pay")
+    breakers.close()
