@@ -106,6 +106,7 @@ class Outbound:
         classify: Callable[[Any], str | bool | None] | None,
         honor_retry_after: bool,
         where: str,
+        groups: Iterable[Any] = (),
         asynchronous: bool = False,
     ) -> None:
         from .asyncio import Breakers as AsyncBreakers
@@ -142,8 +143,29 @@ class Outbound:
             ignore_statuses=status_codes(ignore_statuses, frozenset(), where, "ignore_statuses"),
             classify=classify,
         )
+        self.groups = self._members(groups, asynchronous)
         self._resolved: dict[str, tuple[Any, RouteSpec]] = {}
         self._warnings = Warnings()
+
+    def _members(self, groups: Iterable[Any], asynchronous: bool) -> dict[str, Any]:
+        """Each member's group (breaker_redis.groups); a member has its group's config."""
+        from .groups import AsyncBreakerGroup, BreakerGroup
+
+        wanted = AsyncBreakerGroup if asynchronous else BreakerGroup
+        if isinstance(groups, (str, bytes, wanted)) or not isinstance(groups, Iterable):
+            raise TypeError(f"{self.where}: groups must be a list of {wanted.__name__} (got {groups!r})")
+        found: dict[str, Any] = {}
+        for group in groups:
+            if not isinstance(group, wanted):
+                raise TypeError(f"{self.where}: groups must hold {wanted.__name__}s (got {group!r})")
+            if group.breakers is not self.breakers:
+                raise ValueError(f"{self.where}: group {group.name!r} is built on other Breakers")
+            for member in group.members:
+                if member in self.configs:
+                    raise ValueError(f"{self.where}: {member!r} has a config in configs and in group "
+                                     f"{group.name!r}: a member's config is its group's")
+                found[member] = group
+        return found
 
     def _per_name(
         self, configs: Mapping[str, BreakerConfig | Mapping[str, Any]] | None
@@ -178,9 +200,18 @@ class Outbound:
         name = self.name_of(request, url)
         found = self._resolved.get(name)
         if found is None:
-            breaker = self.breakers.get(name, self.configs.get(name, self.config))
+            group = self.groups.get(name)
+            if group is not None:
+                breaker = group.breaker(name)
+            else:
+                breaker = self.breakers.get(name, self.configs.get(name, self.config))
             found = self._resolved[name] = (breaker, dataclasses.replace(self._spec, name=name))
         return found
+
+    def group_due(self, name: str) -> Any:
+        """The group of this breaker if it has something to settle (breaker_redis.groups), else None."""
+        group = self.groups.get(name)
+        return group if group is not None and group.due else None
 
     def judge(self, spec: RouteSpec, status: int, response: Any) -> str:
         return judge(spec, status, lambda: response, self._warnings.warn)
@@ -232,10 +263,16 @@ def send(
         response = transport()
     except BaseException as exc:
         permit.record("failure" if isinstance(exc, failures) else "ignored")
+        group = outbound.group_due(spec.name)
+        if group is not None:
+            group.settle()
         raise
     code, retry_after = status(response)
     outcome = outbound.judge(spec, code, response)
     permit.record(outcome)
+    group = outbound.group_due(spec.name)
+    if group is not None:
+        group.settle()  # a trip held back at the group's cap, or a member closed
     hold = outbound.hold_for(breaker, outcome, retry_after)
     if hold is not None:
         breaker.hold_open(hold)
@@ -264,10 +301,16 @@ async def send_async(
         response = await transport()
     except BaseException as exc:
         await permit.record("failure" if isinstance(exc, failures) else "ignored")
+        group = outbound.group_due(spec.name)
+        if group is not None:
+            await group.settle()
         raise
     code, retry_after = status(response)
     outcome = outbound.judge(spec, code, response)
     await permit.record(outcome)
+    group = outbound.group_due(spec.name)
+    if group is not None:
+        await group.settle()
     hold = outbound.hold_for(breaker, outcome, retry_after)
     if hold is not None:
         await breaker.hold_open(hold)

@@ -52,6 +52,7 @@ def _options(
     ignore_statuses: Iterable[int] | None,
     classify: Callable[[httpx.Response], str | bool | None] | None,
     honor_retry_after: bool,
+    groups: Iterable[Any],
     where: str,
 ) -> Outbound:
     asynchronous = where.startswith("Async")
@@ -65,6 +66,7 @@ def _options(
         classify=classify,
         honor_retry_after=honor_retry_after,
         where=where,
+        groups=groups,
         asynchronous=asynchronous,
     )
 
@@ -81,7 +83,8 @@ class BreakerTransport(httpx.BaseTransport):
     ``retries=``, ``limits=``, ``verify=`` ... are passed through). The other
     options are ``breaker_redis.requests.BreakerAdapter``'s: ``name``,
     ``config``, ``configs``, ``failure_statuses`` (default 500-599 and 429),
-    ``ignore_statuses``, ``classify(response)``, ``honor_retry_after``.
+    ``ignore_statuses``, ``classify(response)``, ``honor_retry_after``,
+    ``groups`` (``BreakerGroup``; ``AsyncBreakerGroup`` for the async transport).
     """
 
     def __init__(
@@ -96,10 +99,11 @@ class BreakerTransport(httpx.BaseTransport):
         ignore_statuses: Iterable[int] | None = None,
         classify: Callable[[httpx.Response], str | bool | None] | None = None,
         honor_retry_after: bool = True,
+        groups: Iterable[Any] = (),
         **transport_options: Any,
     ) -> None:
         self.outbound = _options(breakers, name, config, configs, failure_statuses, ignore_statuses,
-                                 classify, honor_retry_after, "BreakerTransport")
+                                 classify, honor_retry_after, groups, "BreakerTransport")
         if transport is not None and transport_options:
             raise TypeError(f"BreakerTransport: give a transport or its options, not both "
                             f"(got {', '.join(sorted(transport_options))})")
@@ -145,10 +149,11 @@ class AsyncBreakerTransport(httpx.AsyncBaseTransport):
         ignore_statuses: Iterable[int] | None = None,
         classify: Callable[[httpx.Response], str | bool | None] | None = None,
         honor_retry_after: bool = True,
+        groups: Iterable[Any] = (),
         **transport_options: Any,
     ) -> None:
         self.outbound = _options(breakers, name, config, configs, failure_statuses, ignore_statuses,
-                                 classify, honor_retry_after, "AsyncBreakerTransport")
+                                 classify, honor_retry_after, groups, "AsyncBreakerTransport")
         if transport is not None and transport_options:
             raise TypeError(f"AsyncBreakerTransport: give a transport or its options, not both "
                             f"(got {', '.join(sorted(transport_options))})")

@@ -54,9 +54,11 @@ class BreakerAdapter(HTTPAdapter):
     ``classify(response)`` (``"success"``, ``"failure"``, ``"ignored"``, True,
     False or None) judge a response; connection errors and timeouts are
     failures. ``honor_retry_after``: a failing response's Retry-After keeps an
-    open breaker open that long (at most ``max_open_seconds``). The other
-    keyword arguments are the ``HTTPAdapter``'s (``pool_connections``,
-    ``pool_maxsize``, ``max_retries``, ``pool_block``).
+    open breaker open that long (at most ``max_open_seconds``). ``groups``:
+    ``breaker_redis.groups.BreakerGroup`` pools of replica hosts, whose members
+    get their group's config and cap. The other keyword arguments are the
+    ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``, ``max_retries``,
+    ``pool_block``).
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class BreakerAdapter(HTTPAdapter):
         ignore_statuses: Iterable[int] | None = None,
         classify: Callable[[requests.Response], str | bool | None] | None = None,
         honor_retry_after: bool = True,
+        groups: Iterable[Any] = (),
         **adapter_options: Any,
     ) -> None:
         self.outbound = Outbound(
@@ -82,6 +85,7 @@ class BreakerAdapter(HTTPAdapter):
             classify=classify,
             honor_retry_after=honor_retry_after,
             where="BreakerAdapter",
+            groups=groups,
         )
         super().__init__(**adapter_options)
 

@@ -94,10 +94,11 @@ def _groups(breakers: Any, spec: dict[str, Any], config: BreakerConfig) -> dict[
     group = spec.get("group")
     if not group:
         return {}
-    from breaker_redis.groups import BreakerGroup
+    from breaker_redis.groups import AsyncBreakerGroup, BreakerGroup
 
-    return {"groups": [BreakerGroup(breakers, group["name"], group["members"],
-                                    max_open_fraction=group["max_open_fraction"], config=config)]}
+    kind = AsyncBreakerGroup if spec["kind"] == "httpx_async" else BreakerGroup
+    return {"groups": [kind(breakers, group["name"], group["members"],
+                            max_open_fraction=group["max_open_fraction"], config=config)]}
 
 
 def _wait(start_at: float | None) -> None:

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,15 +25,18 @@ from typing import Any
 import httpx
 import pytest
 import requests
+from redis.cluster import key_slot
 from urllib3.util.retry import Retry
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.asyncio import Breakers as AsyncBreakers
+from breaker_redis.groups import AsyncBreakerGroup, BreakerGroup
 from breaker_redis.httpx import AsyncBreakerTransport, BreakerTransport
 from breaker_redis.httpx import BreakerRefused as HttpxRefused
 from breaker_redis.reader import parse_event
 from breaker_redis.requests import BreakerAdapter
 from breaker_redis.requests import BreakerRefused as RequestsRefused
+from breaker_redis.scripts import text
 from tests.http_upstreams import LocalUpstream, refused_url
 
 pytestmark = pytest.mark.real
@@ -53,6 +57,7 @@ class Client:
 
     def __init__(self, breakers: Any, **options: Any) -> None:
         self.breakers = breakers
+        self.options = options
 
     def get(self, url: str, timeout: float = 5.0) -> int:
         raise NotImplementedError
@@ -68,6 +73,12 @@ class Client:
     def snapshot(self, name: str) -> dict[str, Any]:
         return self.breakers.get(name).snapshot()  # type: ignore[no-any-return]
 
+    def group(self) -> Any:
+        return self.options["groups"][0]
+
+    def group_status(self) -> dict[str, Any]:
+        return self.group().status()  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self.breakers.close()
 
@@ -79,7 +90,7 @@ class RequestsClient(Client):
     connect_error = requests.ConnectionError
 
     def __init__(self, breakers: Any, **options: Any) -> None:
-        super().__init__(breakers)
+        super().__init__(breakers, **options)
         self.session = requests.Session()
         self.session.mount("http://", BreakerAdapter(breakers, **options))
 
@@ -114,7 +125,7 @@ class HttpxClient(RequestsClient):
     connect_error = httpx.ConnectError
 
     def __init__(self, breakers: Any, **options: Any) -> None:
-        Client.__init__(self, breakers)
+        Client.__init__(self, breakers, **options)
         self.client = httpx.Client(transport=BreakerTransport(breakers, **options))
 
     def get(self, url: str, timeout: float = 5.0) -> int:
@@ -135,7 +146,7 @@ class AsyncHttpxClient(Client):
     connect_error = httpx.ConnectError
 
     def __init__(self, breakers: Any, **options: Any) -> None:
-        super().__init__(breakers)
+        super().__init__(breakers, **options)
         self.loop = asyncio.new_event_loop()
         self.client = httpx.AsyncClient(transport=AsyncBreakerTransport(breakers, **options))
 
@@ -163,6 +174,9 @@ class AsyncHttpxClient(Client):
 
     def snapshot(self, name: str) -> dict[str, Any]:
         return self.run(self.breakers.get(name).snapshot())  # type: ignore[no-any-return]
+
+    def group_status(self) -> dict[str, Any]:
+        return self.run(self.group().status())  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.run(self.client.aclose())
@@ -202,14 +216,18 @@ def make_client(request, redis_server, clock) -> Iterator[Callable[..., Client]]
     a prefix of its own) on the session's redis-server."""
     made: list[Client] = []
 
-    def make(kind: str, *, breakers_options: dict[str, Any] | None = None, **options: Any) -> Client:
+    def make(kind: str, *, breakers_options: dict[str, Any] | None = None, url: str | None = None,
+             group: dict[str, Any] | None = None, **options: Any) -> Client:
         prefix = f"http{next(_prefixes)}"
         settings = {"clock": clock, "listen": False, **(breakers_options or {})}
         if kind == "httpx_async":
-            breakers: Any = AsyncBreakers.from_url(redis_server.url, prefix, **settings)
+            breakers: Any = AsyncBreakers.from_url(url or redis_server.url, prefix, **settings)
         else:
-            breakers = Breakers.from_url(redis_server.url, prefix, **settings)
+            breakers = Breakers.from_url(url or redis_server.url, prefix, **settings)
         options.setdefault("config", CONFIG)
+        if group is not None:  # a pool of replicas: the group is built first, on the same breakers
+            kind_of_group = AsyncBreakerGroup if kind == "httpx_async" else BreakerGroup
+            options["groups"] = [kind_of_group(breakers, config=options["config"], **group)]
         client = CLIENTS[kind](breakers, **options)
         made.append(client)
         return client
@@ -440,12 +458,187 @@ def test_bad_options_are_errors_naming_them(redis_server):
         (lambda: BreakerTransport(breakers, httpx.HTTPTransport(), retries=2), TypeError,
          "BreakerTransport: give a transport or its options, not both (got retries)"),
     ]
+    other = Breakers.from_url(redis_server.url, "other", listen=False)
+    breakers.get("10.0.0.9:80", BreakerConfig(failure_threshold=3))
+    cases += [
+        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.1", "http://10.0.0.2"], max_open_fraction=0),
+         ValueError, "BreakerGroup 'pool': max_open_fraction must be > 0 and <= 1 (got 0)"),
+        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.1", "10.0.0.1:80"]), ValueError,
+         "BreakerGroup 'pool': member '10.0.0.1:80' is given twice"),
+        (lambda: BreakerGroup(breakers, "pool", "http://10.0.0.1"), TypeError,
+         "BreakerGroup 'pool': members must be a list"),
+        (lambda: BreakerGroup(breakers, "pool", []), ValueError,
+         "BreakerGroup 'pool': needs at least one member"),
+        (lambda: BreakerGroup(breakers, "p{x}", ["http://10.0.0.1"]), ValueError,
+         "BreakerGroup: invalid breaker name 'p{x}'"),
+        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.9"]), ValueError,
+         "BreakerGroup 'pool': member '10.0.0.9:80': breaker '10.0.0.9:80' already exists with another"),
+        (lambda: BreakerGroup(async_breakers, "pool", ["http://10.0.0.1"]), TypeError,
+         "BreakerGroup: breakers must be a breaker_redis.Breakers"),
+        (lambda: BreakerAdapter(other, groups=[BreakerGroup(breakers, "a", ["http://10.0.0.3"])]), ValueError,
+         "BreakerAdapter: group 'a' is built on other Breakers"),
+        (lambda: BreakerAdapter(breakers, configs={"http://10.0.0.4": {"failure_threshold": 2}},
+                                groups=[BreakerGroup(breakers, "b", ["http://10.0.0.4"])]), ValueError,
+         "BreakerAdapter: '10.0.0.4:80' has a config in configs and in group 'b'"),
+        (lambda: BreakerGroup(breakers, "c", ["http://10.0.0.4"]), ValueError,
+         "BreakerGroup 'c': member '10.0.0.4:80' is already in group 'b'"),
+        (lambda: BreakerGroup(breakers, "b", ["http://10.0.0.4"]), ValueError,
+         "BreakerGroup 'b': member '10.0.0.4:80' is already in group 'b'"),
+        (lambda: AsyncBreakerTransport(async_breakers, groups=[BreakerGroup(breakers, "d", ["10.0.0.5:1"])]),
+         TypeError, "AsyncBreakerTransport: groups must hold AsyncBreakerGroups"),
+    ]
     for build, error, message in cases:
         with pytest.raises(error) as raised:
             build()
         assert message in str(raised.value)
+    other.close()
     session = requests.Session()
     session.mount("http://", BreakerAdapter(breakers, name=lambda request: "{pay}"))
     with pytest.raises(ValueError, match=r"BreakerAdapter: name\(request\): invalid breaker name '\{pay\}'"):
         session.get("http://127.0.0.1:9/pay")
     breakers.close()
+
+
+# -- pools of replicas: breaker groups ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[list[LocalUpstream]]:
+    made = [LocalUpstream() for _ in range(4)]
+    yield made
+    for replica in made:
+        replica.stop()
+
+
+@pytest.fixture
+def pool(replicas: list[LocalUpstream]) -> list[LocalUpstream]:
+    for replica in replicas:
+        replica.reset()
+    return replicas
+
+
+def pool_group(pool: list[LocalUpstream]) -> dict[str, Any]:
+    return {"name": "inventory", "members": [replica.url for replica in pool], "max_open_fraction": 0.5}
+
+
+def call_round(client: Client, pool: list[LocalUpstream]) -> list[int | str]:
+    """One call to each replica, in order: its status, or the refusing breaker."""
+    answers: list[int | str] = []
+    for replica in pool:
+        try:
+            answers.append(client.get(replica.url + "/stock"))
+        except BreakerOpen as refused:
+            answers.append(refused.breaker)
+    return answers
+
+
+def states(client: Client, pool: list[LocalUpstream]) -> list[str]:
+    return [client.snapshot(replica.name)["state"] for replica in pool]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_pool_opens_at_most_its_share_of_replicas_and_another_opens_when_one_recovers(
+    kind: str, make_client, pool: list[LocalUpstream], clock
+):
+    pool_story(make_client(kind, group=pool_group(pool)), pool, clock)
+
+
+def test_a_pool_on_redis_cluster_decides_across_slots(make_client, pool: list[LocalUpstream], clock, cluster):
+    cluster.flushall()
+    member_slots = {key_slot(f"{{{replica.name}}}".encode()) for replica in pool}
+    name = next(f"inventory{i}" for i in itertools.count() if key_slot(f"{{inventory{i}}}".encode())
+                not in member_slots)  # the group's hash in a slot no member's keys are in
+    client = make_client("requests", url=cluster.url, group={**pool_group(pool), "name": name})
+    pool_story(client, pool, clock)
+
+
+def pool_story(client: Client, pool: list[LocalUpstream], clock: Any) -> None:
+    r0, r1, r2, r3 = pool
+    for replica in pool:
+        replica.control(fail_rate=1.0)
+    answers = [call_round(client, pool) for _ in range(8)]
+    assert answers[:5] == [[500] * 4] * 5
+    # from the 6th round on, the first two to reach 5 failures are open; the other two keep being called
+    assert answers[5:] == [[r0.name, r1.name, 500, 500]] * 3
+    assert [replica.hits("/stock") for replica in pool] == [5, 5, 8, 8]
+    assert states(client, pool) == ["open", "open", "closed", "closed"]
+    assert client.snapshot(r2.name)["consecutive_failures"] == 8  # held back at the cap, still counting
+    status = client.group_status()
+    assert (status["cap"], status["open"], status["holders"]) == (2, [r0.name, r1.name], [r0.name, r1.name])
+    assert status["held"] >= 6 and status["grants"] == 2
+
+    # r0 recovers: its probe closes it and gives its grant back; r2's next failure opens r2
+    clock.advance(10_000)
+    r0.reset()
+    assert client.get(r0.url + "/stock") == 200
+    assert states(client, pool) == ["closed", "open", "closed", "closed"]
+    assert client.group_status()["holders"] == [r1.name]
+    assert client.get(r2.url + "/stock") == 500
+    assert states(client, pool) == ["closed", "open", "open", "closed"]
+    assert client.get(r3.url + "/stock") == 500  # at the cap again: r3 stays closed and called
+    assert states(client, pool) == ["closed", "open", "open", "closed"]
+    with pytest.raises(BreakerOpen):
+        client.get(r2.url + "/stock")
+    status = client.group_status()
+    assert (status["open"], status["holders"]) == ([r1.name, r2.name], [r1.name, r2.name])
+
+
+def test_a_grant_left_by_a_worker_that_died_between_the_two_steps_is_reclaimed(
+    make_client, pool: list[LocalUpstream]
+):
+    client = make_client("requests", group=pool_group(pool))
+    group, breakers = client.group(), client.breakers
+    r0, r1, _, r3 = pool
+    for replica in (r0, r3):
+        replica.control(fail_rate=1.0)
+    for _ in range(5):
+        assert client.get(r0.url + "/stock") == 500
+    assert states(client, pool)[0] == "open"
+    # a worker was granted r1's slot by the group, then died before member.lua kept it
+    granted, _ = breakers.gate.run("group", "inventory", breakers.clock_ms(), ["", "", "ask", r1.name, "2"])
+    assert int(granted[0]) == 1 and client.group_status()["holders"] == [r0.name, r1.name]
+    for _ in range(5):
+        assert client.get(r3.url + "/stock") == 500
+    # at the cap, r3's worker found r1 closed: it revoked r1's grant, took the slot, and opened
+    assert states(client, pool) == ["open", "closed", "closed", "open"]
+    assert client.group_status()["holders"] == [r0.name, r3.name]
+    # the dead worker's grant, arriving now, is refused: r1 cannot open with it
+    late = group.breaker(r1.name).run_script("member", ["grant", text(granted[1])])
+    assert (late.allowed, late.reason) == (0, "revoked")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["requests", "httpx_async"])
+def test_eight_processes_racing_never_open_more_than_the_pools_share(
+    kind: str, pool: list[LocalUpstream], redis_server
+):
+    for replica in pool:
+        replica.control(fail_rate=1.0)
+    prefix = f"race{next(_prefixes)}"
+    spec = {"kind": kind, "redis": redis_server.url, "prefix": prefix,
+            "urls": [replica.url + "/stock" for replica in pool], "calls": 40,
+            "config": {"failure_threshold": 5, "open_seconds": 60},
+            "group": pool_group(pool), "start_at": time.time() + 3}
+    children = [subprocess.Popen([sys.executable, "-m", "tests.http_client_worker", json.dumps(spec)],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(8)]
+    outputs = [child.communicate(timeout=120) for child in children]
+    for child, (_, err) in zip(children, outputs, strict=True):
+        assert child.returncode == 0 and err == "", outputs
+    answers = [answer for out, _ in outputs for answer in json.loads(out)]
+    redis = redis_server.client()
+    opened = [replica.name for replica in pool
+              if redis.lrange(f"{prefix}:{{{replica.name}}}:events", 0, -1)]
+    # nothing recovers here, so a member that ever opened is open still: never more than 2 at once
+    assert len(opened) == 2, opened
+    assert [redis.hget(f"{prefix}:{{{replica.name}}}:state", "state").decode() for replica in pool
+            if replica.name in opened] == ["open", "open"]
+    held_back = [replica for replica in pool if replica.name not in opened]
+    for replica in held_back:  # every call to a held-back replica reached it
+        assert replica.hits("/stock") == 8 * 40 // 4
+        assert f"refused:{replica.name}" not in answers
+    holders = sorted(key.decode()[2:] for key in redis.hkeys(f"{prefix}:group:{{inventory}}")
+                     if key.startswith(b"h:"))
+    assert holders == sorted(opened)
+    print(f"8 processes x 40 calls over 4 failing replicas, max_open_fraction=0.5: opened {opened}, "
+          f"held back {[r.name for r in held_back]} ({Counter(answers)})")
