@@ -68,6 +68,13 @@ def member_config(config: BreakerConfig, group: str) -> MemberConfig:
     return MemberConfig(**fields, group=group)
 
 
+def config_from_lua(raw: str | bytes) -> BreakerConfig:
+    """``BreakerConfig.from_lua``, a member's config (its JSON names a group) as a MemberConfig."""
+    config = BreakerConfig.from_lua(raw)
+    group = json.loads(raw).get("group")
+    return member_config(config, group) if isinstance(group, str) and group else config
+
+
 def cap_of(fraction: float, size: int) -> int:
     """How many of ``size`` members may be open at once: floor(fraction x size), at
     least one (as Envoy ejects one host even where the share is less than one)."""

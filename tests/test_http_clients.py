@@ -642,3 +642,56 @@ def test_eight_processes_racing_never_open_more_than_the_pools_share(
     assert holders == sorted(opened)
     print(f"8 processes x 40 calls over 4 failing replicas, max_open_fraction=0.5: opened {opened}, "
           f"held back {[r.name for r in held_back]} ({Counter(answers)})")
+
+
+def test_a_pool_shows_in_status_the_metrics_and_the_dashboard(
+    make_client, pool: list[LocalUpstream], redis_server, monkeypatch
+):
+    from click.testing import CliRunner
+    from flask import Flask
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from breaker_redis import cli
+    from breaker_redis.flask import FlaskBreakers
+    from breaker_redis.flask import dashboard as dashboard_module
+    from breaker_redis.metrics import exposition
+    from tests.test_dashboard import events
+
+    client = make_client("requests", group=pool_group(pool))
+    prefix = client.breakers.prefix
+    for replica in pool:
+        replica.control(fail_rate=1.0)
+    for _ in range(7):
+        call_round(client, pool)
+    r0, r1, r2, r3 = (replica.name for replica in pool)
+    held = client.group_status()["held"]
+    assert held >= 4
+
+    shown = CliRunner().invoke(cli.main, ["--url", redis_server.url, "--prefix", prefix, "status"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.splitlines()[-1] == (
+        f"group inventory: 2 of 4 members open (at most 2, max_open_fraction 0.5): {r0}, {r1}; "
+        f"{held} trips held back at the cap")
+    as_json = CliRunner().invoke(cli.main, ["--url", redis_server.url, "--prefix", prefix,
+                                            "status", "--json"])
+    assert {s["name"]: s.get("group") for s in json.loads(as_json.output)} == dict.fromkeys(
+        (r0, r1, r2, r3), "inventory")
+
+    scraped = exposition(redis_server.client(), prefix).decode()
+    found = {s.name: (s.labels["group"], s.value) for family in text_string_to_metric_families(scraped)
+             for s in family.samples if s.name.startswith("breaker_redis_group")}
+    assert found == {"breaker_redis_group_members": ("inventory", 4),
+                     "breaker_redis_group_max_open": ("inventory", 2),
+                     "breaker_redis_group_open": ("inventory", 2),
+                     "breaker_redis_group_held_back_total": ("inventory", held)}
+
+    monkeypatch.setattr(dashboard_module, "STREAM_SECONDS", 0)  # the stream ends after one frame
+    app = Flask(__name__)
+    app.config.update(BREAKER_ADMIN_TOKEN="t", BREAKER_DASHBOARD=True, BREAKER_KEY_PREFIX=prefix)
+    FlaskBreakers(app, client=redis_server.client(), listen=False)
+    answer = app.test_client().get("/_breakers/stream", headers={"Authorization": "Bearer t"})
+    ((_, frame),) = events(answer.get_data(as_text=True))
+    (group,) = frame["groups"]
+    assert (group["name"], group["open"], group["holders"], group["cap"]) == (
+        "inventory", [r0, r1], [r0, r1], 2)
+    assert group["states"] == {r0: "open", r1: "open", r2: "closed", r3: "closed"}
