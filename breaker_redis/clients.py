@@ -35,6 +35,7 @@ R = TypeVar("R")
 # 5xx: the service failed; 429: the service says it is overloaded. Both ask the caller to back off.
 DEFAULT_FAILURE_STATUSES = ROUTE_FAILURE_STATUSES | {429}
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+HOSTS_KEPT = 1024  # origins whose breaker name an adapter or transport keeps
 # The most a Retry-After is believed (a day: the longest open period a breaker has).
 MAX_RETRY_AFTER_SECONDS = 86400.0
 
@@ -144,6 +145,7 @@ class Outbound:
             classify=classify,
         )
         self.groups = self._members(groups, asynchronous)
+        self._hosts: dict[str, str] = {}  # scheme://host:port -> its breaker's name
         self._resolved: dict[str, tuple[Any, RouteSpec]] = {}
         self._warnings = Warnings()
 
@@ -192,7 +194,14 @@ class Outbound:
         if self._fixed is not None:
             return self._fixed
         if self._rule is None:
-            return host_name(url)
+            end = url.find("/", url.find("//") + 2)
+            origin = url if end < 0 else url[:end]  # scheme://host:port, the part host_name reads
+            name = self._hosts.get(origin)
+            if name is None:
+                if len(self._hosts) >= HOSTS_KEPT:
+                    self._hosts.clear()
+                name = self._hosts[origin] = host_name(origin)
+            return name
         return _checked_name(self._rule(request), f"{self.where}: name(request)")
 
     def resolve(self, request: Any, url: str) -> tuple[Any, RouteSpec]:
@@ -219,11 +228,12 @@ class Outbound:
     def warn(self, name: str, message: str) -> None:
         self._warnings.warn(name, message)
 
-    def hold_for(self, breaker: Any, outcome: str, retry_after: str | None) -> float | None:
-        """How long to keep the breaker open after this outcome (None: nothing to do)."""
+    def hold_for(self, breaker: Any, outcome: str, response: Any) -> float | None:
+        """How long to keep the breaker open after this outcome (None: nothing to do):
+        the Retry-After of a failing response, once the breaker is open."""
         if outcome != "failure" or not self.honor_retry_after:
             return None
-        seconds = retry_after_seconds(retry_after)
+        seconds = retry_after_seconds(response.headers.get("Retry-After"))
         if seconds is None:
             return None
         known = breaker.known
@@ -244,12 +254,12 @@ def send(
     request: Any,
     url: str,
     transport: Callable[[], R],
-    status: Callable[[R], tuple[int, str | None]],
+    status: Callable[[R], int],
     refused: Callable[[BreakerOpen], BaseException],
     failures: tuple[type[BaseException], ...],
 ) -> R:
     """One request behind its breaker: ``transport()`` sends it; ``status(response)``
-    is its (status code, Retry-After); ``refused`` makes the client's exception of
+    is its status code; ``refused`` makes the client's exception of
     a refusal; an exception in ``failures`` is a failure, any other is ignored."""
     breaker, spec = outbound.resolve(request, url)
     try:
@@ -267,13 +277,12 @@ def send(
         if group is not None:
             group.settle()
         raise
-    code, retry_after = status(response)
-    outcome = outbound.judge(spec, code, response)
+    outcome = outbound.judge(spec, status(response), response)
     permit.record(outcome)
     group = outbound.group_due(spec.name)
     if group is not None:
         group.settle()  # a trip held back at the group's cap, or a member closed
-    hold = outbound.hold_for(breaker, outcome, retry_after)
+    hold = outbound.hold_for(breaker, outcome, response)
     if hold is not None:
         breaker.hold_open(hold)
     return response
@@ -284,7 +293,7 @@ async def send_async(
     request: Any,
     url: str,
     transport: Callable[[], Awaitable[R]],
-    status: Callable[[R], tuple[int, str | None]],
+    status: Callable[[R], int],
     refused: Callable[[BreakerOpen], BaseException],
     failures: tuple[type[BaseException], ...],
 ) -> R:
@@ -305,13 +314,12 @@ async def send_async(
         if group is not None:
             await group.settle()
         raise
-    code, retry_after = status(response)
-    outcome = outbound.judge(spec, code, response)
+    outcome = outbound.judge(spec, status(response), response)
     await permit.record(outcome)
     group = outbound.group_due(spec.name)
     if group is not None:
         await group.settle()
-    hold = outbound.hold_for(breaker, outcome, retry_after)
+    hold = outbound.hold_for(breaker, outcome, response)
     if hold is not None:
         await breaker.hold_open(hold)
     return response

@@ -71,8 +71,8 @@ def _options(
     )
 
 
-def _status(response: httpx.Response) -> tuple[int, str | None]:
-    return response.status_code, response.headers.get("Retry-After")
+def _status(response: httpx.Response) -> int:
+    return response.status_code
 
 
 class BreakerTransport(httpx.BaseTransport):

@@ -109,5 +109,5 @@ class BreakerAdapter(HTTPAdapter):
         return send(self.outbound, request, request.url or "", transport, _status, refused, FAILURES)
 
 
-def _status(response: requests.Response) -> tuple[int, str | None]:
-    return response.status_code, response.headers.get("Retry-After")
+def _status(response: requests.Response) -> int:
+    return response.status_code
