@@ -91,16 +91,26 @@ class _Group:
     """What the sync and asyncio groups share: the options, checked when built,
     the member breakers, the marks their replies leave, and what to do about them."""
 
+    _asynchronous = False  # on breaker_redis.asyncio's Breakers
+
     def __init__(
         self,
         breakers: Any,
         name: str,
         members: Iterable[str],
         *,
-        max_open_fraction: float,
-        config: BreakerConfig | None,
+        max_open_fraction: float = 0.5,
+        config: BreakerConfig | None = None,
     ) -> None:
-        where = f"{type(self).__name__} {name!r}"
+        from .asyncio import Breakers as AsyncBreakers
+        from .breakers import Breakers
+
+        kind = type(self).__name__
+        wanted = AsyncBreakers if self._asynchronous else Breakers
+        if not isinstance(breakers, wanted):
+            label = "breaker_redis.asyncio.Breakers" if self._asynchronous else "breaker_redis.Breakers"
+            raise TypeError(f"{kind}: breakers must be a {label} (got {breakers!r})")
+        where = f"{kind} {name!r}"
         try:
             self.name = validate_name(name)
         except (TypeError, ValueError) as exc:
@@ -124,7 +134,7 @@ class _Group:
             raise ValueError(f"{where}: max_open_fraction must be > 0 and <= 1 (got {max_open_fraction!r})")
         if config is not None and not isinstance(config, BreakerConfig):
             raise TypeError(f"{where}: config must be a BreakerConfig (got {config!r})")
-        self.breakers = breakers
+        self.breakers: Any = breakers
         self.members = tuple(names)
         self.max_open_fraction = float(max_open_fraction)
         self.cap = cap_of(self.max_open_fraction, len(names))
@@ -276,21 +286,6 @@ class BreakerGroup(_Group):
     Build it before anything else uses the members' breakers.
     """
 
-    def __init__(
-        self,
-        breakers: Any,
-        name: str,
-        members: Iterable[str],
-        *,
-        max_open_fraction: float = 0.5,
-        config: BreakerConfig | None = None,
-    ) -> None:
-        from .breakers import Breakers
-
-        if not isinstance(breakers, Breakers):
-            raise TypeError(f"BreakerGroup: breakers must be a breaker_redis.Breakers (got {breakers!r})")
-        super().__init__(breakers, name, members, max_open_fraction=max_open_fraction, config=config)
-
     def settle(self) -> None:
         """Act on what the members' replies said since the last call (a trip held
         back at the cap, a member closed). Never raises: a failure is logged."""
@@ -332,21 +327,7 @@ class AsyncBreakerGroup(_Group):
     """``BreakerGroup`` over the asyncio breakers (``breaker_redis.asyncio.Breakers``):
     ``await pool.settle()``, ``await pool.status()``; for ``AsyncBreakerTransport``."""
 
-    def __init__(
-        self,
-        breakers: Any,
-        name: str,
-        members: Iterable[str],
-        *,
-        max_open_fraction: float = 0.5,
-        config: BreakerConfig | None = None,
-    ) -> None:
-        from .asyncio import Breakers
-
-        if not isinstance(breakers, Breakers):
-            raise TypeError(f"AsyncBreakerGroup: breakers must be a breaker_redis.asyncio.Breakers "
-                            f"(got {breakers!r})")
-        super().__init__(breakers, name, members, max_open_fraction=max_open_fraction, config=config)
+    _asynchronous = True
 
     async def settle(self) -> None:
         """As BreakerGroup.settle, awaited."""

@@ -43,54 +43,19 @@ class BreakerRefused(BreakerOpen, httpx.TransportError):
             self.request = request
 
 
-def _options(
-    breakers: Any,
-    name: str | NameRule | None,
-    config: BreakerConfig | None,
-    configs: Mapping[str, BreakerConfig | Mapping[str, Any]] | None,
-    failure_statuses: Iterable[int] | None,
-    ignore_statuses: Iterable[int] | None,
-    classify: Callable[[httpx.Response], str | bool | None] | None,
-    honor_retry_after: bool,
-    groups: Iterable[Any],
-    where: str,
-) -> Outbound:
-    asynchronous = where.startswith("Async")
-    return Outbound(
-        breakers,
-        name=name,
-        config=config,
-        configs=configs,
-        failure_statuses=failure_statuses,
-        ignore_statuses=ignore_statuses,
-        classify=classify,
-        honor_retry_after=honor_retry_after,
-        where=where,
-        groups=groups,
-        asynchronous=asynchronous,
-    )
-
-
 def _status(response: httpx.Response) -> int:
     return response.status_code
 
 
-class BreakerTransport(httpx.BaseTransport):
-    """A transport for ``httpx.Client`` whose requests go through their host's breaker.
+class _Options:
+    """What the two transports take, checked when built (clients.Outbound)."""
 
-    ``breakers``: a ``breaker_redis.Breakers``. ``transport``: the transport
-    that sends (default: ``httpx.HTTPTransport(**transport_options)``, so
-    ``retries=``, ``limits=``, ``verify=`` ... are passed through). The other
-    options are ``breaker_redis.requests.BreakerAdapter``'s: ``name``,
-    ``config``, ``configs``, ``failure_statuses`` (default 500-599 and 429),
-    ``ignore_statuses``, ``classify(response)``, ``honor_retry_after``,
-    ``groups`` (``BreakerGroup``; ``AsyncBreakerGroup`` for the async transport).
-    """
+    _asynchronous = False
 
     def __init__(
         self,
         breakers: Any,
-        transport: httpx.BaseTransport | None = None,
+        transport: Any = None,
         *,
         name: str | NameRule | None = None,
         config: BreakerConfig | None = None,
@@ -102,12 +67,42 @@ class BreakerTransport(httpx.BaseTransport):
         groups: Iterable[Any] = (),
         **transport_options: Any,
     ) -> None:
-        self.outbound = _options(breakers, name, config, configs, failure_statuses, ignore_statuses,
-                                 classify, honor_retry_after, groups, "BreakerTransport")
+        where = type(self).__name__
+        self.outbound = Outbound(
+            breakers,
+            name=name,
+            config=config,
+            configs=configs,
+            failure_statuses=failure_statuses,
+            ignore_statuses=ignore_statuses,
+            classify=classify,
+            honor_retry_after=honor_retry_after,
+            where=where,
+            groups=groups,
+            asynchronous=self._asynchronous,
+        )
         if transport is not None and transport_options:
-            raise TypeError(f"BreakerTransport: give a transport or its options, not both "
+            raise TypeError(f"{where}: give a transport or its options, not both "
                             f"(got {', '.join(sorted(transport_options))})")
-        self.transport = transport if transport is not None else httpx.HTTPTransport(**transport_options)
+        if transport is None:
+            transport = (httpx.AsyncHTTPTransport if self._asynchronous else httpx.HTTPTransport)(
+                **transport_options)
+        self.transport = transport
+
+
+class BreakerTransport(_Options, httpx.BaseTransport):
+    """A transport for ``httpx.Client`` whose requests go through their host's breaker.
+
+    ``breakers``: a ``breaker_redis.Breakers``. ``transport``: the transport
+    that sends (default: ``httpx.HTTPTransport(**transport_options)``, so
+    ``retries=``, ``limits=``, ``verify=`` ... are passed through). The other
+    options are ``breaker_redis.requests.BreakerAdapter``'s: ``name``,
+    ``config``, ``configs``, ``failure_statuses`` (default 500-599 and 429),
+    ``ignore_statuses``, ``classify(response)``, ``honor_retry_after``,
+    ``groups`` (``BreakerGroup``; ``AsyncBreakerGroup`` for the async transport).
+    """
+
+    transport: httpx.BaseTransport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         def refused(exc: BreakerOpen) -> BreakerRefused:
@@ -132,32 +127,13 @@ class BreakerTransport(httpx.BaseTransport):
         self.transport.__exit__(exc_type, exc_value, traceback)
 
 
-class AsyncBreakerTransport(httpx.AsyncBaseTransport):
+class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
     """``BreakerTransport`` for ``httpx.AsyncClient``, over asyncio breakers
     (``breaker_redis.asyncio.Breakers``): no call blocks the event loop.
     ``transport`` defaults to ``httpx.AsyncHTTPTransport(**transport_options)``."""
 
-    def __init__(
-        self,
-        breakers: Any,
-        transport: httpx.AsyncBaseTransport | None = None,
-        *,
-        name: str | NameRule | None = None,
-        config: BreakerConfig | None = None,
-        configs: Mapping[str, BreakerConfig | Mapping[str, Any]] | None = None,
-        failure_statuses: Iterable[int] | None = None,
-        ignore_statuses: Iterable[int] | None = None,
-        classify: Callable[[httpx.Response], str | bool | None] | None = None,
-        honor_retry_after: bool = True,
-        groups: Iterable[Any] = (),
-        **transport_options: Any,
-    ) -> None:
-        self.outbound = _options(breakers, name, config, configs, failure_statuses, ignore_statuses,
-                                 classify, honor_retry_after, groups, "AsyncBreakerTransport")
-        if transport is not None and transport_options:
-            raise TypeError(f"AsyncBreakerTransport: give a transport or its options, not both "
-                            f"(got {', '.join(sorted(transport_options))})")
-        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport(**transport_options)
+    _asynchronous = True
+    transport: httpx.AsyncBaseTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         def refused(exc: BreakerOpen) -> BreakerRefused:
