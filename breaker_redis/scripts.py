@@ -39,7 +39,11 @@ import redis.asyncio
 log = logging.getLogger("breaker_redis")
 
 Call = tuple[str, "int | None", Sequence[Any]]  # name, now_ms, args: one script call (run_many)
-OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot", "read", "health", "sweep")
+OPERATIONS = (
+    *("acquire", "record", "admin", "configure", "snapshot", "read", "health", "sweep"),
+    # the HTTP client integrations': a service's Retry-After, a breaker group's grants (groups.py)
+    *("hold", "member", "group"),
+)
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 
@@ -94,6 +98,11 @@ def validate_prefix(prefix: object) -> str:
 def breaker_keys(prefix: str, name: str) -> list[str]:
     """The seven keys of one breaker, in the order the scripts expect (KEYS[1..7])."""
     return [f"{prefix}:{{{name}}}:{suffix}" for suffix in KEY_SUFFIXES]
+
+
+def group_key(prefix: str, group: str) -> str:
+    """The hash of a breaker group (lua/group.lua): in the slot of its own hash tag."""
+    return f"{prefix}:group:{{{group}}}"
 
 
 def _lua_dir() -> Path:
@@ -157,6 +166,7 @@ class Scripts:
         self.channel = f"{prefix}:events"
         self.names_key = f"{prefix}:names"
         self.health_key = f"{prefix}:health"  # lua/health.lua's, outside every breaker's hash tag
+        self.groups_key = f"{prefix}:groups"  # the names of the breaker groups (breaker_redis/groups.py)
         self.ttl_ms = ttl_ms
         self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
@@ -222,11 +232,20 @@ class Scripts:
         """(sha, source, keys, argv) of one script call."""
         argv: list[Any] = [name, self.channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
         argv.extend(args)
-        keys = [self.health_key] if operation == "health" else self._keys.get(name)
+        sha, source = self._scripts[operation]
+        return sha, source, self.script_keys(operation, name), argv
+
+    def script_keys(self, operation: str, name: str) -> list[str]:
+        """The keys a script call touches: a breaker's seven, or the health key,
+        or a breaker group's hash (``name`` is then the group's)."""
+        if operation == "health":
+            return [self.health_key]
+        if operation == "group":
+            return [group_key(self.prefix, name)]
+        keys = self._keys.get(name)
         if keys is None:
             keys = self._keys[name] = breaker_keys(self.prefix, name)
-        sha, source = self._scripts[operation]
-        return sha, source, keys, argv
+        return keys
 
 
 class ScriptRunner(Scripts):
@@ -266,7 +285,7 @@ class ScriptRunner(Scripts):
             if "WRONGTYPE" not in str(exc):
                 raise
             log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
-            self.drop_keys(name)
+            self.drop_keys(name, operation)
             return self.run(operation, name, now_ms, args)
 
     def run_many(self, operation: str, calls: Sequence[Call]) -> list[Any]:
@@ -374,8 +393,8 @@ class ScriptRunner(Scripts):
         else:
             self.client.script_load(self._scripts[operation][1])
 
-    def drop_keys(self, name: str) -> None:
-        self.client.delete(*breaker_keys(self.prefix, name))
+    def drop_keys(self, name: str, operation: str = "acquire") -> None:
+        self.client.delete(*self.script_keys(operation, name))
 
     def register_name(self, name: str, now_ms: int | None = None) -> None:
         """Add a name to the listing set (outside the scripts: it lives in another slot),

@@ -671,3 +671,17 @@ local function reply(s, allowed, reason, lease, c)
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
     s.born, REPAIRED, LOST}
 end
+
+-- Breaker groups: a pool of replica hosts of which at most a share may be open at
+-- once (breaker_redis/groups.py; Envoy's max_ejection_percent). A member's config
+-- names its group (c.group); it opens only holding the group's grant, the field
+-- 'grant' of its state hash, which member.lua writes once group.lua, in the group's
+-- own slot, handed out one of the group's few grants (docs/http-clients.md has why it
+-- is two steps). Without one, a trip its rules call for is held back: the breaker
+-- stays closed and keeps counting, and the reply's events say 'held', so the worker
+-- asks the group and, granted, has member.lua trip it. Not in a group: nothing read.
+local function group_holds_back(s, c)
+  if not c.group or redis.call('HMGET', K_STATE, 'grant')[1] then return false end
+  EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. 'held'
+  return true
+end
