@@ -86,13 +86,13 @@ from .routes import (
     FALLBACK_HEADER,
     MARKERS,
     NOT_SERVED,
-    OUTCOMES,
     ROUTE_OPTIONS,
     UNPROTECTED_METHODS,
     RouteSpec,
     Warnings,
     held_permit,
     hold_permit,
+    judge,
     note_refusal,
     parse_routes,
     prefix_matches,
@@ -201,27 +201,12 @@ def judge_status(
     """success, failure or ignored, from a status and headers: the route's
     classify(), else its status lists (5xx a failure by default). A classifier
     that raises or answers nonsense counts a failure (and is logged)."""
-    try:
-        if spec.classify is not None:
-            seen = Headers([(str(k), str(v)) for k, v in headers])
-            info = ResponseInfo(code, status_line(code), seen, scope)
-            verdict = spec.classify(info)
-            if verdict is True:
-                return "failure"
-            if verdict is False:
-                return "success"
-            if isinstance(verdict, str) and verdict in OUTCOMES:
-                return verdict
-            if verdict is not None:
-                raise ValueError(f"classify() of breaker {spec.name!r} returned {verdict!r}")
-    except Exception:
-        warn(spec.name, "classify() of breaker %r raised; counted as a failure")
-        return "failure"
-    if code in spec.ignore_statuses:
-        return "ignored"
-    if code in spec.failure_statuses:
-        return "failure"
-    return "success"
+
+    def info() -> ResponseInfo:
+        seen = Headers([(str(k), str(v)) for k, v in headers])
+        return ResponseInfo(code, status_line(code), seen, scope)
+
+    return judge(spec, code, info, warn)
 
 
 # -- answers -----------------------------------------------------------------------------

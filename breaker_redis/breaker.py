@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, Protocol
 
@@ -85,6 +86,8 @@ class Breaker(BreakerCore[Permit], Protects):
 
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
+        # told the events of every reply of the store in use (a breaker group's hook, groups.py)
+        self.on_events: Callable[[Breaker, str], None] | None = None
         super().__init__(name, config)
         self.now_ms = shared.now_ms  # type: ignore[method-assign]  # one call less per permit
         self._gate = shared.gate_for(name)  # on a cluster, its master's (store.MasterGates)
@@ -231,6 +234,8 @@ class Breaker(BreakerCore[Permit], Protects):
         if reply.events and current:
             shared.barrier(self.name)
             shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
+        if reply.events and self.on_events is not None and self._gate.live(generation):
+            self.on_events(self, reply.events)
         return known
 
     def _key_prefix(self) -> str:
@@ -288,6 +293,23 @@ class Breaker(BreakerCore[Permit], Protects):
     def half_open(self) -> None:
         """half_open now: the next call is a probe."""
         self._admin("half_open")
+
+    def hold_open(self, seconds: float) -> None:
+        """If the breaker is open, keep it open at least ``seconds`` from now, for
+        every worker (lua/hold.lua; capped at max_open_seconds): a service's own
+        Retry-After, honoured by the HTTP client integrations. Never shortens it."""
+        self.run_script("hold", [max(0, round(seconds * 1000))])
+
+    def run_script(self, operation: str, args: list[Any]) -> Reply | None:
+        """Run one of this breaker's scripts that answer with the common reply (hold,
+        member) with this worker's config, and learn from the reply; None when Redis
+        is down and the policy is allow or deny."""
+        try:
+            reply, generation, stamp = self._run(operation, args)
+        except StoreUnavailable:
+            return None
+        self._learn(reply, generation, stamp)
+        return reply
 
     def _admin(self, op: str, config: bytes | str = "") -> None:
         self._shared.register_name(self.name)  # a breaker only ever forced is listed too

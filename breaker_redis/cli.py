@@ -285,6 +285,15 @@ def table(snapshots: Iterable[Mapping[str, Any]], highlight: Iterable[str] = ())
     return lines
 
 
+def group_line(group: Mapping[str, Any]) -> str:
+    """One breaker group (breaker_redis/groups.py): how many members are open of how
+    many may be, which, and how many trips it held back at that cap."""
+    opened = ", ".join(group["open"]) or "none"
+    return (f"group {group['name']}: {len(group['open'])} of {len(group['members'])} members open "
+            f"(at most {group['cap']}, max_open_fraction {group['max_open_fraction']:g}): {opened}; "
+            f"{group['held']} trips held back at the cap")
+
+
 def transition_line(event: Mapping[str, Any]) -> str:
     """One transition, from the events list or from a pub/sub message."""
     line = f"{_clock(event.get('at'))}  {event.get('name')}  {event.get('from')} -> {event.get('to')}"
@@ -311,10 +320,16 @@ def status(target: Target, as_json: bool) -> None:
     """Every breaker known in Redis, one line each.
 
     State (forced marked), failures / calls in the window and the failure
-    rate, cumulative calls, rejected, trips, seconds until a probe (retry after).
+    rate, cumulative calls, rejected, trips, seconds until a probe (retry after);
+    then each breaker group: its members open of how many may be.
     """
     snapshots = target.snapshots()
+    groups = target.groups(snapshots)
     if as_json:
+        for group in groups:  # a member of a breaker group names it
+            for snapshot in snapshots:
+                if snapshot["name"] in group["members"]:
+                    snapshot["group"] = group["name"]
         # one breaker per line (json.dumps without indent is the C encoder: 2,000 breakers in
         # a fraction of the time), still one JSON array for json.load / jq
         lines = ",\n".join(json.dumps(snapshot) for snapshot in snapshots)
@@ -324,6 +339,8 @@ def status(target: Target, as_json: bool) -> None:
     else:
         for line in table(snapshots):
             click.echo(line)
+        for group in groups:
+            click.echo(group_line(group))
 
 
 @main.command()

@@ -5,7 +5,8 @@ hosts share it, with no multiprocess directory and nothing kept per process.
 it on your own registry, or let the Flask extension serve it at
 ``<admin path>/metrics`` (behind the token) or ``breaker-redis metrics`` print
 or serve it. Each scrape reads every breaker as the CLI's ``status`` does
-(reader.py: lua/read.lua, one pipelined round trip per 500 breakers). The
+(reader.py: lua/read.lua, one pipelined round trip per 500 breakers), and
+every breaker group (one more round trip when there is one). The
 metric names are fixed (docs/design.md section 9). When Redis cannot be read,
 a scrape shows ``breaker_redis_up 0`` and nothing else, and says why once in
 the log.
@@ -41,6 +42,7 @@ class BreakerCollector(Collector):
         up = GaugeMetricFamily("breaker_redis_up", "1 if the breakers' Redis could be read by this scrape")
         try:
             snapshots = self._reader.snapshots()
+            groups = self._reader.groups(snapshots)
         except Exception as exc:
             # a permission Redis refuses is an error of its own, logged once with the ACL rule
             # that grants it (acl.PermissionLog), and named by breaker_redis_up_error
@@ -63,6 +65,7 @@ class BreakerCollector(Collector):
         up.add_metric([], 1)
         yield up
         yield from _families(snapshots)
+        yield from _group_families(groups)
 
 
 def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
@@ -103,6 +106,30 @@ def _families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
         window_failures.add_metric([name], snap["window_failures"])
         retry_after.add_metric([name], snap["retry_after"] or 0)
     yield from (state, forced, calls, slow, rejected, trips, lost, window_calls, window_failures, retry_after)
+
+
+def _group_families(groups: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Breaker groups (breaker_redis/groups.py): members, how many may be open, how many are."""
+    members = GaugeMetricFamily(
+        "breaker_redis_group_members", "Member breakers of the group", labels=["group"]
+    )
+    cap = GaugeMetricFamily(
+        "breaker_redis_group_max_open", "Members of the group that may be open at once", labels=["group"]
+    )
+    opened = GaugeMetricFamily(
+        "breaker_redis_group_open", "Members of the group open or half-open now", labels=["group"]
+    )
+    held = CounterMetricFamily(
+        "breaker_redis_group_held_back", "Trips the group held back at its cap", labels=["group"]
+    )
+    for group in groups:
+        name = str(group["name"])
+        members.add_metric([name], len(group["members"]))
+        cap.add_metric([name], group["cap"])
+        opened.add_metric([name], len(group["open"]))
+        held.add_metric([name], group["held"])
+    if groups:
+        yield from (members, cap, opened, held)
 
 
 def exposition(client: Any, prefix: str = "breaker") -> bytes:

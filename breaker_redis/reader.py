@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import redis
 
 from .breakers import DEFAULT_TTL_SECONDS, Breakers
 from .config import BreakerConfig
+from .groups import config_from_lua, group_status
 from .scripts import KEY_SUFFIXES, ScriptRunner, breaker_keys, text
 from .snapshot import snapshot_of
 
@@ -62,7 +63,7 @@ def stored_config_of(raw: Any) -> BreakerConfig | None:
     if not raw:
         return None
     try:
-        return BreakerConfig.from_lua(raw)
+        return config_from_lua(raw)  # a breaker group member's names its group
     except (ValueError, TypeError):
         return None
 
@@ -310,6 +311,34 @@ class Reader:
         assert parts is not None
         config = self._plain[parts.text] if parts.config == b"=" else parts.config
         return snapshot_of(name, _fields(parts, config), "redis")
+
+    def group_names(self) -> list[str]:
+        """Every breaker group listed under the prefix (breaker_redis/groups.py)."""
+        return sorted(text(n) for n in self.client.smembers(self._runner.groups_key))
+
+    def groups(self, snapshots: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+        """Every breaker group: its members as the last worker joining described
+        them, their states (from ``snapshots`` where given, else the state hashes),
+        which are open, which hold the group's grants, its cap and counters
+        (groups.group_status). One round trip, and one more for states not given."""
+        names = self.group_names()
+        if not names:
+            return []
+        now_ms = self._now_ms()
+        raws = self._runner.run_many("group", [(name, now_ms, ["", "", "read"]) for name in names])
+        for raw in raws:
+            if isinstance(raw, Exception):
+                raise raw
+        states = {str(s["name"]): str(s["state"]) for s in snapshots}
+        described = [group_status(name, raw, {}) for name, raw in zip(names, raws, strict=True)]
+        missing = sorted({m for group in described for m in group["members"]} - set(states))
+        if missing:
+            pipe = self.client.pipeline(transaction=False)
+            for member in missing:
+                pipe.hmget(self.keys(member)["state"], "state")
+            for member, (state,) in zip(missing, pipe.execute(), strict=True):
+                states[member] = text(state) or "closed"
+        return [group_status(name, raw, states) for name, raw in zip(names, raws, strict=True)]
 
     def overrides(self, name: str) -> dict[str, str]:
         raw = self.client.hgetall(self.keys(name)["config"])

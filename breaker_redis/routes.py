@@ -130,7 +130,9 @@ def prefix_matches(prefix: str, path: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def _statuses(value: Any, default: frozenset[int], where: str, option: str) -> frozenset[int]:
+def status_codes(value: Any, default: frozenset[int], where: str, option: str) -> frozenset[int]:
+    """``failure_statuses`` / ``ignore_statuses`` checked: a collection of int
+    codes from 100 to 599 (a bare ``502`` is refused, not iterated); None: ``default``."""
     if value is None:
         return default
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
@@ -187,10 +189,10 @@ def make_spec(name: str, route: Mapping[str, Any], where: str | None = None) -> 
     return RouteSpec(
         name=name,
         fallback=_fallback(route.get("fallback"), where),
-        failure_statuses=_statuses(
+        failure_statuses=status_codes(
             route.get("failure_statuses"), DEFAULT_FAILURE_STATUSES, where, "failure_statuses"
         ),
-        ignore_statuses=_statuses(route.get("ignore_statuses"), frozenset(), where, "ignore_statuses"),
+        ignore_statuses=status_codes(route.get("ignore_statuses"), frozenset(), where, "ignore_statuses"),
         classify=classify,
         message=message,
         fallback_on_failure=on_failure,
@@ -283,6 +285,32 @@ def route_breakers(
             built = dataclasses.replace(breakers.defaults, **config) if config else None
             resolved[spec.name] = breakers.get(spec.name, built)
     return resolved
+
+
+def judge(spec: RouteSpec, code: int, info: Callable[[], Any], warn: Callable[[str, str], None]) -> str:
+    """success, failure or ignored for a response: ``spec.classify(info())``, else
+    its status lists (5xx a failure by default). ``info`` builds what classify is
+    given, only when there is one. A classifier that raises or answers nonsense
+    counts a failure, and ``warn(name, message)`` says so."""
+    if spec.classify is not None:
+        try:
+            verdict = spec.classify(info())
+            if verdict is True:
+                return "failure"
+            if verdict is False:
+                return "success"
+            if isinstance(verdict, str) and verdict in OUTCOMES:
+                return verdict
+            if verdict is not None:
+                raise ValueError(f"classify() of breaker {spec.name!r} returned {verdict!r}")
+        except Exception:
+            warn(spec.name, "classify() of breaker %r raised; counted as a failure")
+            return "failure"
+    if code in spec.ignore_statuses:
+        return "ignored"
+    if code in spec.failure_statuses:
+        return "failure"
+    return "success"
 
 
 def status_line(code: int) -> str:

@@ -41,7 +41,11 @@ from .cluster import Slots, is_cluster, notices_channel
 log = logging.getLogger("breaker_redis")
 
 Call = tuple[str, "int | None", Sequence[Any]]  # name, now_ms, args: one script call (run_many)
-OPERATIONS = ("acquire", "record", "admin", "configure", "snapshot", "read", "health", "sweep")
+OPERATIONS = (
+    *("acquire", "record", "admin", "configure", "snapshot", "read", "health", "sweep"),
+    # the HTTP client integrations': a service's Retry-After, a breaker group's grants (groups.py)
+    *("hold", "member", "group"),
+)
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 
@@ -96,6 +100,11 @@ def validate_prefix(prefix: object) -> str:
 def breaker_keys(prefix: str, name: str) -> list[str]:
     """The seven keys of one breaker, in the order the scripts expect (KEYS[1..7])."""
     return [f"{prefix}:{{{name}}}:{suffix}" for suffix in KEY_SUFFIXES]
+
+
+def group_key(prefix: str, group: str) -> str:
+    """The hash of a breaker group (lua/group.lua): in the slot of its own hash tag."""
+    return f"{prefix}:group:{{{group}}}"
 
 
 def _lua_dir() -> Path:
@@ -159,6 +168,7 @@ class Scripts:
         self.channel = f"{prefix}:events"
         self.names_key = f"{prefix}:names"
         self.health_key = f"{prefix}:health"  # lua/health.lua's, outside every breaker's hash tag
+        self.groups_key = f"{prefix}:groups"  # the names of the breaker groups (breaker_redis/groups.py)
         self.ttl_ms = ttl_ms
         self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
@@ -226,26 +236,37 @@ class Scripts:
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
     ) -> tuple[str, str, list[str], list[Any]]:
         """(sha, source, keys, argv) of one script call."""
-        keys = self.health_keys(name) if operation == "health" else self._keys.get(name)
-        if keys is None:
-            keys = self._keys[name] = breaker_keys(self.prefix, name)
+        keys = self.script_keys(operation, name)
         channel = self.channel
         if self.slots is not None:  # ARGV 2: '<prefix>:events <sharded channel>' (lua/_lib.lua)
-            channel = self._argv2.get(keys[0]) or self._argv2.setdefault(keys[0], self.argv2(operation, name))
+            channel = self._argv2.get(keys[0]) or self._argv2.setdefault(keys[0], self.argv2(keys[0], name))
         argv: list[Any] = [name, channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
         argv.extend(args)
         sha, source = self._scripts[operation]
         return sha, source, keys, argv
+
+    def script_keys(self, operation: str, name: str) -> list[str]:
+        """The keys a script call touches: a breaker's seven, or the health key,
+        or a breaker group's hash (``name`` is then the group's)."""
+        if operation == "health":
+            return self.health_keys(name)
+        if operation == "group":
+            return [group_key(self.prefix, name)]
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = breaker_keys(self.prefix, name)
+        return keys
 
     def health_keys(self, name: str) -> list[str]:
         """lua/health.lua's key: <prefix>:health, or on a cluster, to probe the master of
         one breaker, a key in that breaker's slot."""
         return [self.health_key if name == "health" else f"{self.prefix}:{{{name}}}:health"]
 
-    def argv2(self, operation: str, name: str) -> str:
+    def argv2(self, first_key: str, name: str) -> str:
         """The channels a script publishes on (ARGV 2) on a cluster: the prefix's, and one in
-        the slot of the script's keys (the breaker's notices; for health, its key's name)."""
-        shard = self.health_keys(name)[0] if operation == "health" else notices_channel(self.prefix, name)
+        the slot of the script's keys (a breaker's notices; else the first key's own name)."""
+        breaker = first_key == self.route_key(name)
+        shard = notices_channel(self.prefix, name) if breaker else first_key
         return f"{self.channel} {shard}"
 
     def route_key(self, name: str) -> str:
@@ -299,7 +320,7 @@ class ScriptRunner(Scripts):
             if "WRONGTYPE" not in str(exc):
                 raise
             log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
-            self.drop_keys(name)
+            self.drop_keys(name, operation)
             return self.run(operation, name, now_ms, args)
 
     def run_many(self, operation: str, calls: Sequence[Call]) -> list[Any]:
@@ -407,8 +428,8 @@ class ScriptRunner(Scripts):
         else:
             self.client.script_load(self._scripts[operation][1])
 
-    def drop_keys(self, name: str) -> None:
-        self.client.delete(*breaker_keys(self.prefix, name))
+    def drop_keys(self, name: str, operation: str = "acquire") -> None:
+        self.client.delete(*self.script_keys(operation, name))
 
     def register_name(self, name: str, now_ms: int | None = None) -> None:
         """Add a name to the listing set (outside the scripts: it lives in another slot),

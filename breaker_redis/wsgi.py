@@ -69,13 +69,13 @@ from .routes import (
     FALLBACK_HEADER,
     MARKERS,
     NOT_SERVED,
-    OUTCOMES,
     ROUTE_OPTIONS,
     UNPROTECTED_METHODS,
     RouteSpec,
     Warnings,
     held_permit,
     hold_permit,
+    judge,
     note_refusal,
     parse_routes,
     prefix_matches,
@@ -481,25 +481,9 @@ class _Exchange:
             return "failure"  # not a status a server can send: it will answer 500
         if refused_inside(self.environ):
             return "ignored"  # a guard of another breaker refused it: this route's service was not asked
-        try:
-            if spec.classify is not None:
-                verdict = spec.classify(ResponseInfo(code, status, Headers(list(self.headers)), self.environ))
-                if verdict is True:
-                    return "failure"
-                if verdict is False:
-                    return "success"
-                if isinstance(verdict, str) and verdict in OUTCOMES:
-                    return verdict
-                if verdict is not None:
-                    raise ValueError(f"classify() of breaker {spec.name!r} returned {verdict!r}")
-        except Exception:
-            self.middleware.warn(spec.name, "classify() of breaker %r raised; counted as a failure")
-            return "failure"
-        if code in spec.ignore_statuses:
-            return "ignored"
-        if code in spec.failure_statuses:
-            return "failure"
-        return "success"
+        headers = self.headers
+        return judge(spec, code, lambda: ResponseInfo(code, status, Headers(list(headers)), self.environ),
+                     self.middleware.warn)
 
     def settle(self, outcome: str) -> None:
         try:

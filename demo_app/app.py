@@ -1,9 +1,10 @@
 """The demo shop: ``demo_app.app:app``.
 
-- ``/pay``: protected by the ``pay`` breaker (decorator style) with the
-  numbers of the classic OpenResty ``lua_shared_dict`` breaker: 5 failures
-  in 10 s open it for 10 s (demo_app/settings.py); no fallback, so a
-  refused payment gets the friendly 503 with Retry-After.
+- ``/pay``: its call to the payment service goes through the ``pay``
+  breaker's requests adapter (breaker_redis.requests), with the numbers of
+  the classic OpenResty ``lua_shared_dict`` breaker: 5 failures (a timeout,
+  an error, a 5xx) in 10 s open it for 10 s (demo_app/settings.py); no
+  fallback, so a refused payment gets the friendly 503 with Retry-After.
 - ``/cart``: protected by the ``cart`` breaker through ``BREAKER_ROUTES``
   (no decorator, like an OpenResty ``location``); while the upstream fails
   or the breaker is open it answers the last good cart every worker saw,
@@ -26,8 +27,10 @@ from typing import Any
 import requests
 from flask import Flask, Response, jsonify
 
+from breaker_redis import BreakerOpen
 from breaker_redis.fallbacks import cached, chain, static
-from breaker_redis.flask import FlaskBreakers
+from breaker_redis.flask import BreakerOpenError, FlaskBreakers, retry_after_seconds
+from breaker_redis.requests import BreakerAdapter
 
 from . import settings
 
@@ -51,9 +54,12 @@ app.config.update(
 )
 breakers = FlaskBreakers(app)
 breakers.breaker("recommend", **settings.recommend_config())  # declares the outbound breaker's config
+PAY = breakers.breaker("pay", **settings.pay_config())  # the payment service's breaker, for the adapter
 
 # One HTTP session per worker thread, made on first use (after the fork):
-# keep-alive to the upstream without sharing a socket between processes.
+# keep-alive to the upstream without sharing a socket between processes. Calls
+# to the payment service go through the pay breaker (one breaker named for the
+# service, rather than the default one per host: /cart is on the same host).
 _local = threading.local()
 
 
@@ -61,6 +67,7 @@ def http() -> requests.Session:
     session: requests.Session | None = getattr(_local, "session", None)
     if session is None:
         session = _local.session = requests.Session()
+        session.mount(UPSTREAM_URL + "/pay", BreakerAdapter(breakers.breakers, name="pay", config=PAY.config))
     return session
 
 
@@ -80,11 +87,14 @@ def index() -> Any:
 
 
 @app.route("/pay", methods=["GET", "POST"])
-@breakers.protect("pay", message=settings.PAY_UNAVAILABLE, **settings.pay_config())
 def pay() -> Any:
-    """A 5xx answer is what the breaker counts: a timeout is 504, an upstream error 502."""
+    """The adapter counts the payment service's timeouts, errors and 5xx; a refusal
+    is the friendly 503 with Retry-After. The view answers 504 and 502 for the failures."""
     try:
         answer = upstream("POST", "/pay")
+    except BreakerOpen as refused:  # no connection was made
+        seconds = retry_after_seconds(refused, PAY.config)
+        raise BreakerOpenError(refused, settings.PAY_UNAVAILABLE, seconds) from None
     except requests.Timeout:
         return jsonify(ok=False, message="The payment service did not answer in time."), 504
     except requests.RequestException:

@@ -8,8 +8,10 @@ use to tell the story and to check it:
 - ``POST /_control`` JSON ``{"fail_rate": 0..1, "latency_ms": n, "hang": bool}``
   and optionally ``"path"`` (only that path), ``"succeed_first": n`` (the
   first n hits of a path succeed: a service that breaks after a few good
-  calls) and ``"seed"`` (a fixed random sequence, so an 80 % failure run is
-  reproducible);
+  calls), ``"seed"`` (a fixed random sequence, so an 80 % failure run is
+  reproducible), ``"fail_status"`` (what a failing call answers: 500 by
+  default; 503, 429, or 404 and 400 for a client's mistakes) and
+  ``"retry_after"`` (a ``Retry-After`` header on failing answers, "" for none);
 - ``GET /_stats`` -> ``{"hits": {"/pay": n}, "max_concurrency": {"/pay": n},
   "max_concurrency_total": n, "in_flight": {...}}``;
 - ``POST /_reset``: healthy again, counters zeroed, hung calls released.
@@ -30,7 +32,14 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-HEALTHY: dict[str, Any] = {"fail_rate": 0.0, "latency_ms": 0, "hang": False, "succeed_first": 0}
+HEALTHY: dict[str, Any] = {
+    "fail_rate": 0.0,
+    "latency_ms": 0,
+    "hang": False,
+    "succeed_first": 0,
+    "fail_status": 500,
+    "retry_after": "",
+}
 HANG_LIMIT_SECONDS = 60.0
 
 
@@ -61,6 +70,10 @@ class Upstream:
         fail_rate = float(changes.get("fail_rate", 0.0))
         if not 0.0 <= fail_rate <= 1.0:
             raise ValueError("fail_rate must be between 0 and 1")
+        if not 100 <= int(changes.get("fail_status", 500)) <= 599:
+            raise ValueError("fail_status must be an HTTP status (100-599)")
+        if "retry_after" in changes:
+            changes["retry_after"] = str(changes["retry_after"] or "")
         with self.lock:
             path = body.get("path")
             target = self.default if path is None else self.per_path.setdefault(str(path), dict(self.default))
@@ -81,7 +94,7 @@ class Upstream:
                 "in_flight": {p: n for p, n in self.in_flight.items() if n},
             }
 
-    def serve(self, path: str) -> tuple[int, dict[str, Any]]:
+    def serve(self, path: str) -> tuple[int, dict[str, Any], dict[str, str]]:
         with self.lock:
             self.hits[path] += 1
             hit = self.hits[path]
@@ -98,8 +111,10 @@ class Upstream:
             elif control["latency_ms"]:
                 release.wait(float(control["latency_ms"]) / 1000.0)
             if fails:
-                return 500, {"ok": False, "service": path, "hit": hit, "error": "upstream failure"}
-            return 200, {"ok": True, "service": path, "hit": hit, **_payload(path)}
+                headers = {"Retry-After": control["retry_after"]} if control["retry_after"] else {}
+                failure = {"ok": False, "service": path, "hit": hit, "error": "upstream failure"}
+                return int(control["fail_status"]), failure, headers
+            return 200, {"ok": True, "service": path, "hit": hit, **_payload(path)}, {}
         finally:
             with self.lock:
                 self.in_flight[path] -= 1
@@ -124,13 +139,19 @@ class Server(ThreadingHTTPServer):
 def make_handler(upstream: Upstream) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # the headers and the body go out in two writes: with Nagle's algorithm the body
+        # waited for the client's delayed ACK, about 40 ms on every call over a kept-alive
+        # connection (a requests Session, an httpx Client)
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet: the demo prints its own story
             return
 
-        def _send(self, status: int, body: dict[str, Any]) -> None:
+        def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -64,15 +64,7 @@ local function begin(keys, argv)
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
   NAME, TTL = argv[1], tonumber(argv[4])
   CHANNEL, SHARD = string.match(argv[2], '^(%S+) ?(%S*)$')
-  local floor, state, epoch, born, open_until, forced =
-    string.match(argv[6] or '', '^(%d+) ([a-z_]+) (%d+) (%d+) (%d+) ([a-z-]+)$')
-  if floor then
-    FLOOR = tonumber(floor)
-    KNOWN = {state = state, epoch = tonumber(epoch), born = tonumber(born), open_until = tonumber(open_until),
-      forced = forced == '-' and '' or forced}
-  else
-    FLOOR, KNOWN = tonumber(argv[6]) or 0, nil
-  end
+  FLOOR, KNOWN = nil, nil  -- ARGV 6, read by caller_knows() when a call needs it (rarely)
   -- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
   -- older version lose it: a quarter of the TTL, at most once a minute.
   TTL_REFRESH_MS = math.min(60000, math.floor(TTL / 4))
@@ -83,6 +75,23 @@ local function begin(keys, argv)
     NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   REPAIRED, EVENTS, LOST = '', '', ''
+end
+
+-- ARGV 6 (see the header): the caller's highest epoch (FLOOR) and what it knows
+-- of the state (KNOWN, or nil). Parsed only by the calls that need it: a state
+-- hash created anew, or one nothing has happened to since (restore_lost).
+local function caller_knows()
+  if FLOOR then return end
+  local argv6 = ARGS[6] or ''
+  local floor, state, epoch, born, open_until, forced =
+    string.match(argv6, '^(%d+) ([a-z_]+) (%d+) (%d+) (%d+) ([a-z-]+)$')
+  if floor then
+    FLOOR = tonumber(floor)
+    KNOWN = {state = state, epoch = tonumber(epoch), born = tonumber(born), open_until = tonumber(open_until),
+      forced = forced == '-' and '' or forced}
+  else
+    FLOOR, KNOWN = tonumber(argv6) or 0, nil
+  end
 end
 
 local function repaired(key)
@@ -228,6 +237,10 @@ end
 -- is counted once per new incarnation (stats state_lost) and the reply says
 -- so, for the worker to log it.
 local function restore_lost(s, created)  -- true when it restored a state
+  -- the common case, decided on the state alone: a breaker that made a transition since
+  -- its hash was created, is not closed, or is held by an operator restores nothing
+  if s.epoch ~= s.born or s.state ~= 'closed' or s.forced ~= '' or s.held == s.born then return false end
+  caller_knows()
   local was = KNOWN
   if created then
     local line = last_transition()
@@ -293,6 +306,7 @@ local function load_state(restore)
   local created = corrupted or (s.state ~= 'closed' and s.state ~= 'open' and s.state ~= 'half_open')
   if created then
     if unparsable(v[2], epoch) then s.epoch = 0 end
+    caller_knows()
     s.epoch = math.max(NOW, FLOOR + 1, s.epoch + 1)
     s.state, s.born, s.armed, s.dirty = 'closed', s.epoch, false, true
     s.open_until, s.consec, s.open_ms, s.ho_ok, s.seq, s.arms, s.forced = 0, 0, 0, 0, 0, 0, ''
@@ -364,8 +378,11 @@ end
 local PENDING = {'rejected', 'would_reject', 'successes', 'failures', 'ignored', 'slow'}
 local function flush_pending(from)
   for i = 1, 6 do
-    local n = tonumber(ARGS[from + i - 1])
-    if n and n ~= 0 then stat(PENDING[i], n) end
+    local raw = ARGS[from + i - 1]
+    if raw ~= '0' and raw ~= '' then  -- usually: nothing counted (a string compare, no parse)
+      local n = tonumber(raw)
+      if n and n ~= 0 then stat(PENDING[i], n) end
+    end
   end
 end
 
@@ -665,4 +682,18 @@ local function reply(s, allowed, reason, lease, c)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
     s.born, REPAIRED, LOST}
+end
+
+-- Breaker groups: a pool of replica hosts of which at most a share may be open at
+-- once (breaker_redis/groups.py; Envoy's max_ejection_percent). A member's config
+-- names its group (c.group); it opens only holding the group's grant, the field
+-- 'grant' of its state hash, which member.lua writes once group.lua, in the group's
+-- own slot, handed out one of the group's few grants (docs/http-clients.md has why it
+-- is two steps). Without one, a trip its rules call for is held back: the breaker
+-- stays closed and keeps counting, and the reply's events say 'held', so the worker
+-- asks the group and, granted, has member.lua trip it. Not in a group: nothing read.
+local function group_holds_back(s, c)
+  if not c.group or redis.call('HMGET', K_STATE, 'grant')[1] then return false end
+  EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. 'held'
+  return true
 end

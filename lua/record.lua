@@ -29,6 +29,7 @@ local function closed_outcomes(calls, failures, slows, consec)
   local w = window_add(cfg, calls, failures, slows)
   if consec ~= s.consec then s.consec, s.dirty = consec, true end
   local cause = s.forced == '' and trip_cause(cfg, w, s.consec) or nil
+  if cause and group_holds_back(s, cfg) then cause = nil end  -- a group member without its grant
   if cause then trip_open(s, cfg, cause, false) else update_armed(s, cfg, w) end
 end
 

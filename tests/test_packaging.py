@@ -57,7 +57,8 @@ print(pay.state)
 
 def test_the_core_never_imports_flask():
     program = (
-        "import sys, breaker_redis, breaker_redis.fallbacks\n"
+        "import sys, breaker_redis, breaker_redis.fallbacks, breaker_redis.clients\n"
         "assert 'flask' not in sys.modules and 'werkzeug' not in sys.modules, sorted(sys.modules)\n"
+        "assert 'requests' not in sys.modules and 'httpx' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)

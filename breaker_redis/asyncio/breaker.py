@@ -146,6 +146,8 @@ class Breaker(BreakerCore[Permit]):
 
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
+        # told the events of every reply of the store in use (a breaker group's hook, groups.py)
+        self.on_events: Callable[[Breaker, str], None] | None = None
         super().__init__(name, config)
         self._permits: contextvars.ContextVar[tuple[Permit, ...]] = contextvars.ContextVar(
             f"breaker_redis:{name}", default=()
@@ -271,6 +273,8 @@ class Breaker(BreakerCore[Permit]):
             if reply.events:
                 await shared.barrier(self.name)
                 shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
+        if reply.events and self.on_events is not None and self._gate.live(generation):
+            self.on_events(self, reply.events)
         return known
 
     def _key_prefix(self) -> str:
@@ -379,6 +383,21 @@ class Breaker(BreakerCore[Permit]):
     async def half_open(self) -> None:
         """half_open now: the next call is a probe."""
         await self._admin("half_open")
+
+    async def hold_open(self, seconds: float) -> None:
+        """As the sync Breaker.hold_open: if open, keep it open at least ``seconds``
+        from now, for every worker (a service's Retry-After)."""
+        await self.run_script("hold", [max(0, round(seconds * 1000))])
+
+    async def run_script(self, operation: str, args: list[Any]) -> Reply | None:
+        """As the sync Breaker.run_script, awaited."""
+        self._shared.ensure_loop()
+        try:
+            reply, generation, stamp = await self._run(operation, args)
+        except StoreUnavailable:
+            return None
+        await self._learn(reply, generation, stamp)
+        return reply
 
     async def _admin(self, op: str, config: bytes | str = "") -> None:
         shared = self._shared

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from ..scripts import SWEEP_PICKS, Scripts, breaker_keys, text
+from ..scripts import SWEEP_PICKS, Scripts, text
 from ..store import _UNAVAILABLE, GateHealth, MasterGates, StoreUnavailable, _make_local_runner
 
 log = logging.getLogger("breaker_redis")
@@ -69,11 +69,11 @@ class AsyncScriptRunner(Scripts):
             if "WRONGTYPE" not in str(exc):
                 raise
             log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
-            await self.drop_keys(name)
+            await self.drop_keys(name, operation)
             return await self.run(operation, name, now_ms, args)
 
-    async def drop_keys(self, name: str) -> None:
-        await self.client.delete(*breaker_keys(self.prefix, name))
+    async def drop_keys(self, name: str, operation: str = "acquire") -> None:
+        await self.client.delete(*self.script_keys(operation, name))
 
     async def register_name(self, name: str, now_ms: int | None = None) -> None:
         pipe = self.client.pipeline(transaction=False)  # as ScriptRunner.register_name

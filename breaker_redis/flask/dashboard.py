@@ -69,7 +69,8 @@ def frame(state: AppState) -> dict[str, Any]:
     histories = reader.histories(names, TRANSITIONS_SHOWN)
     for snapshot in breakers:
         snapshot["transitions"] = histories[snapshot["name"]]
-    return {"now": int(seconds) * 1000 + int(micros) // 1000, "breakers": breakers}
+    groups = reader.groups(breakers)
+    return {"now": int(seconds) * 1000 + int(micros) // 1000, "breakers": breakers, "groups": groups}
 
 
 def event(kind: str, data: Any) -> str:

@@ -168,6 +168,24 @@
       }
     }
     $("empty").hidden = frame.breakers.length > 0;
+    renderGroups(frame.groups || []);
+  }
+
+  // Breaker groups: pools of replicas of which at most `cap` members may be open at once.
+  function renderGroups(groups) {
+    const lines = groups.map((g) => {
+      const line = element("p", "group");
+      line.dataset.name = g.name;
+      line.dataset.full = String(g.open.length >= g.cap);
+      line.appendChild(element("strong", "", g.name));
+      line.appendChild(document.createTextNode(
+        `: ${g.open.length} of ${g.members.length} members open (at most ${g.cap}, ` +
+        `max_open_fraction ${g.max_open_fraction}): ${g.open.join(", ") || "none"}; ` +
+        `${g.held} trips held back at the cap`));
+      return line;
+    });
+    $("groups").replaceChildren(...lines);
+    $("groups").hidden = lines.length === 0;
   }
 
   function element(tag, className, text) {

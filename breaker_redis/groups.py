@@ -1,0 +1,379 @@
+"""Breaker groups: a pool of replica hosts serving one service, each with its
+breaker, of which at most a share may be open at once (Envoy's
+``max_ejection_percent``), however many workers and hosts share them.
+
+A bad deploy that makes every replica fail must not eject them all: with
+``max_open_fraction=0.5`` and 4 replicas, 2 open and the other 2 keep being
+called (and keep counting), so the app still reaches the service, and when
+an open replica recovers another may open.
+
+The decision is Redis's, like every other (docs/http-clients.md, "Pools of
+replicas", says why it takes two steps): a member's breaker opens only while
+it holds one of the group's grants (lua/_lib.lua ``group_holds_back``);
+lua/group.lua hands grants out in the group's own slot, never more than the
+cap at a time, and takes one back only after lua/member.lua revoked it in the
+member's slot, where it can be revoked only while the member is closed. So
+on a single Redis and on Redis Cluster alike, the members that are open hold
+grants the group lists, and the group lists at most the cap.
+
+What a worker does (``settle``, after each request through a member): a
+reply of a member's script that held a trip back asks the group for a grant
+and, granted, trips the member (member.lua); a reply that closed a member
+gives its grant back. Refused at the cap, the worker looks at most once a
+second whether a holder has closed meanwhile without giving its grant back
+(a worker that died between the two steps) and reclaims it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .clients import member_name
+from .config import BreakerConfig
+from .knowledge import Reply
+from .routes import Warnings
+from .scripts import text, validate_name
+from .store import StoreUnavailable
+
+__all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig"]
+
+RECLAIM_SECONDS = 1.0  # how often a worker refused at the cap checks the holders
+
+
+@dataclass(frozen=True)
+class MemberConfig(BreakerConfig):
+    """The config of a group member: a BreakerConfig whose scripts' config also
+    names the group, so that the scripts hold back a trip the group did not grant."""
+
+    group: str = ""
+
+    def to_lua(self) -> bytes:
+        values = json.loads(super().to_lua())
+        values["group"] = self.group
+        return json.dumps(values, separators=(",", ":")).encode()
+
+
+def member_config(config: BreakerConfig, group: str) -> MemberConfig:
+    """``config`` as the config of a member of ``group`` (unset open periods stay derived)."""
+    fields = {field.name: getattr(config, field.name) for field in dataclasses.fields(BreakerConfig)}
+    return MemberConfig(**fields, group=group)
+
+
+def config_from_lua(raw: str | bytes) -> BreakerConfig:
+    """``BreakerConfig.from_lua``, a member's config (its JSON names a group) as a MemberConfig."""
+    config = BreakerConfig.from_lua(raw)
+    group = json.loads(raw).get("group")
+    return member_config(config, group) if isinstance(group, str) and group else config
+
+
+def cap_of(fraction: float, size: int) -> int:
+    """How many of ``size`` members may be open at once: floor(fraction x size), at
+    least one (as Envoy ejects one host even where the share is less than one)."""
+    return max(1, math.floor(fraction * size + 1e-9))
+
+
+# One step of ``_settle``, run by the sync or the asyncio driver:
+# ("member", name, op, token) -> the member script's Reply or None;
+# ("group", op, *args) -> the group script's raw answer or None; ("register",) -> None.
+Step = tuple[str, ...]
+
+
+class _Group:
+    """What the sync and asyncio groups share: the options, checked when built,
+    the member breakers, the marks their replies leave, and what to do about them."""
+
+    _asynchronous = False  # on breaker_redis.asyncio's Breakers
+
+    def __init__(
+        self,
+        breakers: Any,
+        name: str,
+        members: Iterable[str],
+        *,
+        max_open_fraction: float = 0.5,
+        config: BreakerConfig | None = None,
+    ) -> None:
+        from .asyncio import Breakers as AsyncBreakers
+        from .breakers import Breakers
+
+        kind = type(self).__name__
+        wanted = AsyncBreakers if self._asynchronous else Breakers
+        if not isinstance(breakers, wanted):
+            label = "breaker_redis.asyncio.Breakers" if self._asynchronous else "breaker_redis.Breakers"
+            raise TypeError(f"{kind}: breakers must be a {label} (got {breakers!r})")
+        where = f"{kind} {name!r}"
+        try:
+            self.name = validate_name(name)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{type(self).__name__}: {exc}") from None
+        if isinstance(members, str) or not isinstance(members, Iterable):
+            why = "must be a list of host URLs or breaker names"
+            raise TypeError(f"{where}: members {why} (got {members!r})")
+        names: list[str] = []
+        for member in members:
+            try:
+                found = member_name(member) if isinstance(member, str) else validate_name(member)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{where}: member {member!r}: {exc}") from None
+            if found in names:
+                raise ValueError(f"{where}: member {found!r} is given twice")
+            names.append(found)
+        if not names:
+            raise ValueError(f"{where}: needs at least one member")
+        if (isinstance(max_open_fraction, bool) or not isinstance(max_open_fraction, (int, float))
+                or not 0 < max_open_fraction <= 1):
+            raise ValueError(f"{where}: max_open_fraction must be > 0 and <= 1 (got {max_open_fraction!r})")
+        if config is not None and not isinstance(config, BreakerConfig):
+            raise TypeError(f"{where}: config must be a BreakerConfig (got {config!r})")
+        self.breakers: Any = breakers
+        self.members = tuple(names)
+        self.max_open_fraction = float(max_open_fraction)
+        self.cap = cap_of(self.max_open_fraction, len(names))
+        self.config = member_config(config or breakers.defaults, self.name)
+        self._breakers: dict[str, Any] = {}
+        for member in names:
+            current = breakers.get(member).config if member in breakers else None
+            if isinstance(current, MemberConfig):
+                raise ValueError(f"{where}: member {member!r} is already in group {current.group!r}")
+            try:
+                breaker = breakers.get(member, self.config)
+            except ValueError as exc:
+                raise ValueError(f"{where}: member {member!r}: {exc} (build the group before anything "
+                                 "uses its members' breakers)") from None
+            breaker.on_events = self._on_events
+            self._breakers[member] = breaker
+        self._lock = threading.Lock()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+        self._pending: dict[str, str] = {}
+        self._pid = 0  # the process that joined the group in Redis
+        self._reclaimed_at = -1e18
+        self._warnings = Warnings()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._breakers
+
+    def breaker(self, member: str) -> Any:
+        """The breaker of a member (a host URL or its breaker name)."""
+        return self._breakers[member_name(member)]
+
+    def _on_events(self, breaker: Any, events: str) -> None:
+        """A reply of a member's script: a trip held back, or a close, is for settle()."""
+        entries = events.split(",")
+        what = "held" if "held" in entries else "closed" if any(e.endswith(">closed") or ">closed:" in e
+                                                                 for e in entries) else None
+        if what is not None:
+            with self._lock:
+                self._pending[breaker.name] = what
+
+    @property
+    def due(self) -> bool:
+        """Whether settle() has anything to do (no lock: a hint)."""
+        return bool(self._pending) or self._pid != os.getpid()
+
+    def _settle(self) -> Generator[Step, Any, None]:
+        """What settle() does, as steps for the sync or the asyncio driver."""
+        pid = os.getpid()
+        with self._lock:
+            if self._pid != pid:
+                if self._pid:
+                    self._pending.clear()  # a forked child: the marks were its parent's
+                self._pid = pid
+                joining = True
+            else:
+                joining = False
+            pending, self._pending = self._pending, {}
+        if joining:
+            yield ("register",)
+            yield ("group", "join", str(self.max_open_fraction), str(self.cap), " ".join(self.members))
+        for name, what in pending.items():
+            if what == "closed":
+                reply = yield ("member", name, "revoke", "")
+                if reply is not None and reply.allowed and reply.lease:
+                    yield ("group", "release", name, reply.lease)
+                continue
+            answer = yield ("group", "ask", name, str(self.cap))
+            if answer is None:
+                continue
+            granted, token, holders = _asked(answer)
+            if not granted and self._reclaim_due():
+                freed = False
+                for holder, held in holders:
+                    if holder == name or holder not in self._breakers:
+                        continue  # a member only another worker's group knows: its own workers reclaim it
+                    reply = yield ("member", holder, "revoke", held)
+                    if reply is not None and reply.allowed:
+                        freed = (yield ("group", "release", holder, held)) == 1 or freed
+                if freed:
+                    answer = yield ("group", "ask", name, str(self.cap))
+                    if answer is not None:
+                        granted, token, _ = _asked(answer)
+            if granted:
+                yield ("member", name, "grant", token)
+
+    def _reclaim_due(self) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._reclaimed_at < RECLAIM_SECONDS:
+                return False
+            self._reclaimed_at = now
+            return True
+
+    def _group_args(self, step: Step) -> list[str]:
+        return ["", "", *step[1:]]  # ARGV 5 and 6 (config, epoch floor) are not a group's
+
+    def _status(self, raw: Any, states: dict[str, str]) -> dict[str, Any]:
+        return group_status(self.name, raw, states, members=self.members, cap=self.cap,
+                            fraction=self.max_open_fraction)
+
+
+def _after_fork(ref: weakref.ReferenceType[_Group]) -> None:
+    """A forked child starts with a lock of its own (another thread of the parent may
+    have held it at the fork) and without the parent's marks."""
+    group = ref()
+    if group is not None:
+        group._lock = threading.Lock()
+        group._pending = {}
+
+
+def _asked(answer: Any) -> tuple[bool, str, list[tuple[str, str]]]:
+    """group.lua ask's answer: (granted, token, the holders when refused)."""
+    granted = int(answer[0]) == 1
+    rest = [text(x) for x in answer[2:]]
+    return granted, text(answer[1]), list(zip(rest[::2], rest[1::2], strict=True))
+
+
+def group_status(
+    name: str,
+    raw: Any,
+    states: dict[str, str],
+    *,
+    members: tuple[str, ...] | None = None,
+    cap: int | None = None,
+    fraction: float | None = None,
+) -> dict[str, Any]:
+    """A group as readers show it: group.lua read's hash and each member's state.
+
+    ``members``, ``cap`` and ``fraction`` are the caller's own (an app's group);
+    without them, what the last worker joining wrote (the CLI)."""
+    fields = {text(raw[i]): text(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
+    if members is None:
+        members = tuple(fields.get("members", "").split())
+    granted = {key[2:] for key in fields if key.startswith("h:")}
+    holders = [m for m in members if m in granted] + sorted(granted.difference(members))
+    open_now = [m for m in members if states.get(m, "closed") != "closed"]
+    return {
+        "name": name,
+        "members": list(members),
+        "max_open_fraction": fraction if fraction is not None else float(fields.get("fraction") or 0),
+        "cap": cap if cap is not None else int(fields.get("cap") or 0),
+        "open": open_now,
+        "holders": holders,
+        "states": {m: states.get(m, "closed") for m in members},
+        "grants": int(fields.get("grants") or 0),
+        "held": int(fields.get("held") or 0),
+    }
+
+
+class BreakerGroup(_Group):
+    """A pool of replica hosts of one service, at most ``max_open_fraction`` of
+    them open at once, for every worker that shares the Redis and key prefix.
+
+    ``breakers``: a ``breaker_redis.Breakers``; ``name``: the group's (a breaker
+    name's rules); ``members``: host URLs (``http://10.0.0.1:8000``, standing for
+    their ``host:port`` breakers) or breaker names; ``config``: the members'
+    BreakerConfig (default: the Breakers' defaults). Give it to the HTTP client
+    integrations (``BreakerAdapter(breakers, groups=[pool])``), or protect calls
+    with ``pool.breaker(member)`` and call ``pool.settle()`` after each outcome.
+    Build it before anything else uses the members' breakers.
+    """
+
+    def settle(self) -> None:
+        """Act on what the members' replies said since the last call (a trip held
+        back at the cap, a member closed). Never raises: a failure is logged."""
+        if not self.due:
+            return
+        steps = self._settle()
+        result: Any = None
+        try:
+            while True:
+                step = steps.send(result)
+                result = self._run(step)
+        except StopIteration:
+            return
+        except Exception:  # not an outage (the gate takes those): a bug must not fail the call
+            self._warnings.warn(self.name, "settling breaker group %r failed")
+
+    def _run(self, step: Step) -> Any:
+        if step[0] == "member":
+            return self._breakers[step[1]].run_script("member", [step[2], step[3]])
+        gate = self.breakers.gate
+        if step[0] == "register":
+            with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
+                self.breakers.client.sadd(gate.remote.groups_key, self.name)
+            return None
+        try:
+            raw, _ = gate.run("group", self.name, self.breakers.clock_ms(), self._group_args(step))
+        except StoreUnavailable:
+            return None
+        return raw
+
+    def status(self) -> dict[str, Any]:
+        """The group now: members, cap, which are open, which hold grants, counters."""
+        raw, _ = self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), ["", "", "read"])
+        states = {m: b.snapshot()["state"] for m, b in self._breakers.items()}
+        return self._status(raw, states)
+
+
+class AsyncBreakerGroup(_Group):
+    """``BreakerGroup`` over the asyncio breakers (``breaker_redis.asyncio.Breakers``):
+    ``await pool.settle()``, ``await pool.status()``; for ``AsyncBreakerTransport``."""
+
+    _asynchronous = True
+
+    async def settle(self) -> None:
+        """As BreakerGroup.settle, awaited."""
+        if not self.due:
+            return
+        steps = self._settle()
+        result: Any = None
+        try:
+            while True:
+                step = steps.send(result)
+                result = await self._run(step)
+        except StopIteration:
+            return
+        except Exception:
+            self._warnings.warn(self.name, "settling breaker group %r failed")
+
+    async def _run(self, step: Step) -> Any:
+        if step[0] == "member":
+            reply: Reply | None = await self._breakers[step[1]].run_script("member", [step[2], step[3]])
+            return reply
+        gate = self.breakers.gate
+        if step[0] == "register":
+            with contextlib.suppress(Exception):
+                await self.breakers.client.sadd(gate.remote.groups_key, self.name)
+            return None
+        try:
+            raw, _ = await gate.run("group", self.name, self.breakers.clock_ms(), self._group_args(step))
+        except StoreUnavailable:
+            return None
+        return raw
+
+    async def status(self) -> dict[str, Any]:
+        """As BreakerGroup.status, awaited."""
+        self.breakers.ensure_loop()
+        raw, _ = await self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), ["", "", "read"])
+        states = {m: (await b.snapshot())["state"] for m, b in self._breakers.items()}
+        return self._status(raw, states)

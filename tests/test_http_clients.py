@@ -1,0 +1,697 @@
+"""Outbound HTTP behind shared breakers: breaker_redis.requests.BreakerAdapter and
+breaker_redis.httpx.BreakerTransport / AsyncBreakerTransport (docs/http-clients.md).
+
+Every test runs for each client (requests, httpx, httpx with asyncio breakers)
+against real local upstream HTTP servers (demo_app's flaky upstream, one per
+host) and the session's real redis-server. Time is the test clock
+(``Breakers(clock=...)``), except where two processes share a breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import requests
+from redis.cluster import key_slot
+from urllib3.util.retry import Retry
+
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+from breaker_redis.asyncio import Breakers as AsyncBreakers
+from breaker_redis.groups import AsyncBreakerGroup, BreakerGroup
+from breaker_redis.httpx import AsyncBreakerTransport, BreakerTransport
+from breaker_redis.httpx import BreakerRefused as HttpxRefused
+from breaker_redis.reader import parse_event
+from breaker_redis.requests import BreakerAdapter
+from breaker_redis.requests import BreakerRefused as RequestsRefused
+from breaker_redis.scripts import text
+from tests.http_upstreams import LocalUpstream, refused_url
+
+pytestmark = pytest.mark.real
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=10)
+KINDS = ["requests", "httpx", "httpx_async"]
+_prefixes = itertools.count()
+
+
+class Client:
+    """One kind of HTTP client behind breakers, driven synchronously by the tests."""
+
+    kind: str
+    base_error: type[BaseException]
+    timeout_error: type[BaseException]
+    connect_error: type[BaseException]
+
+    def __init__(self, breakers: Any, **options: Any) -> None:
+        self.breakers = breakers
+        self.options = options
+
+    def get(self, url: str, timeout: float = 5.0) -> int:
+        raise NotImplementedError
+
+    def stream_unread(self, url: str) -> int:
+        """A streamed GET whose body is never read (nor the response closed)."""
+        raise NotImplementedError
+
+    def many(self, url: str, n: int) -> list[int | BaseException]:
+        """n GETs sent at once."""
+        raise NotImplementedError
+
+    def snapshot(self, name: str) -> dict[str, Any]:
+        return self.breakers.get(name).snapshot()  # type: ignore[no-any-return]
+
+    def group(self) -> Any:
+        return self.options["groups"][0]
+
+    def group_status(self) -> dict[str, Any]:
+        return self.group().status()  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.breakers.close()
+
+
+class RequestsClient(Client):
+    kind = "requests"
+    base_error = requests.RequestException
+    timeout_error = requests.Timeout
+    connect_error = requests.ConnectionError
+
+    def __init__(self, breakers: Any, **options: Any) -> None:
+        super().__init__(breakers, **options)
+        self.session = requests.Session()
+        self.session.mount("http://", BreakerAdapter(breakers, **options))
+
+    def get(self, url: str, timeout: float = 5.0) -> int:
+        return self.session.get(url, timeout=timeout).status_code
+
+    def stream_unread(self, url: str) -> int:
+        return self.session.get(url, timeout=5, stream=True).status_code
+
+    def many(self, url: str, n: int) -> list[int | BaseException]:
+        barrier = threading.Barrier(n)
+
+        def one(_: int) -> int | BaseException:
+            barrier.wait(5)
+            try:
+                return self.get(url)
+            except BreakerOpen as refused:
+                return refused
+
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(one, range(n)))
+
+    def close(self) -> None:
+        self.session.close()
+        super().close()
+
+
+class HttpxClient(RequestsClient):
+    kind = "httpx"
+    base_error = httpx.TransportError
+    timeout_error = httpx.TimeoutException
+    connect_error = httpx.ConnectError
+
+    def __init__(self, breakers: Any, **options: Any) -> None:
+        Client.__init__(self, breakers, **options)
+        self.client = httpx.Client(transport=BreakerTransport(breakers, **options))
+
+    def get(self, url: str, timeout: float = 5.0) -> int:
+        return self.client.get(url, timeout=timeout).status_code
+
+    def stream_unread(self, url: str) -> int:
+        return self.client.send(self.client.build_request("GET", url), stream=True).status_code
+
+    def close(self) -> None:
+        self.client.close()
+        Client.close(self)
+
+
+class AsyncHttpxClient(Client):
+    kind = "httpx_async"
+    base_error = httpx.TransportError
+    timeout_error = httpx.TimeoutException
+    connect_error = httpx.ConnectError
+
+    def __init__(self, breakers: Any, **options: Any) -> None:
+        super().__init__(breakers, **options)
+        self.loop = asyncio.new_event_loop()
+        self.client = httpx.AsyncClient(transport=AsyncBreakerTransport(breakers, **options))
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def get(self, url: str, timeout: float = 5.0) -> int:
+        return int(self.run(self.client.get(url, timeout=timeout)).status_code)
+
+    def stream_unread(self, url: str) -> int:
+        request = self.client.build_request("GET", url)
+        return int(self.run(self.client.send(request, stream=True)).status_code)
+
+    def many(self, url: str, n: int) -> list[int | BaseException]:
+        async def one() -> int | BaseException:
+            try:
+                return (await self.client.get(url, timeout=5)).status_code
+            except BreakerOpen as refused:
+                return refused
+
+        async def all_of() -> list[int | BaseException]:
+            return list(await asyncio.gather(*(one() for _ in range(n))))
+
+        return self.run(all_of())  # type: ignore[no-any-return]
+
+    def snapshot(self, name: str) -> dict[str, Any]:
+        return self.run(self.breakers.get(name).snapshot())  # type: ignore[no-any-return]
+
+    def group_status(self) -> dict[str, Any]:
+        return self.run(self.group().status())  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.run(self.client.aclose())
+        self.run(self.breakers.aclose())
+        self.loop.close()
+
+
+CLIENTS: dict[str, type[Client]] = {"requests": RequestsClient, "httpx": HttpxClient,
+                                    "httpx_async": AsyncHttpxClient}
+REFUSALS: dict[str, type[BaseException]] = {"requests": RequestsRefused, "httpx": HttpxRefused,
+                                            "httpx_async": HttpxRefused}
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[list[LocalUpstream]]:
+    made = [LocalUpstream() for _ in range(2)]
+    yield made
+    for host in made:
+        host.stop()
+
+
+@pytest.fixture
+def a(hosts: list[LocalUpstream]) -> LocalUpstream:
+    hosts[0].reset()
+    return hosts[0]
+
+
+@pytest.fixture
+def b(hosts: list[LocalUpstream]) -> LocalUpstream:
+    hosts[1].reset()
+    return hosts[1]
+
+
+@pytest.fixture
+def make_client(request, redis_server, clock) -> Iterator[Callable[..., Client]]:
+    """make_client(kind, **options): that kind of client on fresh breakers (the test clock,
+    a prefix of its own) on the session's redis-server."""
+    made: list[Client] = []
+
+    def make(kind: str, *, breakers_options: dict[str, Any] | None = None, url: str | None = None,
+             group: dict[str, Any] | None = None, **options: Any) -> Client:
+        prefix = f"http{next(_prefixes)}"
+        settings = {"clock": clock, "listen": False, **(breakers_options or {})}
+        if kind == "httpx_async":
+            breakers: Any = AsyncBreakers.from_url(url or redis_server.url, prefix, **settings)
+        else:
+            breakers = Breakers.from_url(url or redis_server.url, prefix, **settings)
+        options.setdefault("config", CONFIG)
+        if group is not None:  # a pool of replicas: the group is built first, on the same breakers
+            kind_of_group = AsyncBreakerGroup if kind == "httpx_async" else BreakerGroup
+            options["groups"] = [kind_of_group(breakers, config=options["config"], **group)]
+        client = CLIENTS[kind](breakers, **options)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def transitions(redis: Any, client: Client, name: str) -> list[tuple[str, str, str]]:
+    found = reversed(redis.lrange(f"{client.breakers.prefix}:{{{name}}}:events", 0, -1))  # newest first
+    return [(e["from"], e["to"], e["cause"]) for e in map(parse_event, found) if e is not None]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_five_failures_open_the_hosts_breaker_and_a_probe_closes_it(
+    kind: str, make_client, a: LocalUpstream, b: LocalUpstream, clock, redis_server
+):
+    client = make_client(kind)
+    a.control(fail_rate=1.0)
+    assert [client.get(a.url + "/pay") for _ in range(5)] == [500] * 5
+    assert a.hits() == 5
+
+    # refused without reaching the upstream; the refusal is the client's own exception too
+    for _ in range(3):
+        with pytest.raises(REFUSALS[kind]) as refused:
+            client.get(a.url + "/pay")
+        assert isinstance(refused.value, BreakerOpen) and isinstance(refused.value, client.base_error)
+        found = (refused.value.breaker, refused.value.reason, refused.value.retry_after)
+        assert found == (a.name, "open", 10.0)
+    assert a.hits() == 5
+
+    # the other host has a breaker of its own, untouched
+    assert [client.get(b.url + "/pay") for _ in range(3)] == [200] * 3
+    assert client.snapshot(b.name)["state"] == "closed"
+    assert client.snapshot(a.name)["state"] == "open"
+
+    # after open_seconds, of 4 calls at once one probe reaches the upstream; its success closes it
+    clock.advance(10_000)
+    a.control(fail_rate=0.0, latency_ms=300)  # the probe holds its lease while the others arrive
+    answers = client.many(a.url + "/pay", 4)
+    assert sorted(x for x in answers if isinstance(x, int)) == [200]
+    assert Counter(x.reason for x in answers if isinstance(x, BreakerOpen)) == {"half_open_full": 3}
+    assert a.hits() == 6
+    assert client.snapshot(a.name)["state"] == "closed"
+    assert transitions(redis_server.client(), client, a.name) == [("closed", "open", "consecutive"),
+                                           ("open", "half_open", "open_elapsed"),
+                                           ("half_open", "closed", "probes_succeeded")]
+    a.control(latency_ms=0)
+    assert client.get(a.url + "/pay") == 200 and a.hits() == 7
+
+
+def run_worker(spec: dict[str, Any]) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "tests.http_client_worker", json.dumps(spec)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_processes_with_their_own_clients_share_the_hosts_breaker(
+    kind: str, make_client, a: LocalUpstream, redis_server
+):
+    # real time and a subscription: this process decides from memory, and hears of the trip
+    client = make_client(kind, breakers_options={"clock": None, "listen": True},
+                         config=BreakerConfig(failure_threshold=5, open_seconds=30))
+    assert client.get(a.url + "/pay") == 200
+    a.control(fail_rate=1.0)
+    spec = {"kind": kind, "redis": redis_server.url, "prefix": client.breakers.prefix,
+            "urls": [a.url + "/pay"], "calls": 7,
+            "config": {"failure_threshold": 5, "open_seconds": 30}}
+    assert run_worker(spec) == ["500"] * 5 + [f"refused:{a.name}"] * 2
+    assert a.hits() == 6
+    with pytest.raises(BreakerOpen) as refused:
+        client.get(a.url + "/pay")
+    assert refused.value.breaker == a.name and 0 < refused.value.retry_after <= 30
+    assert a.hits() == 6, "the second process reached the host its breaker had opened"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_timeouts_and_refused_connections_fail_404_and_400_do_not(kind: str, make_client, a: LocalUpstream):
+    client = make_client(kind)
+    a.control(hang=True)
+    with pytest.raises(client.timeout_error):
+        client.get(a.url + "/pay", timeout=0.2)
+    a.reset()
+    closed = refused_url()
+    with pytest.raises(client.connect_error):
+        client.get(closed + "/pay")
+    for status in (404, 400):
+        a.control(fail_rate=1.0, fail_status=status)
+        assert client.get(a.url + "/pay") == status
+    counted = client.snapshot(a.name)
+    assert (counted["failures"], counted["successes"], counted["consecutive_failures"]) == (1, 2, 0)
+    assert client.snapshot(closed.removeprefix("http://"))["failures"] == 1
+    for status in (429, 503, 502):
+        a.control(fail_rate=1.0, fail_status=status)
+        assert client.get(a.url + "/pay") == status
+    assert client.snapshot(a.name)["consecutive_failures"] == 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_503_with_retry_after_counts_and_holds_the_breaker_open_that_long(
+    kind: str, make_client, a: LocalUpstream, clock
+):
+    client = make_client(kind)
+    a.control(fail_rate=1.0, fail_status=503, retry_after="120")
+    assert [client.get(a.url + "/pay") for _ in range(5)] == [503] * 5
+    with pytest.raises(BreakerOpen) as refused:
+        client.get(a.url + "/pay")
+    assert (refused.value.reason, refused.value.retry_after) == ("open", 120.0)  # not open_seconds (10)
+    clock.advance(10_000)  # the breaker's own open period is over: still open for the service's 120 s
+    with pytest.raises(BreakerOpen) as refused:
+        client.get(a.url + "/pay")
+    assert refused.value.retry_after == 110.0
+    assert a.hits() == 5
+    clock.advance(110_000)
+    a.reset()
+    assert client.get(a.url + "/pay") == 200
+    assert client.snapshot(a.name)["state"] == "closed"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_retry_after_is_capped_by_max_open_seconds_and_can_be_ignored(
+    kind: str, make_client, a: LocalUpstream, b: LocalUpstream
+):
+    config = BreakerConfig(failure_threshold=1, open_seconds=10, max_open_seconds=60)
+    capped = make_client(kind, config=config)
+    a.control(fail_rate=1.0, fail_status=429, retry_after="3600")
+    assert capped.get(a.url + "/pay") == 429
+    with pytest.raises(BreakerOpen) as refused:
+        capped.get(a.url + "/pay")
+    assert refused.value.retry_after == 60.0
+    ignoring = make_client(kind, config=BreakerConfig(failure_threshold=1, open_seconds=10),
+                           honor_retry_after=False)
+    b.control(fail_rate=1.0, fail_status=503, retry_after="Wed, 21 Oct 2099 07:28:00 GMT")
+    assert ignoring.get(b.url + "/pay") == 503
+    with pytest.raises(BreakerOpen) as refused:
+        ignoring.get(b.url + "/pay")
+    assert refused.value.retry_after == 10.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_streamed_response_is_judged_at_its_status_and_settles_unread(
+    kind: str, make_client, a: LocalUpstream, clock
+):
+    client = make_client(kind)
+    a.control(fail_rate=1.0)
+    assert [client.stream_unread(a.url + "/pay") for _ in range(5)] == [500] * 5
+    assert client.snapshot(a.name)["state"] == "open"  # five unread failures tripped it
+    clock.advance(10_000)
+    a.reset()
+    assert client.stream_unread(a.url + "/pay") == 200  # the probe: never read, yet it closes the breaker
+    snapshot = client.snapshot(a.name)
+    assert (snapshot["state"], snapshot["probes_in_flight"], snapshot["successes"]) == ("closed", 0, 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_naming_rule_and_per_breaker_configs(kind: str, make_client, a: LocalUpstream):
+    def by_service(request: Any) -> str:
+        return "pay" if "/pay" in str(request.url) else "shop"
+
+    client = make_client(kind, name=by_service, configs={"pay": {"failure_threshold": 2}})
+    a.control(fail_rate=1.0, path="/pay")
+    assert [client.get(a.url + "/pay") for _ in range(2)] == [500, 500]
+    with pytest.raises(BreakerOpen) as refused:
+        client.get(a.url + "/pay")
+    assert refused.value.breaker == "pay"
+    assert client.get(a.url + "/cart") == 200  # the same host, another breaker
+    assert client.snapshot("shop")["state"] == "closed"
+    assert client.breakers.get("pay").config.failure_threshold == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_classifier_and_status_lists(kind: str, make_client, a: LocalUpstream):
+    client = make_client(kind, failure_statuses={502}, ignore_statuses={503},
+                         classify=lambda response: "failure" if response.status_code == 418 else None)
+    for status in (500, 503, 418, 502):
+        a.control(fail_rate=1.0, fail_status=status)
+        assert client.get(a.url + "/pay") == status
+    counted = client.snapshot(a.name)
+    assert (counted["successes"], counted["ignored"], counted["failures"]) == (1, 1, 2)
+
+
+def test_the_adapter_passes_its_own_arguments_through(make_client, a: LocalUpstream):
+    client = make_client("requests", max_retries=Retry(total=2, status_forcelist=[503], backoff_factor=0),
+                         pool_maxsize=3)
+    adapter = client.session.get_adapter(a.url)  # type: ignore[attr-defined]
+    assert adapter._pool_maxsize == 3
+    a.control(fail_rate=1.0, fail_status=503)
+    with pytest.raises(requests.exceptions.RetryError):
+        client.get(a.url + "/pay")
+    assert a.hits() == 3  # urllib3 retried twice inside one send ...
+    assert client.snapshot(a.name)["failures"] == 1  # ... which is one outcome
+
+
+def test_the_transport_passes_its_own_arguments_through(make_client):
+    client = make_client("httpx", retries=1)
+    assert client.client._transport.transport._pool._retries == 1  # type: ignore[attr-defined]
+    closed = refused_url()
+    with pytest.raises(httpx.ConnectError):
+        client.get(closed + "/pay")
+    assert client.snapshot(closed.removeprefix("http://"))["failures"] == 1
+
+
+def test_bad_options_are_errors_naming_them(redis_server):
+    breakers = Breakers.from_url(redis_server.url, "badopts", listen=False)
+    async_breakers = AsyncBreakers.from_url(redis_server.url, "badopts", listen=False)
+    cases: list[tuple[Callable[[], Any], type[Exception], str]] = [
+        (lambda: BreakerAdapter(breakers, failure_statuses=502), TypeError,
+         "BreakerAdapter: failure_statuses must be a collection of HTTP status codes"),
+        (lambda: BreakerAdapter(breakers, ignore_statuses=[700]), ValueError,
+         "BreakerAdapter: ignore_statuses holds 700"),
+        (lambda: BreakerAdapter(breakers, name=42), TypeError, "BreakerAdapter: name must be"),
+        (lambda: BreakerAdapter(breakers, name="a b"), ValueError,
+         "BreakerAdapter: name: invalid breaker name"),
+        (lambda: BreakerAdapter(breakers, configs={"http://x:1": {"failure_threshold": 0}}), ValueError,
+         "BreakerAdapter: configs['http://x:1']: BreakerConfig.failure_threshold"),
+        (lambda: BreakerAdapter(breakers, configs={"pay": 3}), TypeError,
+         "configs['pay']: give a BreakerConfig"),
+        (lambda: BreakerAdapter(breakers, classify="5xx"), TypeError,
+         "BreakerAdapter: classify must be callable"),
+        (lambda: BreakerAdapter(async_breakers), TypeError,
+         "BreakerAdapter: breakers must be a breaker_redis.Breakers"),
+        (lambda: AsyncBreakerTransport(breakers), TypeError,
+         "AsyncBreakerTransport: breakers must be a breaker_redis.asyncio.Breakers"),
+        (lambda: BreakerTransport(breakers, httpx.HTTPTransport(), retries=2), TypeError,
+         "BreakerTransport: give a transport or its options, not both (got retries)"),
+    ]
+    other = Breakers.from_url(redis_server.url, "other", listen=False)
+    breakers.get("10.0.0.9:80", BreakerConfig(failure_threshold=3))
+    cases += [
+        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.1", "http://10.0.0.2"], max_open_fraction=0),
+         ValueError, "BreakerGroup 'pool': max_open_fraction must be > 0 and <= 1 (got 0)"),
+        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.1", "10.0.0.1:80"]), ValueError,
+         "BreakerGroup 'pool': member '10.0.0.1:80' is given twice"),
+        (lambda: BreakerGroup(breakers, "pool", "http://10.0.0.1"), TypeError,
+         "BreakerGroup 'pool': members must be a list"),
+        (lambda: BreakerGroup(breakers, "pool", []), ValueError,
+         "BreakerGroup 'pool': needs at least one member"),
+        (lambda: BreakerGroup(breakers, "p{x}", ["http://10.0.0.1"]), ValueError,
+         "BreakerGroup: invalid breaker name 'p{x}'"),
+        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.9"]), ValueError,
+         "BreakerGroup 'pool': member '10.0.0.9:80': breaker '10.0.0.9:80' already exists with another"),
+        (lambda: BreakerGroup(async_breakers, "pool", ["http://10.0.0.1"]), TypeError,
+         "BreakerGroup: breakers must be a breaker_redis.Breakers"),
+        (lambda: BreakerAdapter(other, groups=[BreakerGroup(breakers, "a", ["http://10.0.0.3"])]), ValueError,
+         "BreakerAdapter: group 'a' is built on other Breakers"),
+        (lambda: BreakerAdapter(breakers, configs={"http://10.0.0.4": {"failure_threshold": 2}},
+                                groups=[BreakerGroup(breakers, "b", ["http://10.0.0.4"])]), ValueError,
+         "BreakerAdapter: '10.0.0.4:80' has a config in configs and in group 'b'"),
+        (lambda: BreakerGroup(breakers, "c", ["http://10.0.0.4"]), ValueError,
+         "BreakerGroup 'c': member '10.0.0.4:80' is already in group 'b'"),
+        (lambda: BreakerGroup(breakers, "b", ["http://10.0.0.4"]), ValueError,
+         "BreakerGroup 'b': member '10.0.0.4:80' is already in group 'b'"),
+        (lambda: AsyncBreakerTransport(async_breakers, groups=[BreakerGroup(breakers, "d", ["10.0.0.5:1"])]),
+         TypeError, "AsyncBreakerTransport: groups must hold AsyncBreakerGroups"),
+    ]
+    for build, error, message in cases:
+        with pytest.raises(error) as raised:
+            build()
+        assert message in str(raised.value)
+    other.close()
+    session = requests.Session()
+    session.mount("http://", BreakerAdapter(breakers, name=lambda request: "{pay}"))
+    with pytest.raises(ValueError, match=r"BreakerAdapter: name\(request\): invalid breaker name '\{pay\}'"):
+        session.get("http://127.0.0.1:9/pay")
+    breakers.close()
+
+
+# -- pools of replicas: breaker groups ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[list[LocalUpstream]]:
+    made = [LocalUpstream() for _ in range(4)]
+    yield made
+    for replica in made:
+        replica.stop()
+
+
+@pytest.fixture
+def pool(replicas: list[LocalUpstream]) -> list[LocalUpstream]:
+    for replica in replicas:
+        replica.reset()
+    return replicas
+
+
+def pool_group(pool: list[LocalUpstream]) -> dict[str, Any]:
+    return {"name": "inventory", "members": [replica.url for replica in pool], "max_open_fraction": 0.5}
+
+
+def call_round(client: Client, pool: list[LocalUpstream]) -> list[int | str]:
+    """One call to each replica, in order: its status, or the refusing breaker."""
+    answers: list[int | str] = []
+    for replica in pool:
+        try:
+            answers.append(client.get(replica.url + "/stock"))
+        except BreakerOpen as refused:
+            answers.append(refused.breaker)
+    return answers
+
+
+def states(client: Client, pool: list[LocalUpstream]) -> list[str]:
+    return [client.snapshot(replica.name)["state"] for replica in pool]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_pool_opens_at_most_its_share_of_replicas_and_another_opens_when_one_recovers(
+    kind: str, make_client, pool: list[LocalUpstream], clock
+):
+    pool_story(make_client(kind, group=pool_group(pool)), pool, clock)
+
+
+def test_a_pool_on_redis_cluster_decides_across_slots(make_client, pool: list[LocalUpstream], clock, cluster):
+    cluster.flushall()
+    member_slots = {key_slot(f"{{{replica.name}}}".encode()) for replica in pool}
+    name = next(f"inventory{i}" for i in itertools.count() if key_slot(f"{{inventory{i}}}".encode())
+                not in member_slots)  # the group's hash in a slot no member's keys are in
+    client = make_client("requests", url=cluster.url, group={**pool_group(pool), "name": name})
+    pool_story(client, pool, clock)
+
+
+def pool_story(client: Client, pool: list[LocalUpstream], clock: Any) -> None:
+    r0, r1, r2, r3 = pool
+    for replica in pool:
+        replica.control(fail_rate=1.0)
+    answers = [call_round(client, pool) for _ in range(8)]
+    assert answers[:5] == [[500] * 4] * 5
+    # from the 6th round on, the first two to reach 5 failures are open; the other two keep being called
+    assert answers[5:] == [[r0.name, r1.name, 500, 500]] * 3
+    assert [replica.hits("/stock") for replica in pool] == [5, 5, 8, 8]
+    assert states(client, pool) == ["open", "open", "closed", "closed"]
+    assert client.snapshot(r2.name)["consecutive_failures"] == 8  # held back at the cap, still counting
+    status = client.group_status()
+    assert (status["cap"], status["open"], status["holders"]) == (2, [r0.name, r1.name], [r0.name, r1.name])
+    assert status["held"] >= 6 and status["grants"] == 2
+
+    # r0 recovers: its probe closes it and gives its grant back; r2's next failure opens r2
+    clock.advance(10_000)
+    r0.reset()
+    assert client.get(r0.url + "/stock") == 200
+    assert states(client, pool) == ["closed", "open", "closed", "closed"]
+    assert client.group_status()["holders"] == [r1.name]
+    assert client.get(r2.url + "/stock") == 500
+    assert states(client, pool) == ["closed", "open", "open", "closed"]
+    assert client.get(r3.url + "/stock") == 500  # at the cap again: r3 stays closed and called
+    assert states(client, pool) == ["closed", "open", "open", "closed"]
+    with pytest.raises(BreakerOpen):
+        client.get(r2.url + "/stock")
+    status = client.group_status()
+    assert (status["open"], status["holders"]) == ([r1.name, r2.name], [r1.name, r2.name])
+
+
+def test_a_grant_left_by_a_worker_that_died_between_the_two_steps_is_reclaimed(
+    make_client, pool: list[LocalUpstream]
+):
+    client = make_client("requests", group=pool_group(pool))
+    group, breakers = client.group(), client.breakers
+    r0, r1, _, r3 = pool
+    for replica in (r0, r3):
+        replica.control(fail_rate=1.0)
+    for _ in range(5):
+        assert client.get(r0.url + "/stock") == 500
+    assert states(client, pool)[0] == "open"
+    # a worker was granted r1's slot by the group, then died before member.lua kept it
+    granted, _ = breakers.gate.run("group", "inventory", breakers.clock_ms(), ["", "", "ask", r1.name, "2"])
+    assert int(granted[0]) == 1 and client.group_status()["holders"] == [r0.name, r1.name]
+    for _ in range(5):
+        assert client.get(r3.url + "/stock") == 500
+    # at the cap, r3's worker found r1 closed: it revoked r1's grant, took the slot, and opened
+    assert states(client, pool) == ["open", "closed", "closed", "open"]
+    assert client.group_status()["holders"] == [r0.name, r3.name]
+    # the dead worker's grant, arriving now, is refused: r1 cannot open with it
+    late = group.breaker(r1.name).run_script("member", ["grant", text(granted[1])])
+    assert (late.allowed, late.reason) == (0, "revoked")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["requests", "httpx_async"])
+def test_eight_processes_racing_never_open_more_than_the_pools_share(
+    kind: str, pool: list[LocalUpstream], redis_server
+):
+    for replica in pool:
+        replica.control(fail_rate=1.0)
+    prefix = f"race{next(_prefixes)}"
+    spec = {"kind": kind, "redis": redis_server.url, "prefix": prefix,
+            "urls": [replica.url + "/stock" for replica in pool], "calls": 40,
+            "config": {"failure_threshold": 5, "open_seconds": 60},
+            "group": pool_group(pool), "start_at": time.time() + 3}
+    children = [subprocess.Popen([sys.executable, "-m", "tests.http_client_worker", json.dumps(spec)],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(8)]
+    outputs = [child.communicate(timeout=120) for child in children]
+    for child, (_, err) in zip(children, outputs, strict=True):
+        assert child.returncode == 0 and err == "", outputs
+    answers = [answer for out, _ in outputs for answer in json.loads(out)]
+    redis = redis_server.client()
+    opened = [replica.name for replica in pool
+              if redis.lrange(f"{prefix}:{{{replica.name}}}:events", 0, -1)]
+    # nothing recovers here, so a member that ever opened is open still: never more than 2 at once
+    assert len(opened) == 2, opened
+    assert [redis.hget(f"{prefix}:{{{replica.name}}}:state", "state").decode() for replica in pool
+            if replica.name in opened] == ["open", "open"]
+    held_back = [replica for replica in pool if replica.name not in opened]
+    for replica in held_back:  # every call to a held-back replica reached it
+        assert replica.hits("/stock") == 8 * 40 // 4
+        assert f"refused:{replica.name}" not in answers
+    holders = sorted(key.decode()[2:] for key in redis.hkeys(f"{prefix}:group:{{inventory}}")
+                     if key.startswith(b"h:"))
+    assert holders == sorted(opened)
+    print(f"8 processes x 40 calls over 4 failing replicas, max_open_fraction=0.5: opened {opened}, "
+          f"held back {[r.name for r in held_back]} ({Counter(answers)})")
+
+
+def test_a_pool_shows_in_status_the_metrics_and_the_dashboard(
+    make_client, pool: list[LocalUpstream], redis_server, monkeypatch
+):
+    from click.testing import CliRunner
+    from flask import Flask
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from breaker_redis import cli
+    from breaker_redis.flask import FlaskBreakers
+    from breaker_redis.flask import dashboard as dashboard_module
+    from breaker_redis.metrics import exposition
+    from tests.test_dashboard import events
+
+    client = make_client("requests", group=pool_group(pool))
+    prefix = client.breakers.prefix
+    for replica in pool:
+        replica.control(fail_rate=1.0)
+    for _ in range(7):
+        call_round(client, pool)
+    r0, r1, r2, r3 = (replica.name for replica in pool)
+    held = client.group_status()["held"]
+    assert held >= 4
+
+    shown = CliRunner().invoke(cli.main, ["--url", redis_server.url, "--prefix", prefix, "status"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.splitlines()[-1] == (
+        f"group inventory: 2 of 4 members open (at most 2, max_open_fraction 0.5): {r0}, {r1}; "
+        f"{held} trips held back at the cap")
+    as_json = CliRunner().invoke(cli.main, ["--url", redis_server.url, "--prefix", prefix,
+                                            "status", "--json"])
+    assert {s["name"]: s.get("group") for s in json.loads(as_json.output)} == dict.fromkeys(
+        (r0, r1, r2, r3), "inventory")
+
+    scraped = exposition(redis_server.client(), prefix).decode()
+    found = {s.name: (s.labels["group"], s.value) for family in text_string_to_metric_families(scraped)
+             for s in family.samples if s.name.startswith("breaker_redis_group")}
+    assert found == {"breaker_redis_group_members": ("inventory", 4),
+                     "breaker_redis_group_max_open": ("inventory", 2),
+                     "breaker_redis_group_open": ("inventory", 2),
+                     "breaker_redis_group_held_back_total": ("inventory", held)}
+
+    monkeypatch.setattr(dashboard_module, "STREAM_SECONDS", 0)  # the stream ends after one frame
+    app = Flask(__name__)
+    app.config.update(BREAKER_ADMIN_TOKEN="t", BREAKER_DASHBOARD=True, BREAKER_KEY_PREFIX=prefix)
+    FlaskBreakers(app, client=redis_server.client(), listen=False)
+    answer = app.test_client().get("/_breakers/stream", headers={"Authorization": "Bearer t"})
+    ((_, frame),) = events(answer.get_data(as_text=True))
+    (group,) = frame["groups"]
+    assert (group["name"], group["open"], group["holders"], group["cap"]) == (
+        "inventory", [r0, r1], [r0, r1], 2)
+    assert group["states"] == {r0: "open", r1: "open", r2: "closed", r3: "closed"}
