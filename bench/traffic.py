@@ -20,9 +20,10 @@ prints three markdown tables, then stops them.
    call at most 0.1x pybreaker's.
 2. A healthy call against pybreaker's in-memory breaker: at most 2.2x.
 3. Server time of the record script (``usec_per_call`` of FCALL in INFO
-   commandstats) for a success sent at once (an armed breaker's) and for a
-   failure that only counts, against ``return 1`` called with the same keys and
-   arguments in the same run: at most 6x.
+   commandstats, the least of 15 interleaved rounds of 300 calls) for a success
+   sent at once (an armed breaker's) and for a failure that only counts,
+   against ``return 1`` called with as many keys and arguments in the same
+   rounds: at most 6x.
 
 A missed target is reported, not an error: the script exits 0 unless the
 benchmark itself cannot run.
@@ -238,40 +239,56 @@ def memory_table(single: str, sends: Sends) -> list[str]:
     ]
 
 
-def record_usec(
-    url: str, control: redis.Redis, config: BreakerConfig, outcome: Callable[[Any], None]
-) -> float:
-    breakers = Breakers.from_url(url, prefix=f"traffic-rec-{time.monotonic_ns()}", batch_successes=False)
-    try:
-        breaker = breakers.get("svc", config)
-        for _ in range(300):
-            outcome(breaker)
-        control.config_resetstat()
-        for _ in range(CALLS):
-            outcome(breaker)
-        stats = control.info("commandstats")
-        found = [stats[k] for k in ("cmdstat_fcall", "cmdstat_evalsha") if k in stats]
-        return sum(float(s["usec"]) for s in found) / sum(int(s["calls"]) for s in found)
-    finally:
-        breakers.close()
-        breakers.client.close()
+RECORD_ROUNDS, RECORD_CALLS = 15, 300  # the least of 15 rounds: the machine's noise only adds
+
+
+def fcall_usec(control: redis.Redis, run: Callable[[], None]) -> float:
+    """usec_per_call of FCALL (or EVALSHA) over RECORD_CALLS runs of ``run``."""
+    control.config_resetstat()
+    for _ in range(RECORD_CALLS):
+        run()
+    stats = control.info("commandstats")
+    found = [stats[k] for k in ("cmdstat_fcall", "cmdstat_evalsha") if k in stats]
+    return sum(float(s["usec"]) for s in found) / sum(int(s["calls"]) for s in found)
 
 
 def record_table(single: str) -> list[str]:
+    """Rounds of the trivial script and of each record case, interleaved; the least of each."""
     control = redis.Redis.from_url(single)
-    functions = int(control.info("server")["redis_version"].split(".")[0]) >= 7
     keys = [f"traffic:{{svc}}:{k}" for k in ("state", "window", "leases", "config", "stats", "events", "cfg")]
-    floor = trivial_script_usec(control, keys, 18, functions)
+    trivial_script_usec(control, keys, 18, True)  # loads bench_floor_one
+    args = ["0"] * 18
     never = BreakerConfig(trip="count", failure_threshold=10**6, window_seconds=60)
-    armed_success = record_usec(single, control, RATE, lambda b: b.call(noop))
-    failure = record_usec(single, control, never, lambda b: _suppress(b))
+    made = []
+    def trivial() -> None:
+        control.fcall("bench_floor_one", 7, *keys, *args)
+
+    cases: dict[str, Callable[[], None]] = {"trivial": trivial}
+    for label, config, outcome in (
+        ("a success sent at once (armed)", RATE, lambda b: b.call(noop)),
+        ("a failure (count rule)", never, _suppress),
+    ):
+        prefix = f"traffic-rec-{time.monotonic_ns()}"
+        breakers = Breakers.from_url(single, prefix=prefix, batch_successes=False)
+        breaker = breakers.get("svc", config)
+        for _ in range(300):
+            outcome(breaker)
+        made.append(breakers)
+        cases[label] = lambda outcome=outcome, breaker=breaker: outcome(breaker)
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(RECORD_ROUNDS):
+        for label, run in cases.items():
+            best[label] = min(best[label], fcall_usec(control, run))
+    for breakers in made:
+        breakers.close()
+        breakers.client.close()
     control.close()
+    floor = best.pop("trivial")
     lines = [
         "| record script | server µs per call | trivial script µs | ratio | target | |",
         "|---|---|---|---|---|---|",
     ]
-    cases = (("a success sent at once (armed)", armed_success), ("a failure (count rule)", failure))
-    for label, usec in cases:
+    for label, usec in best.items():
         ratio = usec / floor
         lines.append(f"| {label} | {usec:.2f} | {floor:.2f} | {ratio:.1f}x | <= {TARGET_RECORD_RATIO}x "
                      f"| {verdict(ratio <= TARGET_RECORD_RATIO)} |")
