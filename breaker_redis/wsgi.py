@@ -73,9 +73,11 @@ from .routes import (
     ROUTE_OPTIONS,
     UNPROTECTED_METHODS,
     RouteSpec,
+    RouteTable,
     Warnings,
-    held_permit,
-    hold_permit,
+    guard_id,
+    held,
+    hold,
     note_refusal,
     parse_routes,
     prefix_matches,
@@ -130,6 +132,14 @@ def request_path(environ: Mapping[str, Any]) -> str:
 # -- answers -----------------------------------------------------------------------------
 
 
+class _Route(NamedTuple):
+    """A route as a request meets it: its spec, its breaker and its guard_id, found at start-up."""
+
+    spec: RouteSpec
+    breaker: Breaker
+    guard: str
+
+
 class _Answer(NamedTuple):
     """A complete response the middleware sends instead of the app's."""
 
@@ -139,6 +149,19 @@ class _Answer(NamedTuple):
 
 
 
+
+
+def _raw_stems(stems: tuple[str, ...]) -> tuple[str, ...]:
+    """What a raw PATH_INFO starts with when a route may cover it: a stem as
+    UTF-8 read as latin-1 (WSGI's form), or as it is (a server that decoded the
+    path), or ``//`` (request_path would normalise it). A PATH_INFO that starts
+    with "/" and with none of these is covered by no route, without decoding it."""
+    if any("\ufffd" in stem for stem in stems):
+        return ("",)  # a stem a bad byte could decode to: every path goes the long way
+    found = {"//"}
+    for stem in stems:
+        found.update((stem, stem.encode("utf-8").decode("latin-1")))
+    return tuple(sorted(found))
 
 
 def _status_code(status: str) -> int | None:
@@ -243,6 +266,11 @@ class BreakerMiddleware:
         self.breakers = breakers
         self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
         self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
+        self._table = RouteTable(
+            (prefix, _Route(spec, self._resolved[spec.name], guard_id(breakers.prefix, spec.name)))
+            for prefix, spec in self.routes
+        )
+        self._raw_stems = _raw_stems(self._table.stems)
         self._warnings = Warnings()
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
@@ -253,43 +281,21 @@ class BreakerMiddleware:
 
     def route_for(self, path: str) -> RouteSpec | None:
         """The spec of the longest prefix covering path, or None."""
-        for prefix, spec in self.routes:
-            if prefix_matches(prefix, path):
-                return spec
-        return None
+        route = self._table.match(path)
+        return None if route is None else route.spec
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if self._orphans:
             self._settle_orphans()
-        spec = None
-        if str(environ.get("REQUEST_METHOD", "GET")).upper() not in UNPROTECTED_METHODS:
-            spec = self.route_for(request_path(environ))
-        if spec is None:
-            return self._pass_through(environ, start_response)
-        if held_permit(environ, self.breakers.prefix, spec.name) is not None:
-            # An outer guard of this breaker holds the request's permit: it asks and records.
-            return self._pass_through(environ, start_response)
-        breaker = self._resolved[spec.name]
-        try:
-            permit = breaker.acquire()
-        except BreakerOpen as refused:
-            note_refusal(environ, spec.name)
-            answer = self.fallback_answer(spec, environ, refused) or self.refusal_answer(
-                refused, environ, spec
-            )
-            start_response(answer.status, answer.headers)
-            return [b"" if _is_head(environ) else answer.body]
-        except Exception:
-            # Not an outage (the store gate handles those) but a bug: let the
-            # request through rather than turn the breaker into the outage.
-            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-            return self._pass_through(environ, start_response)
-        hold_permit(environ, self.breakers.prefix, spec.name, permit)  # seen by a Flask app inside
-        return _Exchange(self, spec, breaker, permit, environ, start_response).run()
-
-    def _pass_through(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        """An unprotected request: the app's own answer, untouched, except that an
-        outbound refusal escaping the app becomes the 503."""
+        raw = environ.get("PATH_INFO")
+        # A path that starts with no route's stem is unprotected, decided on sight;
+        # any other is matched the long way.
+        if type(raw) is not str or raw[:1] != "/" or raw.startswith(self._raw_stems):
+            guarded = self._guard(environ, start_response)
+            if guarded is not None:
+                return guarded
+        # Unprotected: the app's own answer, untouched, except that an outbound
+        # refusal escaping the app becomes the 503.
         called = False
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /) -> Any:
@@ -304,6 +310,32 @@ class BreakerMiddleware:
             # after the app's own start_response, only exc_info allows another
             start_response(answer.status, answer.headers, sys.exc_info() if called else None)
             return [b"" if _is_head(environ) else answer.body]
+
+    def _guard(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes] | None:
+        """A request a route covers, admitted or refused; None: it goes through unprotected
+        (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
+        route = self._table.match(request_path(environ))
+        if route is None or str(environ.get("REQUEST_METHOD", "GET")).upper() in UNPROTECTED_METHODS:
+            return None
+        spec, breaker = route.spec, route.breaker
+        if held(environ, route.guard) is not None:
+            return None  # an outer guard of this breaker holds the request's permit: it asks and records
+        try:
+            permit = breaker.acquire()
+        except BreakerOpen as refused:
+            note_refusal(environ, spec.name)
+            answer = self.fallback_answer(spec, environ, refused) or self.refusal_answer(
+                refused, environ, spec
+            )
+            start_response(answer.status, answer.headers)
+            return [b"" if _is_head(environ) else answer.body]
+        except Exception:
+            # Not an outage (the store gate handles those) but a bug: let the
+            # request through rather than turn the breaker into the outage.
+            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
+            return None
+        hold(environ, route.guard, permit)  # seen by a Flask app inside
+        return _Exchange(self, spec, breaker, permit, environ, start_response).run()
 
     def _settle_orphans(self) -> None:
         while True:
@@ -391,6 +423,23 @@ class _Exchange:
     (see the module docstring); then the outcome is decided and recorded,
     and either the app's status and headers or a fallback's go to the server.
     """
+
+    __slots__ = (
+        "breaker",
+        "committed",
+        "environ",
+        "headers",
+        "kept",
+        "kept_limit",
+        "kept_size",
+        "middleware",
+        "permit",
+        "replaced",
+        "server_start_response",
+        "server_write",
+        "spec",
+        "status",
+    )
 
     def __init__(
         self,
@@ -603,6 +652,8 @@ class _Body:
     passed on chunk by chunk, committing the response at its first non-empty
     chunk (or its end), and closing the app's iterable exactly once."""
 
+    __slots__ = ("_closed", "_exchange", "_finished", "_iterator", "_result")
+
     def __init__(self, exchange: _Exchange, result: Iterable[bytes]) -> None:
         self._exchange = exchange
         self._result = result
@@ -626,11 +677,13 @@ class _Body:
             chunk = next(self._app_iterator())
         except StopIteration:
             self._finished = True
-            exchange.finished()
+            if exchange.kept is not None:
+                exchange.finished()
             raise
         # An exception here (after the commit) reaches the server as it is: the
         # response was counted by its status, which the client already has.
-        exchange.keep(chunk)
+        if exchange.kept is not None:
+            exchange.keep(chunk)
         return chunk
 
     def _app_iterator(self) -> Iterator[bytes]:
@@ -666,9 +719,11 @@ class _Body:
             return body
         if ended:
             self._finished = True
-            exchange.finished()
+            if exchange.kept is not None:
+                exchange.finished()
             raise StopIteration
-        exchange.keep(chunk)
+        if exchange.kept is not None:
+            exchange.keep(chunk)
         return chunk
 
     def close(self) -> None:
@@ -678,7 +733,10 @@ class _Body:
         try:
             _close(self._result)
         finally:
-            self._exchange.closed()
+            exchange = self._exchange
+            exchange.kept = None
+            if not exchange.permit.recorded:
+                exchange.closed()
 
     def __del__(self) -> None:
         # Dropped without close(), against PEP 3333. Recording here could run
