@@ -64,7 +64,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote
 from wsgiref.headers import Headers
 
@@ -90,9 +90,11 @@ from .routes import (
     ROUTE_OPTIONS,
     UNPROTECTED_METHODS,
     RouteSpec,
+    RouteTable,
     Warnings,
-    held_permit,
-    hold_permit,
+    guard_id,
+    held,
+    hold,
     note_refusal,
     parse_routes,
     prefix_matches,
@@ -268,6 +270,14 @@ def _as_response(value: Any) -> FallbackResponse | ASGIApp:
     return Static(value).response
 
 
+class _Route(NamedTuple):
+    """A route as a request meets it: its spec, its breaker and its guard_id, found at start-up."""
+
+    spec: RouteSpec
+    breaker: Breaker
+    guard: str
+
+
 def _needs_blocking_store(fallback: Fallback | None) -> bool:
     if isinstance(fallback, Cached):
         return True
@@ -319,6 +329,12 @@ class BreakerMiddleware:
         self.cache_client = cache_client
         self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
         self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
+        self._table = RouteTable(
+            (prefix, _Route(spec, self._resolved[spec.name], guard_id(breakers.prefix, spec.name)))
+            for prefix, spec in self.routes
+        )
+        # A path that starts with none of these is covered by no route (see __call__).
+        self._stems = (*self._table.stems, "//")
         for prefix, spec in self.routes:
             if cache_client is None and _needs_blocking_store(spec.fallback):
                 raise ValueError(
@@ -334,53 +350,33 @@ class BreakerMiddleware:
 
     def route_for(self, path: str) -> RouteSpec | None:
         """The spec of the longest prefix covering path, or None."""
-        for prefix, spec in self.routes:
-            if prefix_matches(prefix, path):
-                return spec
-        return None
+        route = self._table.match(path)
+        return None if route is None else route.spec
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)  # lifespan, websocket: untouched
             return
-        spec = None
-        if str(scope.get("method", "GET")).upper() not in UNPROTECTED_METHODS:
-            spec = self.route_for(request_path(scope))
-        if spec is None:
-            await self._pass_through(scope, receive, send)
+        path = scope.get("path")
+        # A path (under no root_path) that starts with no route's stem is
+        # unprotected, decided on sight; any other is matched the long way.
+        if (
+            type(path) is not str
+            or path[:1] != "/"
+            or scope.get("root_path")
+            or path.startswith(self._stems)
+        ) and await self._guard(scope, receive, send):
             return
-        if held_permit(scope, self.breakers.prefix, spec.name) is not None:
-            # An outer guard of this breaker holds the request's permit: it asks and records.
-            await self._pass_through(scope, receive, send)
-            return
-        breaker = self._resolved[spec.name]
-        try:
-            permit = await breaker.acquire()
-        except BreakerOpen as refused:
-            note_refusal(scope, spec.name)
-            if not await self.send_fallback(spec, scope, receive, send, refused):
-                await self.send_refusal(refused, scope, send, spec)
-            return
-        except Exception:
-            # Not an outage (the store gate handles those) but a bug: let the
-            # request through rather than turn the breaker into the outage.
-            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-            await self._pass_through(scope, receive, send)
-            return
-        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
-        hold_permit(scope, self.breakers.prefix, spec.name, permit)
-        await _Exchange(self, spec, breaker, permit, scope, receive, send).run()
-
-    async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """An unprotected request: the app's own answer, untouched, except that an
-        outbound refusal escaping the app becomes the 503."""
+        # Unprotected: the app's own answer, untouched, except that an outbound
+        # refusal escaping the app becomes the 503.
         started = False
 
-        async def watch(message: Message) -> None:
+        def watch(message: Message) -> Awaitable[None]:
+            # not a coroutine of its own: the app awaits the server's send directly
             nonlocal started
             if message.get("type") == "http.response.start":
                 started = True
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, watch)
@@ -388,6 +384,32 @@ class BreakerMiddleware:
             if started:
                 raise
             await self.send_refusal(refused, scope, send, None)
+
+    async def _guard(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """A request a route covers, admitted or refused; False: it goes through unprotected
+        (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
+        route = self._table.match(request_path(scope))
+        if route is None or str(scope.get("method", "GET")).upper() in UNPROTECTED_METHODS:
+            return False
+        spec, breaker = route.spec, route.breaker
+        if held(scope, route.guard) is not None:
+            return False  # an outer guard of this breaker holds the request's permit: it asks and records
+        try:
+            permit = await breaker.acquire()
+        except BreakerOpen as refused:
+            note_refusal(scope, spec.name)
+            if not await self.send_fallback(spec, scope, receive, send, refused):
+                await self.send_refusal(refused, scope, send, spec)
+            return True
+        except Exception:
+            # Not an outage (the store gate handles those) but a bug: let the
+            # request through rather than turn the breaker into the outage.
+            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
+            return False
+        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
+        hold(scope, route.guard, permit)
+        await _Exchange(self, spec, breaker, permit, scope, receive, send).run()
+        return True
 
     # -- what the middleware answers itself -----------------------------------------------
 
@@ -529,6 +551,24 @@ class _Exchange:
     replaced by the route's fallback, and a successful one kept for it.
     """
 
+    __slots__ = (
+        "breaker",
+        "complete",
+        "kept",
+        "kept_limit",
+        "kept_size",
+        "middleware",
+        "permit",
+        "raw_headers",
+        "receive",
+        "replaced",
+        "scope",
+        "server_send",
+        "spec",
+        "started",
+        "status",
+    )
+
     def __init__(
         self,
         middleware: BreakerMiddleware,
@@ -547,7 +587,7 @@ class _Exchange:
         self.receive = receive
         self.server_send = send
         self.status: int | None = None
-        self.headers: list[tuple[str, str]] = []
+        self.raw_headers: Iterable[Any] = ()  # of the start message, decoded when something reads them
         self.started = False  # a start message (the app's or ours) went to the server
         self.replaced = False  # an answer of ours went to the server instead of the app's
         self.kept: list[bytes] | None = None  # a successful body, for fallback.remember
@@ -569,8 +609,9 @@ class _Exchange:
             await self.settle("ignored")
         if self.complete and self.kept is not None:
             kept, self.kept = self.kept, None
+            headers = tuple(_decode_headers(self.raw_headers))
             await self.middleware.remember(
-                self.spec, self.scope, FallbackResponse(b"".join(kept), self.status or 0, tuple(self.headers))
+                self.spec, self.scope, FallbackResponse(b"".join(kept), self.status or 0, headers)
             )
 
     # -- the app's side of ASGI --------------------------------------------------------------
@@ -592,7 +633,7 @@ class _Exchange:
         """The response starts: decide by its status, record, then pass it on
         (or the route's fallback for a failure)."""
         self.status = int(message["status"])
-        self.headers = _decode_headers(message.get("headers") or ())
+        self.raw_headers = message.get("headers") or ()
         outcome = self.classify()
         await self.settle(outcome)
         spec = self.spec
@@ -614,7 +655,9 @@ class _Exchange:
     def classify(self) -> str:
         if refused_inside(self.scope):
             return "ignored"  # a guard of another breaker refused it: this route's service was not asked
-        return judge_status(self.spec, self.status or 0, self.headers, self.scope, self.middleware.warn)
+        spec = self.spec
+        headers = _decode_headers(self.raw_headers) if spec.classify is not None else ()
+        return judge_status(spec, self.status or 0, headers, self.scope, self.middleware.warn)
 
     async def settle(self, outcome: str) -> None:
         try:
