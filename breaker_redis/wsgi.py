@@ -123,10 +123,12 @@ def request_path(environ: Mapping[str, Any]) -> str:
     """The request's path as Flask's ``request.path`` has it: PATH_INFO (the
     path under the app's mount point), decoded from WSGI's latin-1 as UTF-8,
     with one leading slash."""
-    raw = str(environ.get("PATH_INFO") or "")
-    with contextlib.suppress(UnicodeEncodeError):  # else a server that already decoded it
-        raw = raw.encode("latin-1").decode("utf-8", "replace")
-    return "/" + raw.lstrip("/")
+    raw = environ.get("PATH_INFO")
+    if type(raw) is not str or not raw.isascii():  # ASCII reads the same in latin-1 and UTF-8
+        raw = str(raw or "")
+        with contextlib.suppress(UnicodeEncodeError):  # else a server that already decoded it
+            raw = raw.encode("latin-1").decode("utf-8", "replace")
+    return raw if raw[:1] == "/" and raw[1:2] != "/" else "/" + raw.lstrip("/")
 
 
 # -- answers -----------------------------------------------------------------------------
@@ -422,6 +424,10 @@ class _Exchange:
     The app's ``start_response`` is held back until the response commits
     (see the module docstring); then the outcome is decided and recorded,
     and either the app's status and headers or a fallback's go to the server.
+
+    It is also the iterable the server gets: the app's body, passed on chunk
+    by chunk, committing the response at its first non-empty chunk (or its
+    end), and closing the app's iterable exactly once.
     """
 
     __slots__ = (
@@ -429,12 +435,16 @@ class _Exchange:
         "committed",
         "environ",
         "headers",
+        "is_closed",
+        "iterator",
         "kept",
         "kept_limit",
         "kept_size",
         "middleware",
         "permit",
         "replaced",
+        "result",
+        "sent_all",
         "server_start_response",
         "server_write",
         "spec",
@@ -464,6 +474,10 @@ class _Exchange:
         self.kept: list[bytes] | None = None  # a successful body, for fallback.remember
         self.kept_size = 0
         self.kept_limit = 0
+        self.result: Iterable[bytes] = ()  # the app's body
+        self.iterator: Iterator[bytes] | None = None
+        self.sent_all = False  # the body's end went to the server (or ours replaced it)
+        self.is_closed = False
 
     def run(self) -> Iterable[bytes]:
         try:
@@ -473,8 +487,9 @@ class _Exchange:
             if body is None:
                 raise
             return [body]
+        self.result = result
         if self.committed:  # the app wrote its body through write(): nothing left to decide
-            return _Body(self, result)
+            return self
         file_wrapper = self.environ.get("wsgi.file_wrapper")
         if self.status is not None and isinstance(file_wrapper, type) and isinstance(result, file_wrapper):
             # Returned whole, so the server can still send the file its own way (sendfile).
@@ -483,7 +498,7 @@ class _Exchange:
                 return result
             _close(result)
             return [body]
-        return _Body(self, result)
+        return self
 
     # -- the app's side of WSGI ------------------------------------------------------------
 
@@ -615,7 +630,7 @@ class _Exchange:
             else:
                 self.kept.append(chunk)
 
-    def finished(self) -> None:
+    def body_done(self) -> None:
         """The whole body went out: a successful one is handed to the fallback to
         remember (cached). A body cut short never is."""
         kept, self.kept = self.kept, None
@@ -641,106 +656,91 @@ class _Exchange:
         self.settle(self.classify() if self.status is not None else "ignored")
 
 
-def _close(result: Iterable[bytes]) -> None:
-    close = getattr(result, "close", None)
-    if close is not None:
-        close()
+    # -- the server's side: the body ----------------------------------------------------------
 
-
-class _Body:
-    """The iterable the server gets for an admitted request: the app's body,
-    passed on chunk by chunk, committing the response at its first non-empty
-    chunk (or its end), and closing the app's iterable exactly once."""
-
-    __slots__ = ("_closed", "_exchange", "_finished", "_iterator", "_result")
-
-    def __init__(self, exchange: _Exchange, result: Iterable[bytes]) -> None:
-        self._exchange = exchange
-        self._result = result
-        self._iterator: Iterator[bytes] | None = None
-        self._finished = False
-        self._closed = False
-
-    def __iter__(self) -> _Body:
+    def __iter__(self) -> _Exchange:
         return self
 
     def __next__(self) -> bytes:
-        if self._finished:
+        if self.sent_all:
             raise StopIteration
-        exchange = self._exchange
-        if not exchange.committed:
+        if not self.committed:
             return self._first()
-        if exchange.replaced:  # a fallback answered through write(): the app's chunks go nowhere
-            self._finished = True
+        if self.replaced:  # a fallback answered through write(): the app's chunks go nowhere
+            self.sent_all = True
             raise StopIteration
+        iterator = self.iterator
+        if iterator is None:
+            iterator = self.iterator = iter(self.result)
         try:
-            chunk = next(self._app_iterator())
+            chunk = next(iterator)
         except StopIteration:
-            self._finished = True
-            if exchange.kept is not None:
-                exchange.finished()
+            self.sent_all = True
+            if self.kept is not None:
+                self.body_done()
             raise
         # An exception here (after the commit) reaches the server as it is: the
         # response was counted by its status, which the client already has.
-        if exchange.kept is not None:
-            exchange.keep(chunk)
+        if self.kept is not None:
+            self.keep(chunk)
         return chunk
-
-    def _app_iterator(self) -> Iterator[bytes]:
-        if self._iterator is None:
-            self._iterator = iter(self._result)
-        return self._iterator
 
     def _first(self) -> bytes:
         """Up to the first non-empty chunk (empty ones would make some servers
         send the headers), then commit."""
-        exchange = self._exchange
         chunk = b""
         ended = False
         try:
-            iterator = self._app_iterator()
+            iterator = self.iterator
+            if iterator is None:
+                iterator = self.iterator = iter(self.result)
             while not chunk:
                 try:
                     chunk = next(iterator)
                 except StopIteration:
                     ended = True
                     break
-            if exchange.status is None:
+            if self.status is None:
                 raise RuntimeError("the WSGI app returned its body without calling start_response()")
         except BaseException as exc:
-            body = exchange.failed(exc)
+            body = self.failed(exc)
             if body is None:
                 raise
-            self._finished = True
+            self.sent_all = True
             return body
-        body = exchange.commit()
+        body = self.commit()
         if body is not None:
-            self._finished = True
+            self.sent_all = True
             return body
         if ended:
-            self._finished = True
-            if exchange.kept is not None:
-                exchange.finished()
+            self.sent_all = True
+            if self.kept is not None:
+                self.body_done()
             raise StopIteration
-        if exchange.kept is not None:
-            exchange.keep(chunk)
+        if self.kept is not None:
+            self.keep(chunk)
         return chunk
 
     def close(self) -> None:
-        if self._closed:
+        if self.is_closed:
             return
-        self._closed = True
+        self.is_closed = True
         try:
-            _close(self._result)
+            _close(self.result)
         finally:
-            exchange = self._exchange
-            exchange.kept = None
-            if not exchange.permit.recorded:
-                exchange.closed()
+            self.kept = None
+            if not self.permit.recorded:
+                self.closed()
 
     def __del__(self) -> None:
         # Dropped without close(), against PEP 3333. Recording here could run
         # inside any lock (the garbage collector picks the moment), so the
         # exchange waits for the next request through the middleware instead.
-        if not self._closed and not self._exchange.permit.recorded:
-            self._exchange.middleware._orphans.append(self._exchange)
+        if not self.is_closed and not self.permit.recorded:
+            self.middleware._orphans.append(self)
+
+
+def _close(result: Iterable[bytes]) -> None:
+    close = getattr(result, "close", None)
+    if close is not None:
+        close()
