@@ -147,7 +147,10 @@ class ResponseInfo:
 def request_path(scope: Scope) -> str:
     """The path the app routes on, as Flask's ``request.path`` has it: ``scope["path"]``
     less ``root_path`` when the server included it (ASGI servers differ)."""
-    path = str(scope.get("path") or "/")
+    path = scope.get("path")
+    if type(path) is str and path[:1] == "/" and path[1:2] != "/" and not scope.get("root_path"):
+        return path  # the usual path: already what the rest would make of it
+    path = str(path or "/")
     root = str(scope.get("root_path") or "").rstrip("/")
     if root and (path == root or path.startswith(root + "/")):
         path = path[len(root) :]
@@ -527,6 +530,10 @@ class BreakerMiddleware:
         self._warnings.warn(name, message)
 
 
+async def _nothing() -> None:
+    return None
+
+
 async def _run_marked(
     app: ASGIApp, marks: list[tuple[str, str]], scope: Scope, receive: Receive, send: Send
 ) -> None:
@@ -616,18 +623,19 @@ class _Exchange:
 
     # -- the app's side of ASGI --------------------------------------------------------------
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """What the app awaits: the start message's handling, a message ignored,
+        or else the server's own send (no coroutine of ours per body message)."""
         kind = message.get("type")
         if self.replaced:
-            return  # a fallback answered: the app's messages go nowhere
+            return _nothing()  # a fallback answered: the app's messages go nowhere
         if kind == "http.response.start" and not self.started:
-            await self.start(message)
-            return
+            return self.start(message)
         if kind == "http.response.body" and self.kept is not None:
             self.keep(bytes(message.get("body") or b""))
             if not message.get("more_body", False):
                 self.complete = True
-        await self.server_send(message)
+        return self.server_send(message)
 
     async def start(self, message: Message) -> None:
         """The response starts: decide by its status, record, then pass it on
@@ -635,7 +643,10 @@ class _Exchange:
         self.status = int(message["status"])
         self.raw_headers = message.get("headers") or ()
         outcome = self.classify()
-        await self.settle(outcome)
+        try:
+            await self.permit.record(outcome)
+        except Exception:  # recording must never turn a served response into a 500
+            self.middleware.warn(self.spec.name, "could not record an outcome of breaker %r")
         spec = self.spec
         if outcome == "failure" and spec.fallback is not None and spec.fallback_on_failure:
             self.replaced = True  # the app may send body messages while the fallback is served
