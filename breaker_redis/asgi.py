@@ -64,7 +64,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 from wsgiref.headers import Headers
 
@@ -88,19 +88,16 @@ from .routes import (
     NOT_SERVED,
     OUTCOMES,
     ROUTE_OPTIONS,
-    UNPROTECTED_METHODS,
     RouteSpec,
-    RouteTable,
     Warnings,
-    guard_id,
-    held,
     hold,
     note_refusal,
     parse_routes,
     prefix_matches,
     refused_inside,
     remember_limit,
-    route_breakers,
+    route_table,
+    route_to_ask,
     status_line,
 )
 
@@ -273,14 +270,6 @@ def _as_response(value: Any) -> FallbackResponse | ASGIApp:
     return Static(value).response
 
 
-class _Route(NamedTuple):
-    """A route as a request meets it: its spec, its breaker and its guard_id, found at start-up."""
-
-    spec: RouteSpec
-    breaker: Breaker
-    guard: str
-
-
 def _needs_blocking_store(fallback: Fallback | None) -> bool:
     if isinstance(fallback, Cached):
         return True
@@ -331,11 +320,8 @@ class BreakerMiddleware:
         self.breakers = breakers
         self.cache_client = cache_client
         self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
-        self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
-        self._table = RouteTable(
-            (prefix, _Route(spec, self._resolved[spec.name], guard_id(breakers.prefix, spec.name)))
-            for prefix, spec in self.routes
-        )
+        self._resolved: dict[str, Breaker]
+        self._resolved, self._table = route_table(breakers, self.routes, configs)
         # A path that starts with none of these is covered by no route (see __call__).
         self._stems = (*self._table.stems, "//")
         for prefix, spec in self.routes:
@@ -391,12 +377,10 @@ class BreakerMiddleware:
     async def _guard(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """A request a route covers, admitted or refused; False: it goes through unprotected
         (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
-        route = self._table.match(request_path(scope))
-        if route is None or str(scope.get("method", "GET")).upper() in UNPROTECTED_METHODS:
+        route = route_to_ask(self._table, request_path(scope), scope.get("method", "GET"), scope)
+        if route is None:
             return False
-        spec, breaker = route.spec, route.breaker
-        if held(scope, route.guard) is not None:
-            return False  # an outer guard of this breaker holds the request's permit: it asks and records
+        spec, breaker = route.spec, cast(Breaker, route.breaker)
         try:
             permit = await breaker.acquire()
         except BreakerOpen as refused:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .config import BreakerConfig, config_field_names
 from .fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
@@ -309,6 +309,39 @@ def parse_routes(
         routes.append((prefix, spec))
     routes.sort(key=lambda item: len(item[0]), reverse=True)  # longest prefix wins
     return routes, configs
+
+
+class Route(NamedTuple):
+    """A route as a middleware's request meets it: its spec, its Breaker (sync or
+    asyncio) and its guard_id, found at start-up."""
+
+    spec: RouteSpec
+    breaker: Any
+    guard: str
+
+
+def route_table(
+    breakers: Any, routes: list[tuple[str, RouteSpec]], configs: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, Any], RouteTable[Route]]:
+    """The Breaker of every route's name (route_breakers) and the routes as a RouteTable."""
+    resolved = route_breakers(breakers, routes, configs)
+    table = RouteTable(
+        (prefix, Route(spec, resolved[spec.name], guard_id(breakers.prefix, spec.name)))
+        for prefix, spec in routes
+    )
+    return resolved, table
+
+
+def route_to_ask(
+    table: RouteTable[Route], path: str, method: Any, carrier: Mapping[str, Any]
+) -> Route | None:
+    """The route whose breaker a middleware asks for a request, or None: no route
+    covers the path, the method is never guarded (OPTIONS), or an outer guard
+    of the same breaker holds the request's permit (it asks and records)."""
+    route = table.match(path)
+    if route is None or str(method).upper() in UNPROTECTED_METHODS or held(carrier, route.guard) is not None:
+        return None
+    return route
 
 
 def route_breakers(

@@ -55,7 +55,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from wsgiref.headers import Headers
 
 from .breaker import Breaker
@@ -71,19 +71,16 @@ from .routes import (
     NOT_SERVED,
     OUTCOMES,
     ROUTE_OPTIONS,
-    UNPROTECTED_METHODS,
     RouteSpec,
-    RouteTable,
     Warnings,
-    guard_id,
-    held,
     hold,
     note_refusal,
     parse_routes,
     prefix_matches,
     refused_inside,
     remember_limit,
-    route_breakers,
+    route_table,
+    route_to_ask,
     status_line,
 )
 
@@ -132,14 +129,6 @@ def request_path(environ: Mapping[str, Any]) -> str:
 
 
 # -- answers -----------------------------------------------------------------------------
-
-
-class _Route(NamedTuple):
-    """A route as a request meets it: its spec, its breaker and its guard_id, found at start-up."""
-
-    spec: RouteSpec
-    breaker: Breaker
-    guard: str
 
 
 class _Answer(NamedTuple):
@@ -267,11 +256,8 @@ class BreakerMiddleware:
         self.app = app
         self.breakers = breakers
         self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
-        self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
-        self._table = RouteTable(
-            (prefix, _Route(spec, self._resolved[spec.name], guard_id(breakers.prefix, spec.name)))
-            for prefix, spec in self.routes
-        )
+        self._resolved: dict[str, Breaker]
+        self._resolved, self._table = route_table(breakers, self.routes, configs)
         self._raw_stems = _raw_stems(self._table.stems)
         self._warnings = Warnings()
         # Exchanges whose iterable was dropped without close(): settled by the next request.
@@ -316,12 +302,11 @@ class BreakerMiddleware:
     def _guard(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes] | None:
         """A request a route covers, admitted or refused; None: it goes through unprotected
         (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
-        route = self._table.match(request_path(environ))
-        if route is None or str(environ.get("REQUEST_METHOD", "GET")).upper() in UNPROTECTED_METHODS:
+        method = environ.get("REQUEST_METHOD", "GET")
+        route = route_to_ask(self._table, request_path(environ), method, environ)
+        if route is None:
             return None
-        spec, breaker = route.spec, route.breaker
-        if held(environ, route.guard) is not None:
-            return None  # an outer guard of this breaker holds the request's permit: it asks and records
+        spec, breaker = route.spec, cast(Breaker, route.breaker)
         try:
             permit = breaker.acquire()
         except BreakerOpen as refused:
