@@ -4,7 +4,9 @@ Run ``python bench/integrations.py``. It starts a fresh redis-server on a free
 loopback port (as bench/overhead.py does), builds each app bare and with its
 breaker integration, and times requests made straight through the WSGI or
 ASGI interface (no HTTP client, no server, one process; the ASGI apps on one
-event loop, kept for the whole run, with asyncio breakers):
+event loop, which runs for the whole run in a thread of its own as a server's
+would, so that the asyncio breakers' background sends are never frozen
+mid-way while the sync subjects run):
 
 - Flask: a bare Flask app; the same app with ``FlaskBreakers``, on a route it
   does not protect (``/plain``) and on one behind ``@breakers.protect``
@@ -47,8 +49,9 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import date
 from importlib.metadata import version
@@ -83,6 +86,7 @@ CALM_FIELDS: dict[str, Any] = {"trip": "count", "failure_threshold": 1_000_000, 
 CALM = BreakerConfig(**CALM_FIELDS)
 
 Timed = Callable[[int], float]  # run n requests, return the seconds they took
+Run = Callable[[Awaitable[Any]], Any]  # await a coroutine on the event loop's thread, from this one
 Sync = Callable[..., Iterable[bytes]]
 Async = Callable[..., Any]
 
@@ -243,9 +247,7 @@ def asgi_scope(path: str) -> dict[str, Any]:
     }
 
 
-def asgi_subject(
-    loop: asyncio.AbstractEventLoop, app: Async, path: str, name: str, statuses: Statuses
-) -> Timed:
+def asgi_subject(run_async: Run, app: Async, path: str, name: str, statuses: Statuses) -> Timed:
     scope = asgi_scope(path)
     request = {"type": "http.request", "body": b"", "more_body": False}
     seen: list[int] = []
@@ -265,7 +267,7 @@ def asgi_subject(
 
     def run(n: int) -> float:
         seen.clear()
-        elapsed = loop.run_until_complete(requests(n))
+        elapsed: float = run_async(requests(n))
         for status in seen:
             statuses.check(name, status)
         return elapsed
@@ -284,7 +286,7 @@ def sync_call_subject(breaker: Breaker) -> Timed:
     return run
 
 
-def async_call_subject(loop: asyncio.AbstractEventLoop, breaker: aio.Breaker) -> Timed:
+def async_call_subject(run_async: Run, breaker: aio.Breaker) -> Timed:
     async def calls(n: int) -> float:
         call = breaker.call
         start = time.perf_counter()
@@ -292,7 +294,7 @@ def async_call_subject(loop: asyncio.AbstractEventLoop, breaker: aio.Breaker) ->
             await call(anoop)
         return time.perf_counter() - start
 
-    return lambda n: loop.run_until_complete(calls(n))
+    return lambda n: float(run_async(calls(n)))
 
 
 async def wait_until_subscribed_async(breakers: aio.Breakers, breaker: aio.Breaker) -> None:
@@ -408,10 +410,21 @@ def table(usec: dict[str, float]) -> tuple[str, list[str]]:
     return "\n".join(lines), misses
 
 
+def loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread, Run]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="bench-event-loop", daemon=True)
+    thread.start()
+
+    def run_async(coro: Awaitable[Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()  # type: ignore[arg-type]
+
+    return loop, thread, run_async
+
+
 def main() -> int:
     started = time.monotonic()
     statuses = Statuses()
-    loop = asyncio.new_event_loop()
+    loop, thread, run_async = loop_thread()
     with redis_server() as url:
         control = redis.Redis.from_url(url)
         sync_breakers = Breakers.from_url(url)
@@ -420,7 +433,7 @@ def main() -> int:
             call = sync_breakers.get("bench-call", CALM)
             wait_until_subscribed(sync_breakers, call)
             acall = async_breakers.get("bench-call-async", CALM)
-            loop.run_until_complete(wait_until_subscribed_async(async_breakers, acall))
+            run_async(wait_until_subscribed_async(async_breakers, acall))
             subjects: dict[str, Timed] = {}
             for mode in ("bare", "protected", "in-app"):
                 apps: dict[str, Any] = {
@@ -438,20 +451,22 @@ def main() -> int:
                 for key, app in async_apps.items():
                     for path in ("plain", "guarded"):
                         name = f"{key}-{mode}-{path}"
-                        subjects[name] = asgi_subject(loop, app, f"/{path}", name, statuses)
+                        subjects[name] = asgi_subject(run_async, app, f"/{path}", name, statuses)
             empty = fastapi_app("empty-dependency", async_breakers, acall)
             subjects["fastapi-empty-dependency-guarded"] = asgi_subject(
-                loop, empty, "/guarded", "fastapi-empty-dependency-guarded", statuses
+                run_async, empty, "/guarded", "fastapi-empty-dependency-guarded", statuses
             )
             subjects["call-sync"] = sync_call_subject(call)
-            subjects["call-async"] = async_call_subject(loop, acall)
+            subjects["call-async"] = async_call_subject(run_async, acall)
             usec, made = measure(subjects)
-            counted = checks(sync_breakers, async_breakers, loop, made)
+            counted = checks(sync_breakers, async_breakers, run_async, made)
             server = control.info("server")
         finally:
             sync_breakers.close()
             sync_breakers.client.close()
-            loop.run_until_complete(async_breakers.aclose())
+            run_async(async_breakers.aclose())
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
             loop.close()
             control.close()
     rendered, misses = table(usec)
@@ -488,7 +503,7 @@ def main() -> int:
 def checks(
     sync_breakers: Breakers,
     async_breakers: aio.Breakers,
-    loop: asyncio.AbstractEventLoop,
+    run_async: Run,
     made: dict[str, int],
 ) -> str:
     """Each protected route's breaker counted exactly the requests sent to it, and stayed closed."""
@@ -497,7 +512,7 @@ def checks(
         if each.reference == "call-sync":
             snapshot = sync_breakers.get(each.breaker).snapshot()
         else:
-            snapshot = loop.run_until_complete(async_breakers.get(each.breaker).snapshot())
+            snapshot = run_async(async_breakers.get(each.breaker).snapshot())
         sent = made[f"{each.key}-protected-guarded"]
         ok = snapshot["state"] == "closed" and snapshot["successes"] == sent and not snapshot["failures"]
         found.append(f"{each.breaker} {snapshot['state']}, {snapshot['successes']:,} successes of "
