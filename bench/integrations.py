@@ -28,9 +28,13 @@ the CPU caches that a loop of calls keeps warm), and, for FastAPI, an empty
 yield dependency with the guard's signature and scope (what FastAPI charges
 for any such dependency).
 
-Each subject runs REQUESTS requests per round, ROUNDS rounds, the subjects in
-a shuffled order every round, so that drift and garbage collections hit all
-alike; the figure is the median µs per request. Every protected route's
+Each subject runs REQUESTS requests per round, ROUNDS rounds. A round runs
+the integrations in a shuffled order, and each integration's subjects (bare
+app, unprotected route, protected route, the breaker call in the bare app's
+handler) back to back, in a shuffled order: an added time is the median over
+the rounds of a subject's time less the bare app's in the same round, so
+that the load of a shared machine, which moves from second to second, falls
+on both sides of each difference. Times are medians of µs per request. Every protected route's
 breaker is calm (closed, far from its threshold), and the run checks at the
 end that each counted every request sent to it (a Redis that stalls on a busy
 machine sends a worker to its local breaker for a while, and its counts with it).
@@ -76,8 +80,8 @@ from breaker_redis.fastapi import add_refusal_handler, protect  # noqa: E402
 from breaker_redis.flask import FlaskBreakers  # noqa: E402
 from breaker_redis.wsgi import BreakerMiddleware as WsgiMiddleware  # noqa: E402
 
-REQUESTS = int(os.environ.get("BENCH_REQUESTS", 2000))  # requests per subject and round
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", 15))
+REQUESTS = int(os.environ.get("BENCH_REQUESTS", 1000))  # requests per subject and round
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", 31))
 WARMUP = 500
 TARGET_PROTECTED_RATIO = 2.0  # a protected route's added time <= this x the breaker call
 TARGET_UNPROTECTED_USEC = 1.0  # an unprotected route's added time <= this
@@ -309,21 +313,36 @@ async def wait_until_subscribed_async(breakers: aio.Breakers, breaker: aio.Break
 # -- measuring ------------------------------------------------------------------------
 
 
-def measure(subjects: dict[str, Timed]) -> tuple[dict[str, float], dict[str, int]]:
-    """(median µs per request, requests made) of each subject, rounds interleaved."""
-    made = dict.fromkeys(subjects, 0)
-    for name, run in subjects.items():
-        run(WARMUP)
-        made[name] += WARMUP
-    samples: dict[str, list[float]] = {name: [] for name in subjects}
-    order = list(subjects)
+class Samples(dict[str, list[float]]):
+    """µs per request of each subject, one sample a round."""
+
+    def usec(self, name: str) -> float:
+        return statistics.median(self[name])
+
+    def added(self, name: str, bare: str) -> float:
+        """The median over the rounds of name's time less bare's in the same round."""
+        return statistics.median(x - y for x, y in zip(self[name], self[bare], strict=True))
+
+
+def measure(blocks: dict[str, dict[str, Timed]]) -> tuple[Samples, dict[str, int]]:
+    """(samples, requests made) of every subject; a block's subjects run back to back."""
+    made: dict[str, int] = {}
+    for block in blocks.values():
+        for name, run in block.items():
+            run(WARMUP)
+            made[name] = WARMUP
+    samples = Samples({name: [] for name in made})
+    order = list(blocks)
     shuffle = random.Random(17)
     for _ in range(ROUNDS):
         shuffle.shuffle(order)
-        for name in order:
-            samples[name].append(subjects[name](REQUESTS) / REQUESTS * 1e6)
-            made[name] += REQUESTS
-    return {name: statistics.median(values) for name, values in samples.items()}, made
+        for key in order:
+            names = list(blocks[key])
+            shuffle.shuffle(names)
+            for name in names:
+                samples[name].append(blocks[key][name](REQUESTS) / REQUESTS * 1e6)
+                made[name] += REQUESTS
+    return samples, made
 
 
 # -- the report -----------------------------------------------------------------------
@@ -364,18 +383,18 @@ class Figures:
         return self.ratio <= TARGET_PROTECTED_RATIO, self.added_plain <= TARGET_UNPROTECTED_USEC
 
 
-def figures(usec: dict[str, float], each: Integration) -> Figures:
-    bare_guarded = usec[f"{each.key}-bare-guarded"]
+def figures(samples: Samples, each: Integration) -> Figures:
+    key = each.key
     return Figures(
-        bare=usec[f"{each.key}-bare-plain"],
-        added_plain=usec[f"{each.key}-protected-plain"] - usec[f"{each.key}-bare-plain"],
-        added_guarded=usec[f"{each.key}-protected-guarded"] - bare_guarded,
-        call=usec[each.reference],
-        added_in_app=usec[f"{each.key}-in-app-guarded"] - bare_guarded,
+        bare=samples.usec(f"{key}-bare-plain"),
+        added_plain=samples.added(f"{key}-protected-plain", f"{key}-bare-plain"),
+        added_guarded=samples.added(f"{key}-protected-guarded", f"{key}-bare-guarded"),
+        call=samples.usec(each.reference),
+        added_in_app=samples.added(f"{key}-in-app-guarded", f"{key}-bare-guarded"),
     )
 
 
-def table(usec: dict[str, float]) -> tuple[str, list[str]]:
+def table(samples: Samples) -> tuple[str, list[str]]:
     header = [
         "integration",
         "bare app µs",
@@ -390,7 +409,7 @@ def table(usec: dict[str, float]) -> tuple[str, list[str]]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     misses = []
     for each in INTEGRATIONS:
-        f = figures(usec, each)
+        f = figures(samples, each)
         met_ratio, met_plain = f.met
         if not met_ratio:
             misses.append(f"{each.key}: a protected request adds {f.ratio:.2f}x the breaker call")
@@ -434,31 +453,30 @@ def main() -> int:
             wait_until_subscribed(sync_breakers, call)
             acall = async_breakers.get("bench-call-async", CALM)
             run_async(wait_until_subscribed_async(async_breakers, acall))
-            subjects: dict[str, Timed] = {}
-            for mode in ("bare", "protected", "in-app"):
-                apps: dict[str, Any] = {
-                    "flask": flask_app(mode, sync_breakers, call),
-                    "wsgi": wsgi_app(mode, sync_breakers, call),
-                }
-                for key, app in apps.items():
-                    for path in ("plain", "guarded"):
-                        name = f"{key}-{mode}-{path}"
-                        subjects[name] = wsgi_subject(app, f"/{path}", name, statuses)
-                async_apps = {
-                    "asgi": asgi_app(mode, async_breakers, acall),
-                    "fastapi": fastapi_app(mode, async_breakers, acall),
-                }
-                for key, app in async_apps.items():
-                    for path in ("plain", "guarded"):
-                        name = f"{key}-{mode}-{path}"
-                        subjects[name] = asgi_subject(run_async, app, f"/{path}", name, statuses)
-            empty = fastapi_app("empty-dependency", async_breakers, acall)
-            subjects["fastapi-empty-dependency-guarded"] = asgi_subject(
-                run_async, empty, "/guarded", "fastapi-empty-dependency-guarded", statuses
-            )
-            subjects["call-sync"] = sync_call_subject(call)
-            subjects["call-async"] = async_call_subject(run_async, acall)
-            usec, made = measure(subjects)
+            blocks: dict[str, dict[str, Timed]] = {}
+            builders: dict[str, Callable[[str], Any]] = {
+                "flask": lambda mode: flask_app(mode, sync_breakers, call),
+                "wsgi": lambda mode: wsgi_app(mode, sync_breakers, call),
+                "asgi": lambda mode: asgi_app(mode, async_breakers, acall),
+                "fastapi": lambda mode: fastapi_app(mode, async_breakers, acall),
+            }
+            for key, build in builders.items():
+                block = blocks[key] = {}
+                cases = [("bare", "plain"), ("bare", "guarded"), ("protected", "plain"),
+                         ("protected", "guarded"), ("in-app", "guarded")]
+                if key == "fastapi":
+                    cases.append(("empty-dependency", "guarded"))
+                for mode, path in cases:
+                    name = f"{key}-{mode}-{path}"
+                    if key in ("flask", "wsgi"):
+                        block[name] = wsgi_subject(build(mode), f"/{path}", name, statuses)
+                    else:
+                        block[name] = asgi_subject(run_async, build(mode), f"/{path}", name, statuses)
+            blocks["calls"] = {
+                "call-sync": sync_call_subject(call),
+                "call-async": async_call_subject(run_async, acall),
+            }
+            samples, made = measure(blocks)
             counted = checks(sync_breakers, async_breakers, run_async, made)
             server = control.info("server")
         finally:
@@ -469,26 +487,28 @@ def main() -> int:
             thread.join()
             loop.close()
             control.close()
-    rendered, misses = table(usec)
+    rendered, misses = table(samples)
     print(
         f"# Integration overhead (Python {sys.version.split()[0]}, Flask {version('flask')}, "
         f"FastAPI {version('fastapi')}, Starlette {version('starlette')}, redis-server "
-        f"{server['redis_version']} on 127.0.0.1; median of {ROUNDS} interleaved rounds of "
-        f"{REQUESTS:,} requests; {date.today().isoformat()})\n"
+        f"{server['redis_version']} on 127.0.0.1; {ROUNDS} interleaved rounds of {REQUESTS:,} "
+        f"requests, medians; {date.today().isoformat()})\n"
     )
     print(rendered)
     print()
     for each in INTEGRATIONS:
-        f = figures(usec, each)
-        print(f"- {each.key}: bare app {f.bare:.1f} µs on /plain, {usec[f'{each.key}-bare-guarded']:.1f} µs "
-              f"on /guarded; with the integration {usec[f'{each.key}-protected-plain']:.1f} and "
-              f"{usec[f'{each.key}-protected-guarded']:.1f} µs")
-    empty_added = usec["fastapi-empty-dependency-guarded"] - usec["fastapi-bare-guarded"]
-    fastapi = figures(usec, INTEGRATIONS[3])
+        key = each.key
+        bare_plain, bare_guarded = samples.usec(f"{key}-bare-plain"), samples.usec(f"{key}-bare-guarded")
+        plain, guarded = samples.usec(f"{key}-protected-plain"), samples.usec(f"{key}-protected-guarded")
+        print(f"- {key}: bare app {bare_plain:.1f} µs on /plain, {bare_guarded:.1f} µs on /guarded; "
+              f"with the integration {plain:.1f} and {guarded:.1f} µs")
+    empty_added = samples.added("fastapi-empty-dependency-guarded", "fastapi-bare-guarded")
+    fastapi = figures(samples, INTEGRATIONS[3])
     print(f"- FastAPI's own price for a yield dependency (an empty one with the guard's signature and "
           f"scope): +{empty_added:.1f} µs, {empty_added / fastapi.call:.2f}x the breaker call; the guard "
           f"adds {fastapi.added_guarded - empty_added:+.1f} µs on top of it")
-    print(f"- breaker calls in a loop: sync {usec['call-sync']:.2f} µs, asyncio {usec['call-async']:.2f} µs "
+    print(f"- breaker calls in a loop: sync {samples.usec('call-sync'):.2f} µs, "
+          f"asyncio {samples.usec('call-async'):.2f} µs "
           "(calm, subscribed, deciding from memory)")
     print(f"- {counted}")
     if statuses.bad:
