@@ -40,6 +40,16 @@ end that each counted every request sent to it (a Redis that stalls on a busy
 machine sends a worker to its local breaker for a while, and its counts with it).
 ``BENCH_ROUNDS`` and ``BENCH_REQUESTS`` in the environment change the numbers.
 
+``python bench/integrations.py --instructions`` counts instead of timing (it
+needs valgrind): each subject runs alone under callgrind, instrumented only
+while it serves COUNTED requests after its warm-up, and the table gives
+instructions per request of the thread that serves them (the recorder's
+background sends are left out: under callgrind they come once per few
+requests instead of once per thousand). Counts do not move with the load of
+the machine, so they show a change of a few hundred instructions that the
+timings of a shared machine cannot; they do not show what the CPU caches do
+to those instructions.
+
 Targets (docs/design.md, section 11): a protected route adds at most 2x the
 breaker call's time to the bare app's request, and a route the integration
 does not protect adds at most 1 µs. A missed target is reported, not an
@@ -51,8 +61,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -429,6 +442,50 @@ def table(samples: Samples) -> tuple[str, list[str]]:
     return "\n".join(lines), misses
 
 
+CASES = [("bare", "plain"), ("bare", "guarded"), ("protected", "plain"), ("protected", "guarded"),
+         ("in-app", "guarded")]
+
+
+def cases(key: str) -> list[tuple[str, str]]:
+    """(mode, path) of an integration's subjects, named f"{key}-{mode}-{path}"."""
+    return CASES + ([("empty-dependency", "guarded")] if key == "fastapi" else [])
+
+
+def build_blocks(
+    sync_breakers: Breakers,
+    async_breakers: aio.Breakers,
+    call: Breaker,
+    acall: aio.Breaker,
+    run_async: Run,
+    statuses: Statuses,
+    only: str | None = None,
+) -> dict[str, dict[str, Timed]]:
+    """Every subject (or only those of the integration ``only``), by integration,
+    and the breaker calls: name -> run n requests."""
+    builders: dict[str, Callable[[str], Any]] = {
+        "flask": lambda mode: flask_app(mode, sync_breakers, call),
+        "wsgi": lambda mode: wsgi_app(mode, sync_breakers, call),
+        "asgi": lambda mode: asgi_app(mode, async_breakers, acall),
+        "fastapi": lambda mode: fastapi_app(mode, async_breakers, acall),
+    }
+    blocks: dict[str, dict[str, Timed]] = {}
+    for key, build in builders.items():
+        if only is not None and key != only:
+            continue
+        block = blocks[key] = {}
+        for mode, path in cases(key):
+            name = f"{key}-{mode}-{path}"
+            if key in ("flask", "wsgi"):
+                block[name] = wsgi_subject(build(mode), f"/{path}", name, statuses)
+            else:
+                block[name] = asgi_subject(run_async, build(mode), f"/{path}", name, statuses)
+    blocks["calls"] = {
+        "call-sync": sync_call_subject(call),
+        "call-async": async_call_subject(run_async, acall),
+    }
+    return blocks
+
+
 def loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread, Run]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="bench-event-loop", daemon=True)
@@ -453,29 +510,7 @@ def main() -> int:
             wait_until_subscribed(sync_breakers, call)
             acall = async_breakers.get("bench-call-async", CALM)
             run_async(wait_until_subscribed_async(async_breakers, acall))
-            blocks: dict[str, dict[str, Timed]] = {}
-            builders: dict[str, Callable[[str], Any]] = {
-                "flask": lambda mode: flask_app(mode, sync_breakers, call),
-                "wsgi": lambda mode: wsgi_app(mode, sync_breakers, call),
-                "asgi": lambda mode: asgi_app(mode, async_breakers, acall),
-                "fastapi": lambda mode: fastapi_app(mode, async_breakers, acall),
-            }
-            for key, build in builders.items():
-                block = blocks[key] = {}
-                cases = [("bare", "plain"), ("bare", "guarded"), ("protected", "plain"),
-                         ("protected", "guarded"), ("in-app", "guarded")]
-                if key == "fastapi":
-                    cases.append(("empty-dependency", "guarded"))
-                for mode, path in cases:
-                    name = f"{key}-{mode}-{path}"
-                    if key in ("flask", "wsgi"):
-                        block[name] = wsgi_subject(build(mode), f"/{path}", name, statuses)
-                    else:
-                        block[name] = asgi_subject(run_async, build(mode), f"/{path}", name, statuses)
-            blocks["calls"] = {
-                "call-sync": sync_call_subject(call),
-                "call-async": async_call_subject(run_async, acall),
-            }
+            blocks = build_blocks(sync_breakers, async_breakers, call, acall, run_async, statuses)
             samples, made = measure(blocks)
             counted = checks(sync_breakers, async_breakers, run_async, made)
             server = control.info("server")
@@ -520,6 +555,118 @@ def main() -> int:
     return 0
 
 
+# -- counting instructions (--instructions) ----------------------------------------------
+
+COUNTED = 500  # requests counted per subject
+
+
+def one_subject(name: str, url: str) -> int:
+    """Under callgrind: build every subject, warm up one, then serve COUNTED requests
+    of it between two lines read from stdin (the parent instruments that stretch)."""
+    loop = asyncio.new_event_loop()  # in this thread: its requests are the main thread's
+    statuses = Statuses()
+    sync_breakers = Breakers.from_url(url)
+    async_breakers = aio.Breakers.from_url(url)
+    call = sync_breakers.get("bench-call", CALM)
+    wait_until_subscribed(sync_breakers, call)
+    acall = async_breakers.get("bench-call-async", CALM)
+    loop.run_until_complete(wait_until_subscribed_async(async_breakers, acall))
+    blocks = build_blocks(
+        sync_breakers, async_breakers, call, acall, loop.run_until_complete, statuses, name.split("-")[0]
+    )
+    run = next(block[name] for block in blocks.values() if name in block)
+    run(WARMUP)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    run(COUNTED)
+    print("done", flush=True)
+    sys.stdin.readline()
+    sync_breakers.close()
+    loop.run_until_complete(async_breakers.aclose())
+    return 1 if statuses.bad else 0
+
+
+def count_instructions(url: str, names: list[str], folder: str) -> Samples:
+    """Instructions per request of each subject's serving thread, one callgrind run each."""
+    valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
+    if valgrind is None or control is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    counts = Samples()
+    for name in names:
+        out = os.path.join(folder, f"{name}.out")
+        argv = [valgrind, "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                f"--callgrind-out-file={out}", sys.executable, __file__, "--one", name, url]
+        log = open(os.path.join(folder, f"{name}.log"), "w")  # noqa: SIM115 - closed below
+        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        assert child.stdin is not None and child.stdout is not None
+        if child.stdout.readline().strip() != "ready":
+            log.close()
+            with open(log.name) as err:
+                sys.stderr.write(err.read()[-3000:])
+            raise SystemExit(f"{name}: the subject did not start under callgrind (exit {child.wait()})")
+        subprocess.run([control, "-i", "on", str(child.pid)], check=True, capture_output=True)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        if child.stdout.readline().strip() != "done":
+            raise SystemExit(f"{name}: the subject stopped under callgrind (exit {child.wait()})")
+        subprocess.run([control, "-i", "off", str(child.pid)], check=True, capture_output=True)
+        child.stdin.write("end\n")
+        child.stdin.close()
+        log.close()
+        if child.wait() != 0:
+            raise SystemExit(f"{name}: a request was answered other than 200 under callgrind")
+        with open(f"{out}-01") as dump:  # the main thread's file
+            total = max(int(line.split()[1]) for line in dump if line.startswith(("summary:", "totals:")))
+        counts[name] = [total / COUNTED]
+    return counts
+
+
+def instruction_table(counts: Samples) -> str:
+    header = [
+        "integration",
+        "bare app",
+        "unprotected route: added",
+        "protected route: added",
+        "breaker call",
+        "protected added ÷ breaker call (target <= 2)",
+        "breaker call in the bare app's handler: added",
+        "protected added ÷ that",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for each in INTEGRATIONS:
+        f = figures(counts, each)
+        lines.append("| " + " | ".join([
+            each.label,
+            f"{f.bare:,.0f}",
+            f"{f.added_plain:+,.0f}",
+            f"{f.added_guarded:+,.0f}",
+            f"{f.call:,.0f} ({REFERENCES[each.reference]})",
+            f"{f.ratio:.2f}",
+            f"{f.added_in_app:+,.0f}",
+            f"{f.added_guarded / f.added_in_app:.2f}",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def instructions_main() -> int:
+    started = time.monotonic()
+    names = [f"{each.key}-{mode}-{path}" for each in INTEGRATIONS for mode, path in cases(each.key)]
+    names += ["call-sync", "call-async"]
+    with redis_server() as url, tempfile.TemporaryDirectory(prefix="bench-callgrind-") as folder:
+        counts = count_instructions(url, names, folder)
+    empty = counts.added("fastapi-empty-dependency-guarded", "fastapi-bare-guarded")
+    fastapi = figures(counts, INTEGRATIONS[3])
+    print(f"# Integration overhead in instructions per request (callgrind, the serving thread; "
+          f"Python {sys.version.split()[0]}, Flask {version('flask')}, FastAPI {version('fastapi')}; "
+          f"{COUNTED} requests per subject after {WARMUP}; {date.today().isoformat()})\n")
+    print(instruction_table(counts))
+    print()
+    print(f"- FastAPI's own price for a yield dependency (an empty one with the guard's signature and "
+          f"scope): {empty:+,.0f}; the guard adds {fastapi.added_guarded - empty:+,.0f} on top of it")
+    print(f"\nfinished in {time.monotonic() - started:.1f} s")
+    return 0
+
+
 def checks(
     sync_breakers: Breakers,
     async_breakers: aio.Breakers,
@@ -541,4 +688,6 @@ def checks(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["--one"]:
+        sys.exit(one_subject(sys.argv[2], sys.argv[3]))
+    sys.exit(instructions_main() if sys.argv[1:] == ["--instructions"] else main())
