@@ -64,7 +64,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 from wsgiref.headers import Headers
 
@@ -87,18 +87,17 @@ from .routes import (
     MARKERS,
     NOT_SERVED,
     ROUTE_OPTIONS,
-    UNPROTECTED_METHODS,
     RouteSpec,
     Warnings,
-    held_permit,
-    hold_permit,
+    hold,
     judge,
     note_refusal,
     parse_routes,
     prefix_matches,
     refused_inside,
     remember_limit,
-    route_breakers,
+    route_table,
+    route_to_ask,
     status_line,
 )
 
@@ -145,7 +144,10 @@ class ResponseInfo:
 def request_path(scope: Scope) -> str:
     """The path the app routes on, as Flask's ``request.path`` has it: ``scope["path"]``
     less ``root_path`` when the server included it (ASGI servers differ)."""
-    path = str(scope.get("path") or "/")
+    path = scope.get("path")
+    if type(path) is str and path[:1] == "/" and path[1:2] != "/" and not scope.get("root_path"):
+        return path  # the usual path: already what the rest would make of it
+    path = str(path or "/")
     root = str(scope.get("root_path") or "").rstrip("/")
     if root and (path == root or path.startswith(root + "/")):
         path = path[len(root) :]
@@ -303,7 +305,10 @@ class BreakerMiddleware:
         self.breakers = breakers
         self.cache_client = cache_client
         self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
-        self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
+        self._resolved: dict[str, Breaker]
+        self._resolved, self._table = route_table(breakers, self.routes, configs)
+        # A path that starts with none of these is covered by no route (see __call__).
+        self._stems = (*self._table.stems, "//")
         for prefix, spec in self.routes:
             if cache_client is None and _needs_blocking_store(spec.fallback):
                 raise ValueError(
@@ -319,53 +324,33 @@ class BreakerMiddleware:
 
     def route_for(self, path: str) -> RouteSpec | None:
         """The spec of the longest prefix covering path, or None."""
-        for prefix, spec in self.routes:
-            if prefix_matches(prefix, path):
-                return spec
-        return None
+        route = self._table.match(path)
+        return None if route is None else route.spec
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)  # lifespan, websocket: untouched
             return
-        spec = None
-        if str(scope.get("method", "GET")).upper() not in UNPROTECTED_METHODS:
-            spec = self.route_for(request_path(scope))
-        if spec is None:
-            await self._pass_through(scope, receive, send)
+        path = scope.get("path")
+        # A path (under no root_path) that starts with no route's stem is
+        # unprotected, decided on sight; any other is matched the long way.
+        if (
+            type(path) is not str
+            or path[:1] != "/"
+            or scope.get("root_path")
+            or path.startswith(self._stems)
+        ) and await self._guard(scope, receive, send):
             return
-        if held_permit(scope, self.breakers.prefix, spec.name) is not None:
-            # An outer guard of this breaker holds the request's permit: it asks and records.
-            await self._pass_through(scope, receive, send)
-            return
-        breaker = self._resolved[spec.name]
-        try:
-            permit = await breaker.acquire()
-        except BreakerOpen as refused:
-            note_refusal(scope, spec.name)
-            if not await self.send_fallback(spec, scope, receive, send, refused):
-                await self.send_refusal(refused, scope, send, spec)
-            return
-        except Exception:
-            # Not an outage (the store gate handles those) but a bug: let the
-            # request through rather than turn the breaker into the outage.
-            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-            await self._pass_through(scope, receive, send)
-            return
-        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
-        hold_permit(scope, self.breakers.prefix, spec.name, permit)
-        await _Exchange(self, spec, breaker, permit, scope, receive, send).run()
-
-    async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """An unprotected request: the app's own answer, untouched, except that an
-        outbound refusal escaping the app becomes the 503."""
+        # Unprotected: the app's own answer, untouched, except that an outbound
+        # refusal escaping the app becomes the 503.
         started = False
 
-        async def watch(message: Message) -> None:
+        def watch(message: Message) -> Awaitable[None]:
+            # not a coroutine of its own: the app awaits the server's send directly
             nonlocal started
             if message.get("type") == "http.response.start":
                 started = True
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, watch)
@@ -373,6 +358,30 @@ class BreakerMiddleware:
             if started:
                 raise
             await self.send_refusal(refused, scope, send, None)
+
+    async def _guard(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """A request a route covers, admitted or refused; False: it goes through unprotected
+        (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
+        route = route_to_ask(self._table, request_path(scope), scope.get("method", "GET"), scope)
+        if route is None:
+            return False
+        spec, breaker = route.spec, cast(Breaker, route.breaker)
+        try:
+            permit = await breaker.acquire()
+        except BreakerOpen as refused:
+            note_refusal(scope, spec.name)
+            if not await self.send_fallback(spec, scope, receive, send, refused):
+                await self.send_refusal(refused, scope, send, spec)
+            return True
+        except Exception:
+            # Not an outage (the store gate handles those) but a bug: let the
+            # request through rather than turn the breaker into the outage.
+            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
+            return False
+        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
+        hold(scope, route.guard, permit)
+        await _Exchange(self, spec, breaker, permit, scope, receive, send).run()
+        return True
 
     # -- what the middleware answers itself -----------------------------------------------
 
@@ -490,6 +499,10 @@ class BreakerMiddleware:
         self._warnings.warn(name, message)
 
 
+async def _nothing() -> None:
+    return None
+
+
 async def _run_marked(
     app: ASGIApp, marks: list[tuple[str, str]], scope: Scope, receive: Receive, send: Send
 ) -> None:
@@ -514,6 +527,24 @@ class _Exchange:
     replaced by the route's fallback, and a successful one kept for it.
     """
 
+    __slots__ = (
+        "breaker",
+        "complete",
+        "kept",
+        "kept_limit",
+        "kept_size",
+        "middleware",
+        "permit",
+        "raw_headers",
+        "receive",
+        "replaced",
+        "scope",
+        "server_send",
+        "spec",
+        "started",
+        "status",
+    )
+
     def __init__(
         self,
         middleware: BreakerMiddleware,
@@ -532,7 +563,7 @@ class _Exchange:
         self.receive = receive
         self.server_send = send
         self.status: int | None = None
-        self.headers: list[tuple[str, str]] = []
+        self.raw_headers: Iterable[Any] = ()  # of the start message, decoded when something reads them
         self.started = False  # a start message (the app's or ours) went to the server
         self.replaced = False  # an answer of ours went to the server instead of the app's
         self.kept: list[bytes] | None = None  # a successful body, for fallback.remember
@@ -554,32 +585,37 @@ class _Exchange:
             await self.settle("ignored")
         if self.complete and self.kept is not None:
             kept, self.kept = self.kept, None
+            headers = tuple(_decode_headers(self.raw_headers))
             await self.middleware.remember(
-                self.spec, self.scope, FallbackResponse(b"".join(kept), self.status or 0, tuple(self.headers))
+                self.spec, self.scope, FallbackResponse(b"".join(kept), self.status or 0, headers)
             )
 
     # -- the app's side of ASGI --------------------------------------------------------------
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """What the app awaits: the start message's handling, a message ignored,
+        or else the server's own send (no coroutine of ours per body message)."""
         kind = message.get("type")
         if self.replaced:
-            return  # a fallback answered: the app's messages go nowhere
+            return _nothing()  # a fallback answered: the app's messages go nowhere
         if kind == "http.response.start" and not self.started:
-            await self.start(message)
-            return
+            return self.start(message)
         if kind == "http.response.body" and self.kept is not None:
             self.keep(bytes(message.get("body") or b""))
             if not message.get("more_body", False):
                 self.complete = True
-        await self.server_send(message)
+        return self.server_send(message)
 
     async def start(self, message: Message) -> None:
         """The response starts: decide by its status, record, then pass it on
         (or the route's fallback for a failure)."""
         self.status = int(message["status"])
-        self.headers = _decode_headers(message.get("headers") or ())
+        self.raw_headers = message.get("headers") or ()
         outcome = self.classify()
-        await self.settle(outcome)
+        try:
+            await self.permit.record(outcome)
+        except Exception:  # recording must never turn a served response into a 500
+            self.middleware.warn(self.spec.name, "could not record an outcome of breaker %r")
         spec = self.spec
         if outcome == "failure" and spec.fallback is not None and spec.fallback_on_failure:
             self.replaced = True  # the app may send body messages while the fallback is served
@@ -599,7 +635,9 @@ class _Exchange:
     def classify(self) -> str:
         if refused_inside(self.scope):
             return "ignored"  # a guard of another breaker refused it: this route's service was not asked
-        return judge_status(self.spec, self.status or 0, self.headers, self.scope, self.middleware.warn)
+        spec = self.spec
+        headers = _decode_headers(self.raw_headers) if spec.classify is not None else ()
+        return judge_status(spec, self.status or 0, headers, self.scope, self.middleware.warn)
 
     async def settle(self, outcome: str) -> None:
         try:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .config import BreakerConfig, config_field_names
 from .fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
@@ -23,6 +23,7 @@ from .refusal import BREAKER_HEADER, REASON_HEADER
 from .scripts import validate_name
 
 log = logging.getLogger("breaker_redis")
+T = TypeVar("T")
 
 DEFAULT_FAILURE_STATUSES = frozenset(range(500, 600))
 ROUTE_OPTIONS = (
@@ -70,8 +71,10 @@ class RequestGuards:
         self.refused: str | None = None
 
 
-def _guard_id(prefix: str, name: str) -> str:
-    return f"{prefix}:{{{name}}}"  # the breaker's keys: the same breaker for every Breakers on them
+def guard_id(prefix: str, name: str) -> str:
+    """Who a permit belongs to in RequestGuards: the breaker's keys, so the same
+    breaker for every Breakers on them. A guard computes it once, at start-up."""
+    return f"{prefix}:{{{name}}}"
 
 
 def _guards(carrier: Mapping[str, Any]) -> RequestGuards | None:
@@ -79,18 +82,28 @@ def _guards(carrier: Mapping[str, Any]) -> RequestGuards | None:
     return guards if isinstance(guards, RequestGuards) else None
 
 
+def held(carrier: Mapping[str, Any], guard: str) -> Any:
+    """The permit an outer guard holds for the breaker ``guard`` (a guard_id) in this request, or None."""
+    guards = carrier.get(GUARDS_KEY)
+    return guards.permits.get(guard) if isinstance(guards, RequestGuards) else None
+
+
+def hold(carrier: MutableMapping[str, Any], guard: str, permit: Any) -> None:
+    """Note the permit this guard took, for the guards nested inside it."""
+    guards = carrier.get(GUARDS_KEY)
+    if not isinstance(guards, RequestGuards):
+        guards = carrier[GUARDS_KEY] = RequestGuards()
+    guards.permits[guard] = permit
+
+
 def held_permit(carrier: Mapping[str, Any], prefix: str, name: str) -> Any:
     """The permit an outer guard holds for this breaker in this request, or None."""
-    guards = _guards(carrier)
-    return None if guards is None else guards.permits.get(_guard_id(prefix, name))
+    return held(carrier, guard_id(prefix, name))
 
 
 def hold_permit(carrier: MutableMapping[str, Any], prefix: str, name: str, permit: Any) -> None:
     """Note the permit this guard took, for the guards nested inside it."""
-    guards = _guards(carrier)
-    if guards is None:
-        guards = carrier[GUARDS_KEY] = RequestGuards()
-    guards.permits[_guard_id(prefix, name)] = permit
+    hold(carrier, guard_id(prefix, name), permit)
 
 
 def note_refusal(carrier: Mapping[str, Any], name: str) -> None:
@@ -102,8 +115,8 @@ def note_refusal(carrier: Mapping[str, Any], name: str) -> None:
 
 def refused_inside(carrier: Mapping[str, Any]) -> bool:
     """Whether a guard nested inside refused this request (its service was not asked)."""
-    guards = _guards(carrier)
-    return guards is not None and guards.refused is not None
+    guards = carrier.get(GUARDS_KEY)
+    return isinstance(guards, RequestGuards) and guards.refused is not None
 
 
 @dataclass(frozen=True)
@@ -128,6 +141,33 @@ def prefix_matches(prefix: str, path: str) -> bool:
     if prefix.endswith("/"):
         return path.startswith(prefix) or path == prefix.rstrip("/")
     return path == prefix or path.startswith(prefix + "/")
+
+
+class RouteTable(Generic[T]):
+    """Path prefixes, longest first, each with what guards it (a RouteSpec, or
+    an integration's own record of one).
+
+    A prefix covers only paths that start with its stem (the prefix less its
+    trailing slashes: ``/pay/`` covers ``/pay`` and ``/pay/...``), so one
+    ``str.startswith`` over every stem tells most paths no route covers them:
+    the price every unprotected request pays. Only a path that starts with a
+    stem is compared prefix by prefix, longest first.
+    """
+
+    __slots__ = ("routes", "stems")
+
+    def __init__(self, routes: Iterable[tuple[str, T]]) -> None:
+        self.routes = list(routes)
+        self.stems = tuple(sorted({prefix.rstrip("/") for prefix, _ in self.routes}))
+
+    def match(self, path: str) -> T | None:
+        """What guards the longest prefix covering path, or None."""
+        if not path.startswith(self.stems):
+            return None
+        for prefix, value in self.routes:
+            if prefix_matches(prefix, path):
+                return value
+        return None
 
 
 def status_codes(value: Any, default: frozenset[int], where: str, option: str) -> frozenset[int]:
@@ -271,6 +311,39 @@ def parse_routes(
         routes.append((prefix, spec))
     routes.sort(key=lambda item: len(item[0]), reverse=True)  # longest prefix wins
     return routes, configs
+
+
+class Route(NamedTuple):
+    """A route as a middleware's request meets it: its spec, its Breaker (sync or
+    asyncio) and its guard_id, found at start-up."""
+
+    spec: RouteSpec
+    breaker: Any
+    guard: str
+
+
+def route_table(
+    breakers: Any, routes: list[tuple[str, RouteSpec]], configs: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, Any], RouteTable[Route]]:
+    """The Breaker of every route's name (route_breakers) and the routes as a RouteTable."""
+    resolved = route_breakers(breakers, routes, configs)
+    table = RouteTable(
+        (prefix, Route(spec, resolved[spec.name], guard_id(breakers.prefix, spec.name)))
+        for prefix, spec in routes
+    )
+    return resolved, table
+
+
+def route_to_ask(
+    table: RouteTable[Route], path: str, method: Any, carrier: Mapping[str, Any]
+) -> Route | None:
+    """The route whose breaker a middleware asks for a request, or None: no route
+    covers the path, the method is never guarded (OPTIONS), or an outer guard
+    of the same breaker holds the request's permit (it asks and records)."""
+    route = table.match(path)
+    if route is None or str(method).upper() in UNPROTECTED_METHODS or held(carrier, route.guard) is not None:
+        return None
+    return route
 
 
 def route_breakers(

@@ -55,7 +55,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from wsgiref.headers import Headers
 
 from .breaker import Breaker
@@ -70,18 +70,17 @@ from .routes import (
     MARKERS,
     NOT_SERVED,
     ROUTE_OPTIONS,
-    UNPROTECTED_METHODS,
     RouteSpec,
     Warnings,
-    held_permit,
-    hold_permit,
+    hold,
     judge,
     note_refusal,
     parse_routes,
     prefix_matches,
     refused_inside,
     remember_limit,
-    route_breakers,
+    route_table,
+    route_to_ask,
     status_line,
 )
 
@@ -121,10 +120,12 @@ def request_path(environ: Mapping[str, Any]) -> str:
     """The request's path as Flask's ``request.path`` has it: PATH_INFO (the
     path under the app's mount point), decoded from WSGI's latin-1 as UTF-8,
     with one leading slash."""
-    raw = str(environ.get("PATH_INFO") or "")
-    with contextlib.suppress(UnicodeEncodeError):  # else a server that already decoded it
-        raw = raw.encode("latin-1").decode("utf-8", "replace")
-    return "/" + raw.lstrip("/")
+    raw = environ.get("PATH_INFO")
+    if type(raw) is not str or not raw.isascii():  # ASCII reads the same in latin-1 and UTF-8
+        raw = str(raw or "")
+        with contextlib.suppress(UnicodeEncodeError):  # else a server that already decoded it
+            raw = raw.encode("latin-1").decode("utf-8", "replace")
+    return raw if raw[:1] == "/" and raw[1:2] != "/" else "/" + raw.lstrip("/")
 
 
 # -- answers -----------------------------------------------------------------------------
@@ -139,6 +140,19 @@ class _Answer(NamedTuple):
 
 
 
+
+
+def _raw_stems(stems: tuple[str, ...]) -> tuple[str, ...]:
+    """What a raw PATH_INFO starts with when a route may cover it: a stem as
+    UTF-8 read as latin-1 (WSGI's form), or as it is (a server that decoded the
+    path), or ``//`` (request_path would normalise it). A PATH_INFO that starts
+    with "/" and with none of these is covered by no route, without decoding it."""
+    if any("\ufffd" in stem for stem in stems):
+        return ("",)  # a stem a bad byte could decode to: every path goes the long way
+    found = {"//"}
+    for stem in stems:
+        found.update((stem, stem.encode("utf-8").decode("latin-1")))
+    return tuple(sorted(found))
 
 
 def _status_code(status: str) -> int | None:
@@ -242,7 +256,9 @@ class BreakerMiddleware:
         self.app = app
         self.breakers = breakers
         self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
-        self._resolved: dict[str, Breaker] = route_breakers(breakers, self.routes, configs)
+        self._resolved: dict[str, Breaker]
+        self._resolved, self._table = route_table(breakers, self.routes, configs)
+        self._raw_stems = _raw_stems(self._table.stems)
         self._warnings = Warnings()
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
@@ -253,43 +269,21 @@ class BreakerMiddleware:
 
     def route_for(self, path: str) -> RouteSpec | None:
         """The spec of the longest prefix covering path, or None."""
-        for prefix, spec in self.routes:
-            if prefix_matches(prefix, path):
-                return spec
-        return None
+        route = self._table.match(path)
+        return None if route is None else route.spec
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if self._orphans:
             self._settle_orphans()
-        spec = None
-        if str(environ.get("REQUEST_METHOD", "GET")).upper() not in UNPROTECTED_METHODS:
-            spec = self.route_for(request_path(environ))
-        if spec is None:
-            return self._pass_through(environ, start_response)
-        if held_permit(environ, self.breakers.prefix, spec.name) is not None:
-            # An outer guard of this breaker holds the request's permit: it asks and records.
-            return self._pass_through(environ, start_response)
-        breaker = self._resolved[spec.name]
-        try:
-            permit = breaker.acquire()
-        except BreakerOpen as refused:
-            note_refusal(environ, spec.name)
-            answer = self.fallback_answer(spec, environ, refused) or self.refusal_answer(
-                refused, environ, spec
-            )
-            start_response(answer.status, answer.headers)
-            return [b"" if _is_head(environ) else answer.body]
-        except Exception:
-            # Not an outage (the store gate handles those) but a bug: let the
-            # request through rather than turn the breaker into the outage.
-            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-            return self._pass_through(environ, start_response)
-        hold_permit(environ, self.breakers.prefix, spec.name, permit)  # seen by a Flask app inside
-        return _Exchange(self, spec, breaker, permit, environ, start_response).run()
-
-    def _pass_through(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        """An unprotected request: the app's own answer, untouched, except that an
-        outbound refusal escaping the app becomes the 503."""
+        raw = environ.get("PATH_INFO")
+        # A path that starts with no route's stem is unprotected, decided on sight;
+        # any other is matched the long way.
+        if type(raw) is not str or raw[:1] != "/" or raw.startswith(self._raw_stems):
+            guarded = self._guard(environ, start_response)
+            if guarded is not None:
+                return guarded
+        # Unprotected: the app's own answer, untouched, except that an outbound
+        # refusal escaping the app becomes the 503.
         called = False
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /) -> Any:
@@ -304,6 +298,31 @@ class BreakerMiddleware:
             # after the app's own start_response, only exc_info allows another
             start_response(answer.status, answer.headers, sys.exc_info() if called else None)
             return [b"" if _is_head(environ) else answer.body]
+
+    def _guard(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes] | None:
+        """A request a route covers, admitted or refused; None: it goes through unprotected
+        (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
+        method = environ.get("REQUEST_METHOD", "GET")
+        route = route_to_ask(self._table, request_path(environ), method, environ)
+        if route is None:
+            return None
+        spec, breaker = route.spec, cast(Breaker, route.breaker)
+        try:
+            permit = breaker.acquire()
+        except BreakerOpen as refused:
+            note_refusal(environ, spec.name)
+            answer = self.fallback_answer(spec, environ, refused) or self.refusal_answer(
+                refused, environ, spec
+            )
+            start_response(answer.status, answer.headers)
+            return [b"" if _is_head(environ) else answer.body]
+        except Exception:
+            # Not an outage (the store gate handles those) but a bug: let the
+            # request through rather than turn the breaker into the outage.
+            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
+            return None
+        hold(environ, route.guard, permit)  # seen by a Flask app inside
+        return _Exchange(self, spec, breaker, permit, environ, start_response).run()
 
     def _settle_orphans(self) -> None:
         while True:
@@ -390,7 +409,32 @@ class _Exchange:
     The app's ``start_response`` is held back until the response commits
     (see the module docstring); then the outcome is decided and recorded,
     and either the app's status and headers or a fallback's go to the server.
+
+    It is also the iterable the server gets: the app's body, passed on chunk
+    by chunk, committing the response at its first non-empty chunk (or its
+    end), and closing the app's iterable exactly once.
     """
+
+    __slots__ = (
+        "breaker",
+        "committed",
+        "environ",
+        "headers",
+        "is_closed",
+        "iterator",
+        "kept",
+        "kept_limit",
+        "kept_size",
+        "middleware",
+        "permit",
+        "replaced",
+        "result",
+        "sent_all",
+        "server_start_response",
+        "server_write",
+        "spec",
+        "status",
+    )
 
     def __init__(
         self,
@@ -415,6 +459,10 @@ class _Exchange:
         self.kept: list[bytes] | None = None  # a successful body, for fallback.remember
         self.kept_size = 0
         self.kept_limit = 0
+        self.result: Iterable[bytes] = ()  # the app's body
+        self.iterator: Iterator[bytes] | None = None
+        self.sent_all = False  # the body's end went to the server (or ours replaced it)
+        self.is_closed = False
 
     def run(self) -> Iterable[bytes]:
         try:
@@ -424,8 +472,9 @@ class _Exchange:
             if body is None:
                 raise
             return [body]
+        self.result = result
         if self.committed:  # the app wrote its body through write(): nothing left to decide
-            return _Body(self, result)
+            return self
         file_wrapper = self.environ.get("wsgi.file_wrapper")
         if self.status is not None and isinstance(file_wrapper, type) and isinstance(result, file_wrapper):
             # Returned whole, so the server can still send the file its own way (sendfile).
@@ -434,7 +483,7 @@ class _Exchange:
                 return result
             _close(result)
             return [body]
-        return _Body(self, result)
+        return self
 
     # -- the app's side of WSGI ------------------------------------------------------------
 
@@ -550,7 +599,7 @@ class _Exchange:
             else:
                 self.kept.append(chunk)
 
-    def finished(self) -> None:
+    def body_done(self) -> None:
         """The whole body went out: a successful one is handed to the fallback to
         remember (cached). A body cut short never is."""
         kept, self.kept = self.kept, None
@@ -576,97 +625,91 @@ class _Exchange:
         self.settle(self.classify() if self.status is not None else "ignored")
 
 
-def _close(result: Iterable[bytes]) -> None:
-    close = getattr(result, "close", None)
-    if close is not None:
-        close()
+    # -- the server's side: the body ----------------------------------------------------------
 
-
-class _Body:
-    """The iterable the server gets for an admitted request: the app's body,
-    passed on chunk by chunk, committing the response at its first non-empty
-    chunk (or its end), and closing the app's iterable exactly once."""
-
-    def __init__(self, exchange: _Exchange, result: Iterable[bytes]) -> None:
-        self._exchange = exchange
-        self._result = result
-        self._iterator: Iterator[bytes] | None = None
-        self._finished = False
-        self._closed = False
-
-    def __iter__(self) -> _Body:
+    def __iter__(self) -> _Exchange:
         return self
 
     def __next__(self) -> bytes:
-        if self._finished:
+        if self.sent_all:
             raise StopIteration
-        exchange = self._exchange
-        if not exchange.committed:
+        if not self.committed:
             return self._first()
-        if exchange.replaced:  # a fallback answered through write(): the app's chunks go nowhere
-            self._finished = True
+        if self.replaced:  # a fallback answered through write(): the app's chunks go nowhere
+            self.sent_all = True
             raise StopIteration
+        iterator = self.iterator
+        if iterator is None:
+            iterator = self.iterator = iter(self.result)
         try:
-            chunk = next(self._app_iterator())
+            chunk = next(iterator)
         except StopIteration:
-            self._finished = True
-            exchange.finished()
+            self.sent_all = True
+            if self.kept is not None:
+                self.body_done()
             raise
         # An exception here (after the commit) reaches the server as it is: the
         # response was counted by its status, which the client already has.
-        exchange.keep(chunk)
+        if self.kept is not None:
+            self.keep(chunk)
         return chunk
-
-    def _app_iterator(self) -> Iterator[bytes]:
-        if self._iterator is None:
-            self._iterator = iter(self._result)
-        return self._iterator
 
     def _first(self) -> bytes:
         """Up to the first non-empty chunk (empty ones would make some servers
         send the headers), then commit."""
-        exchange = self._exchange
         chunk = b""
         ended = False
         try:
-            iterator = self._app_iterator()
+            iterator = self.iterator
+            if iterator is None:
+                iterator = self.iterator = iter(self.result)
             while not chunk:
                 try:
                     chunk = next(iterator)
                 except StopIteration:
                     ended = True
                     break
-            if exchange.status is None:
+            if self.status is None:
                 raise RuntimeError("the WSGI app returned its body without calling start_response()")
         except BaseException as exc:
-            body = exchange.failed(exc)
+            body = self.failed(exc)
             if body is None:
                 raise
-            self._finished = True
+            self.sent_all = True
             return body
-        body = exchange.commit()
+        body = self.commit()
         if body is not None:
-            self._finished = True
+            self.sent_all = True
             return body
         if ended:
-            self._finished = True
-            exchange.finished()
+            self.sent_all = True
+            if self.kept is not None:
+                self.body_done()
             raise StopIteration
-        exchange.keep(chunk)
+        if self.kept is not None:
+            self.keep(chunk)
         return chunk
 
     def close(self) -> None:
-        if self._closed:
+        if self.is_closed:
             return
-        self._closed = True
+        self.is_closed = True
         try:
-            _close(self._result)
+            _close(self.result)
         finally:
-            self._exchange.closed()
+            self.kept = None
+            if not self.permit.recorded:
+                self.closed()
 
     def __del__(self) -> None:
         # Dropped without close(), against PEP 3333. Recording here could run
         # inside any lock (the garbage collector picks the moment), so the
         # exchange waits for the next request through the middleware instead.
-        if not self._closed and not self._exchange.permit.recorded:
-            self._exchange.middleware._orphans.append(self._exchange)
+        if not self.is_closed and not self.permit.recorded:
+            self.middleware._orphans.append(self)
+
+
+def _close(result: Iterable[bytes]) -> None:
+    close = getattr(result, "close", None)
+    if close is not None:
+        close()

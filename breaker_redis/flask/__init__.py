@@ -2,8 +2,9 @@
 
 A route is protected by a decorator (``@breakers.protect("pay")``) or by a
 ``BREAKER_ROUTES`` prefix (an OpenResty ``location`` for apps that do not
-want decorators); either way a request walks through three Flask hooks
-that ask the breaker, classify the response and record the outcome, serving
+want decorators); either way a request walks through three steps (a
+``before_request`` hook, an ``after_this_request`` function, the
+``wsgi_app`` wrapper) that ask the breaker, classify the response and record the outcome, serving
 the route's fallback or a friendly 503 when the breaker refuses. Calls a
 view makes to other services go through ``breakers.call`` / ``.outbound``.
 
@@ -12,7 +13,7 @@ job each (the public API is what this package exports):
 
 - ``extension``: FlaskBreakers, building an app's protection, declaring breakers;
 - ``settings``: the ``BREAKER_*`` keys and constructor arguments, each checked;
-- ``hooks``: the before/after/teardown request hooks and classification;
+- ``hooks``: the request's walk (before_request, after_this_request, wsgi_app) and classification;
 - ``refusal``: the 503 ``BreakerOpenError`` and how it is rendered;
 - ``serving``: serving a route's fallback and remembering good responses;
 - ``routes``: RouteSpec and ``BREAKER_ROUTES``;

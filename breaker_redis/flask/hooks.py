@@ -1,82 +1,259 @@
-"""The walk a protected request takes through Flask's hooks.
+"""The walk a protected request takes through Flask.
 
 One path for decorated views and for ``BREAKER_ROUTES`` prefixes alike:
 
 - ``before_request`` asks the breaker for a permit; a refusal becomes the
   route's fallback or a 503 ``BreakerOpenError`` (Retry-After, a friendly
   message, JSON when the client asks for JSON) and the view never runs;
-- ``after_request`` classifies the response (5xx or an exception: failure,
-  anything else: success, configurable) and may swap a failed response for
-  the fallback;
-- ``teardown_request`` records the outcome. It runs for every request, also
-  when the view or a later hook raised, so a permit is always settled
-  exactly once (the Permit itself ignores a second record), and it runs
-  before the WSGI server sends the body, so the next request already sees a
-  trip this one caused.
+- for an admitted request only, an ``after_this_request`` function
+  classifies the response (5xx or an exception: failure, anything else:
+  success, configurable) and may swap a failed response for the fallback;
+- the outcome is recorded when the app's ``wsgi_app`` returns (or raises):
+  for every admitted request, also when the view or a hook raised, so a
+  permit is always settled exactly once (the Permit itself ignores a second
+  record), and before the WSGI server sends the body, so the next request
+  already sees a trip this one caused.
 
-All per-request data lives in ``flask.g``, so threaded workers share nothing.
+What a request costs where no breaker guards it: the one ``before_request``
+hook, which looks its view function up in a dict (the answer for each view,
+found at its first request: a spec, none, or "by path" for BREAKER_ROUTES),
+and the ``wsgi_app`` wrapper's look for a pending permit in the environ.
+Nothing is registered for the rest of such a request.
+
+Per-request data lives in the request's WSGI environ (under a key of the
+app's own), so threaded workers share nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from flask import Flask, Response, current_app, g, got_request_exception, has_request_context, request
+from flask import (
+    Flask,
+    Response,
+    after_this_request,
+    current_app,
+    got_request_exception,
+    has_request_context,
+    request,
+)
 from werkzeug.exceptions import HTTPException
 
 from ..breaker import Breaker
 from ..errors import BreakerOpen
 from ..permit import Permit
-from ..routes import held_permit, hold_permit, note_refusal
+from ..routes import held, hold, note_refusal
 from .refusal import BreakerOpenError, retry_after_seconds
-from .routes import RouteSpec, prefix_matches
+from .routes import RouteSpec
 from .serving import fallback_context, freeze, serve
-from .state import EXTENSION_KEY, AppState
+from .state import BY_PATH, EXTENSION_KEY, AppState, Guarded
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 SPEC_ATTRIBUTE = "_breaker_redis_spec"
-PENDING_KEY = "_breaker_redis"
+_UNKNOWN: Any = object()  # a view not met yet
 
 
-@dataclass
 class Pending:
-    """One admitted request, kept in ``flask.g`` from before_request to teardown."""
+    """One admitted request, kept in the environ from before_request to the
+    return of ``wsgi_app``."""
 
-    spec: RouteSpec
-    breaker: Breaker
-    permit: Permit
-    exception: BaseException | None = None
-    refused_inside: bool = False
-    outcome: str | None = None
-    response: Response | None = None
+    __slots__ = (
+        "breaker",
+        "exception",
+        "handled",
+        "outcome",
+        "permit",
+        "refused_inside",
+        "request",
+        "response",
+        "spec",
+        "state",
+    )
+
+    def __init__(self, state: AppState, spec: RouteSpec, breaker: Breaker, permit: Permit, req: Any) -> None:
+        self.state = state
+        self.spec = spec
+        self.breaker = breaker
+        self.permit = permit
+        self.request = req  # the Flask request, for the fallback's cache key after the context is gone
+        self.exception: BaseException | None = None  # the first exception the view or a hook raised
+        self.handled: BaseException | None = None  # the last one Flask's handle_exception was given
+        self.refused_inside = False
+        self.outcome: str | None = None
+        self.response: Response | None = None
+
+    def after(self, response: Response) -> Response:
+        """after_this_request: classify the response; a failure may get the fallback."""
+        if self.permit.recorded:
+            return response
+        spec = self.spec
+        try:
+            outcome = classify(self, response)
+        except Exception:
+            self.state.warn(spec.name, "classify() of breaker %r raised; counted as a failure")
+            outcome = "failure"
+        self.outcome = outcome
+        if outcome == "success":
+            self.response = response
+        elif outcome == "failure" and spec.fallback_on_failure and spec.fallback:
+            served = serve(self.state, spec, self.exception)
+            if served is not None:
+                return served
+        return response
+
+    def settle(self, escaped: BaseException | None) -> None:
+        """Record the outcome, once ``wsgi_app`` is done. An exception Flask's
+        handle_exception was given (answered with a 500, or propagated), or
+        a BaseException that escaped, is classified by the breaker's config
+        (Flask passes the same one to teardown_request); else the after
+        function's verdict holds ("ignored" if it never ran)."""
+        if self.permit.recorded:
+            return
+        state, spec = self.state, self.spec
+        error = self.handled
+        if error is None and escaped is not None and not isinstance(escaped, Exception):
+            error = escaped
+        if error is not None and state.app is not None and state.app.should_ignore_error(error):
+            error = None
+        if error is not None and not self.refused_inside:
+            outcome = self.breaker.classify(error)  # escaped the view or a later hook
+        else:
+            outcome = self.outcome or "ignored"
+        try:
+            self.permit.record(outcome)
+        except Exception:  # recording must never turn a served response into a 500
+            state.warn(spec.name, "could not record an outcome of breaker %r")
+        fallback = spec.fallback
+        if outcome == "success" and self.response is not None and fallback and fallback.remembers:
+            try:
+                frozen = freeze(self.response)
+                if frozen is not None:
+                    fallback.remember(fallback_context(state, spec.name, None, self.request), frozen)
+            except Exception:
+                state.warn(spec.name, "could not remember a response of breaker %r")
 
 
 def install_hooks(app: Flask, state: AppState) -> None:
-    """The three hooks, plus the two ways an exception reaches us: Flask's
-    signal (seen even when an error handler answers) and a handler for an
-    outbound BreakerOpen that escaped a view."""
-    app.before_request(lambda: before_request(state))
-    app.after_request(lambda response: after_request(state, response))
-    app.teardown_request(lambda exc: teardown_request(state, exc))
+    """The before_request hook and the wsgi_app wrapper that settles admitted
+    requests, plus the two ways an exception reaches us: Flask's signal (seen
+    even when an error handler answers) and a handler for an outbound
+    BreakerOpen that escaped a view."""
+    state.app = app
+    key = state.pending_key
+    view_functions = app.view_functions
+    by_view = state.by_view
+    current_request = request._get_current_object  # type: ignore[attr-defined]
+
+    def before_request() -> Any:
+        req = current_request()
+        rule = req.url_rule
+        view = view_functions.get(rule.endpoint) if rule is not None else None
+        try:
+            found = by_view.get(view, _UNKNOWN)
+        except TypeError:  # a view object that cannot be hashed: found again each time
+            found = _UNKNOWN
+        if found is None:
+            return None  # a view no breaker guards: the whole cost of an unprotected request
+        return admit(state, req, view, found)
+
+    inner = app.wsgi_app
+
+    def wsgi_app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        try:
+            result = inner(environ, start_response)
+        except BaseException as exc:
+            pending = environ.pop(key, None)
+            if pending is not None:
+                pending.settle(exc)
+            raise
+        if key in environ:
+            environ.pop(key).settle(None)
+        return result
+
+    def on_exception(sender: Any, exception: BaseException, **extra: Any) -> None:
+        pending = request.environ.get(key)
+        if isinstance(pending, Pending):
+            if pending.exception is None:
+                pending.exception = exception
+            pending.handled = exception
+
+    app.before_request(before_request)
+    app.wsgi_app = wsgi_app  # type: ignore[method-assign]
     got_request_exception.connect(on_exception, app, weak=False)
     app.register_error_handler(BreakerOpen, inner_refusal)
 
 
+def admit(state: AppState, req: Any, view: Any, found: Any) -> Any:
+    """Ask the breaker of a request's route for a permit; a refusal is answered here."""
+    if found is _UNKNOWN:
+        found = route_of_view(state, req.endpoint, view)
+    if found is BY_PATH:
+        found = state.table.match(req.path)
+    if found is None or req.method == "OPTIONS":
+        return None  # CORS preflights and automatic OPTIONS never reach a service
+    guarded = cast(Guarded, found)
+    spec, environ = guarded.spec, req.environ
+    if held(environ, guarded.guard) is not None:
+        # A WSGI middleware around the app guards this route with the same breaker:
+        # it holds the request's permit, asks and records. Nothing is counted twice.
+        return None
+    breaker = guarded.breaker
+    if breaker is None:
+        breaker = guarded.breaker = state.breaker(spec.name)
+    try:
+        permit = breaker.acquire()
+    except BreakerOpen as refused:
+        note_refusal(environ, spec.name)
+        served = serve(state, spec, refused)
+        if served is not None:
+            return served
+        raise BreakerOpenError(refused, spec.message, retry_after_seconds(refused, breaker.config)) from None
+    except Exception:
+        # Not an outage (the store gate handles those) but a bug: let the
+        # request through rather than turn the breaker into the outage.
+        state.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
+        return None
+    pending = Pending(state, spec, breaker, permit, req)
+    environ[state.pending_key] = pending
+    hold(environ, guarded.guard, permit)
+    after_this_request(pending.after)
+    return None
+
+
+def route_of_view(state: AppState, endpoint: str | None, view: Any) -> Any:
+    """What guards a view's requests, found at its first request and kept: its
+    own spec (``protect``), BY_PATH (BREAKER_ROUTES decides by the request's
+    path) or None. A request no view matched (404, 405) goes by path too."""
+    spec = getattr(view, SPEC_ATTRIBUTE, None)
+    if endpoint is not None and endpoint.startswith("breaker_redis."):
+        found: Any = None  # the admin endpoints are never behind a breaker
+    elif isinstance(spec, RouteSpec):
+        found = state.guarded(spec)
+    else:
+        found = BY_PATH if state.table.routes else None
+    with contextlib.suppress(TypeError):  # a view object that cannot be hashed is not kept
+        state.by_view[view] = found
+    return found
+
+
 def protected_view(view: F, spec: RouteSpec) -> F:
-    """The view marked with its spec (which the hooks look up by endpoint),
+    """The view marked with its spec (which the hooks look up by view function),
     noting any exception it raises. Seen here, an exception is classified by
     the breaker's config even when an error handler turns it into a page."""
 
     def note(exc: BaseException) -> None:
         if not has_request_context():
             return  # called directly, outside a request: nothing to note
-        pending = g.get(PENDING_KEY)
-        if isinstance(pending, Pending) and pending.exception is None:
+        pending = current_pending()
+        if pending is not None and pending.exception is None:
             pending.exception = exc
 
     wrapper: Callable[..., Any]
@@ -104,63 +281,20 @@ def protected_view(view: F, spec: RouteSpec) -> F:
     return cast(F, wrapper)
 
 
-def spec_for_request(state: AppState) -> RouteSpec | None:
-    endpoint = request.endpoint
-    if endpoint is not None:
-        if endpoint.startswith("breaker_redis."):
-            return None  # the admin endpoints are never behind a breaker
-        view = current_app.view_functions.get(endpoint)
-        spec = getattr(view, SPEC_ATTRIBUTE, None)
-        if isinstance(spec, RouteSpec):
-            return spec
-    path = request.path
-    for prefix, spec in state.routes:
-        if prefix_matches(prefix, path):
-            return spec
-    return None
-
-
-def before_request(state: AppState) -> Any:
-    if request.method == "OPTIONS":
-        return None  # CORS preflights and automatic OPTIONS never reach a service
-    spec = spec_for_request(state)
-    if spec is None:
+def current_pending() -> Pending | None:
+    """The admitted request being handled by the current app, if any."""
+    state = current_app.extensions.get(EXTENSION_KEY)
+    if not isinstance(state, AppState):
         return None
-    environ, prefix = request.environ, state.breakers.prefix
-    if held_permit(environ, prefix, spec.name) is not None:
-        # A WSGI middleware around the app guards this route with the same breaker:
-        # it holds the request's permit, asks and records. Nothing is counted twice.
-        return None
-    breaker = state.breaker(spec.name)
-    try:
-        permit = breaker.acquire()
-    except BreakerOpen as refused:
-        note_refusal(environ, spec.name)
-        served = serve(state, spec, refused)
-        if served is not None:
-            return served
-        raise BreakerOpenError(refused, spec.message, retry_after_seconds(refused, breaker.config)) from None
-    except Exception:
-        # Not an outage (the store gate handles those) but a bug: let the
-        # request through rather than turn the breaker into the outage.
-        state.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-        return None
-    setattr(g, PENDING_KEY, Pending(spec, breaker, permit))
-    hold_permit(environ, prefix, spec.name, permit)
-    return None
-
-
-def on_exception(sender: Any, exception: BaseException, **extra: Any) -> None:
-    pending = g.get(PENDING_KEY)
-    if isinstance(pending, Pending) and pending.exception is None:
-        pending.exception = exception
+    pending = request.environ.get(state.pending_key)
+    return pending if isinstance(pending, Pending) else None
 
 
 def inner_refusal(refused: BreakerOpen) -> Any:
     """An outbound breaker refused inside a view and nobody caught it: 503.
     The route's own breaker ignores this request (its service was not asked)."""
-    pending = g.get(PENDING_KEY)
-    if isinstance(pending, Pending):
+    pending = current_pending()
+    if pending is not None:
         pending.refused_inside = True
     note_refusal(request.environ, refused.breaker)  # and a WSGI middleware around the app ignores it
     config = None
@@ -195,44 +329,3 @@ def classify(pending: Pending, response: Response) -> str:
     if response.status_code in spec.failure_statuses:
         return "failure"
     return "success"
-
-
-def after_request(state: AppState, response: Response) -> Response:
-    pending = g.get(PENDING_KEY)
-    if not isinstance(pending, Pending) or pending.permit.recorded:
-        return response
-    try:
-        outcome = classify(pending, response)
-    except Exception:
-        state.warn(pending.spec.name, "classify() of breaker %r raised; counted as a failure")
-        outcome = "failure"
-    pending.outcome = outcome
-    if outcome == "success":
-        pending.response = response
-    elif outcome == "failure" and pending.spec.fallback_on_failure and pending.spec.fallback:
-        served = serve(state, pending.spec, pending.exception)
-        if served is not None:
-            return served
-    return response
-
-
-def teardown_request(state: AppState, exc: BaseException | None) -> None:
-    pending = g.pop(PENDING_KEY, None)
-    if not isinstance(pending, Pending) or pending.permit.recorded:
-        return
-    if exc is not None and not pending.refused_inside:
-        outcome = pending.breaker.classify(exc)  # escaped the view or a later hook
-    else:
-        outcome = pending.outcome or "ignored"
-    try:
-        pending.permit.record(outcome)
-    except Exception:  # a teardown that raises would turn a served response into a 500
-        state.warn(pending.spec.name, "could not record an outcome of breaker %r")
-    fallback = pending.spec.fallback
-    if outcome == "success" and pending.response is not None and fallback and fallback.remembers:
-        try:
-            frozen = freeze(pending.response)
-            if frozen is not None:
-                fallback.remember(fallback_context(state, pending.spec.name, None), frozen)
-        except Exception:
-            state.warn(pending.spec.name, "could not remember a response of breaker %r")

@@ -7,7 +7,7 @@ becomes a Flask response marked with ``X-Breaker-Fallback``.
 
 from __future__ import annotations
 
-from flask import Response, current_app, request
+from flask import Request, Response, current_app, request
 
 from ..errors import BreakerOpen
 from ..fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
@@ -17,20 +17,24 @@ from .routes import RouteSpec
 from .state import AppState
 
 
-def fallback_context(state: AppState, name: str, cause: BaseException | None) -> FallbackContext:
-    """The current request as a fallback sees it; HEAD shares GET's cache key."""
-    query = request.query_string.decode("latin-1")
-    method = request.method.upper()
+def fallback_context(
+    state: AppState, name: str, cause: BaseException | None, req: Request | None = None
+) -> FallbackContext:
+    """A request (the current one by default) as a fallback sees it; HEAD shares GET's cache key."""
+    if req is None:
+        req = request._get_current_object()  # type: ignore[attr-defined]
+    query = req.query_string.decode("latin-1")
+    method = req.method.upper()
     key_method = "GET" if method == "HEAD" else method
     return FallbackContext(
         breaker=name,
         cause=cause,
-        key=f"{key_method} {request.path}{'?' + query if query else ''}",
+        key=f"{key_method} {req.path}{'?' + query if query else ''}",
         method=method,
         store=state.breakers.client,
         prefix=state.breakers.prefix,
         store_healthy=state.breakers.store_healthy,
-        request=request._get_current_object(),  # type: ignore[attr-defined]
+        request=req,
     )
 
 

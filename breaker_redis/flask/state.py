@@ -8,37 +8,36 @@ several apps (each with its own Breakers and routes) at once.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..breaker import Breaker
 from ..breakers import Breakers
 from ..config import BreakerConfig
 from ..reader import Reader
+from ..routes import RouteTable, guard_id
+from ..routes import Warnings as Warnings
 from ..scripts import validate_name
 from .routes import RouteSpec
 
-log = logging.getLogger("breaker_redis")
+if TYPE_CHECKING:
+    from flask import Flask
 
 EXTENSION_KEY = "breaker_redis"
+BY_PATH: Any = object()  # a view whose requests BREAKER_ROUTES guards by path, or not
 
 
-class Warnings:
-    """Log with traceback at most once a minute per breaker and message: a
-    broken fallback or classifier would otherwise log on every request."""
+class Guarded:
+    """A route as a request meets it: its spec, the id of its breaker among the
+    request's guards, and its Breaker (built at the first request that needs it)."""
 
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
+    __slots__ = ("breaker", "guard", "spec")
 
-    def warn(self, name: str, message: str) -> None:
-        key = f"{name}:{message}"
-        now = time.monotonic()
-        if now - self._last.get(key, -1e18) >= 60:
-            self._last[key] = now
-            log.exception("" + message, name)
+    def __init__(self, spec: RouteSpec, guard: str) -> None:
+        self.spec = spec
+        self.guard = guard
+        self.breaker: Breaker | None = None
 
 
 @dataclass
@@ -60,6 +59,19 @@ class AppState:
     resolved: dict[str, Breaker] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _reader: Reader | None = None
+    app: Flask | None = None
+    # What guards each view function's requests (hooks.route_of_view), filled at its first request.
+    by_view: dict[Any, Any] = field(default_factory=dict)
+    # Where an admitted request keeps its Pending in the WSGI environ: one key per app.
+    pending_key: str = field(init=False)
+    table: RouteTable[Guarded] = field(init=False)  # BREAKER_ROUTES, as requests meet them
+
+    def __post_init__(self) -> None:
+        self.pending_key = f"breaker_redis.flask.{id(self):x}"
+        self.table = RouteTable((prefix, self.guarded(spec)) for prefix, spec in self.routes)
+
+    def guarded(self, spec: RouteSpec) -> Guarded:
+        return Guarded(spec, guard_id(self.breakers.prefix, spec.name))
 
     def reader(self) -> Reader:
         """Every breaker under the app's prefix, read the way the CLI reads them
