@@ -143,3 +143,29 @@ class Worker:
         assert self.conn.poll(30) and self.conn.recv() == "stopped"
         self.conn.close()
         self.process.join(30)
+
+
+class Team:
+    """Worker processes a test starts (each waits until it is subscribed) and
+    stops at its end, whatever state it left them in."""
+
+    def __init__(self, url: str) -> None:
+        import multiprocessing
+
+        self._ctx = multiprocessing.get_context("spawn")
+        self._url = url
+        self._made: list[Worker] = []
+
+    def start(
+        self, name: str, config: BreakerConfig, count: int, batch_successes: bool = True
+    ) -> list[Worker]:
+        workers = [Worker(self._ctx, self._url, name, config, batch_successes) for _ in range(count)]
+        self._made.extend(workers)
+        for worker in workers:
+            worker.ready()
+        return workers
+
+    def stop_all(self) -> None:
+        for worker in self._made:
+            if worker.process.is_alive() and not worker.conn.closed:
+                worker.stop()

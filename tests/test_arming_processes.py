@@ -22,7 +22,7 @@ import pytest
 
 from breaker_redis import BreakerConfig, Breakers
 from tests import mp_workers
-from tests.mp_workers import Worker
+from tests.mp_workers import Team, Worker
 from tests.workers import snapshot
 
 pytestmark = pytest.mark.multiprocess
@@ -68,20 +68,13 @@ def trip_by_the_rule(outcomes: list[str], config: BreakerConfig) -> tuple[int, i
 
 @pytest.fixture
 def team(url: str) -> Iterator[Any]:
-    ctx = multiprocessing.get_context("spawn")
-    made: list[Worker] = []
+    made = Team(url)
 
     def start(name: str, batch_successes: bool) -> list[Worker]:
-        workers = [Worker(ctx, url, name, RATE, batch_successes) for _ in range(PROCESSES)]
-        made.extend(workers)
-        for worker in workers:
-            worker.ready()
-        return workers
+        return made.start(name, RATE, PROCESSES, batch_successes)
 
     yield start
-    for worker in made:
-        if worker.process.is_alive() and not worker.conn.closed:
-            worker.stop()
+    made.stop_all()
 
 
 def play(url: str, workers: list[Worker], name: str, outcomes: list[str]) -> tuple[int, int, int]:

@@ -5,12 +5,10 @@ order of the calls is the order of the commands."""
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 
 from breaker_redis import BreakerConfig, Breakers
-from tests.mp_workers import Worker
+from tests.mp_workers import Team, Worker
 from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, snapshot
 
 pytestmark = pytest.mark.multiprocess
@@ -24,20 +22,14 @@ def url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def two(url: str):
-    ctx = multiprocessing.get_context("spawn")
-    made: list[Worker] = []
+    team = Team(url)
 
     def start(name: str, config: BreakerConfig) -> tuple[Worker, Worker]:
-        pair = (Worker(ctx, url, name, config), Worker(ctx, url, name, config))
-        made.extend(pair)
-        for worker in pair:
-            worker.ready()
-        return pair
+        a, b = team.start(name, config, 2)
+        return a, b
 
     yield start
-    for worker in made:
-        if worker.process.is_alive() and not worker.conn.closed:
-            worker.stop()
+    team.stop_all()
 
 
 def test_the_call_right_after_a_trip_is_refused_by_the_other_process(two, url):
