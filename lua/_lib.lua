@@ -282,13 +282,16 @@ local function mark_created(s)
   redis.call('LTRIM', K_EVENTS, 0, EVENTS_KEPT - 1)
 end
 
+-- The state hash's fields, read in this order by load_state, written by save_state.
+local STATE_FIELDS = {'state', 'epoch', 'open_until', 'forced', 'consec', 'open_ms', 'ho_ok', 'seq',
+  'ttl_at', 'born', 'armed', 'arms', 'lost', 'held'}
+
 -- State: a missing or corrupted hash reads as a fresh closed breaker whose
 -- epoch starts above every epoch handed out before (see ARGV 6), so a worker
 -- never mistakes the new breaker's results for old ones or the reverse.
 -- restore: acquire and record restore a lost state the caller knows (restore_lost).
 local function load_state(restore)
-  local v = redis.call('HMGET', K_STATE, 'state', 'epoch', 'open_until', 'forced',
-    'consec', 'open_ms', 'ho_ok', 'seq', 'ttl_at', 'born', 'armed', 'arms', 'lost', 'held')
+  local v = redis.call('HMGET', K_STATE, unpack(STATE_FIELDS))
   local epoch, open_until, consec, open_ms = tonumber(v[2]), tonumber(v[3]), tonumber(v[5]), tonumber(v[6])
   local ho_ok, seq, born, arms = tonumber(v[7]), tonumber(v[8]), tonumber(v[10]), tonumber(v[12])
   local s = {state = v[1], epoch = epoch or 0, open_until = open_until or 0,
@@ -324,10 +327,6 @@ end
 local function current_epoch(s, epoch)
   return epoch == s.epoch or (epoch ~= nil and epoch < s.born and s.epoch == s.born)
 end
-
--- The state hash's fields, in load_state's HMGET order.
-local STATE_FIELDS = {'state', 'epoch', 'open_until', 'forced', 'consec', 'open_ms', 'ho_ok', 'seq',
-  'ttl_at', 'born', 'armed', 'arms', 'lost', 'held'}
 
 -- Writes the fields of the state that changed (a failure that only counts one more
 -- in a run writes `consec` alone), and stamps the keys' use once a minute (ttl_at,
