@@ -16,7 +16,6 @@ class ProcessThread:
         self._target = target
         self._name = name
         self._start_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         # True from the start of the thread until its target returns: checked at
         # every call, where Thread.is_alive() would cost a lock
         self._running = False
@@ -29,8 +28,7 @@ class ProcessThread:
             if not self._running:
                 self.stop.clear()
                 self._running = True
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
     def _run(self) -> None:
         try:
@@ -41,7 +39,6 @@ class ProcessThread:
     def after_fork(self) -> None:
         """The child starts with no thread of its own (and no lock held by one)."""
         self._start_lock = threading.Lock()
-        self._thread = None
         self._running = False
 
     def close(self) -> None:
