@@ -492,19 +492,25 @@ def evalsha_stats(control: redis.Redis) -> tuple[int, float]:
     return calls, usec / calls if calls else 0.0
 
 
+def load_trivial_function(control: redis.Redis) -> str:
+    """Loads ``return 1`` as a Redis Function; its name."""
+    control.function_load(
+        "#!lua name=bench_floor\nredis.register_function('bench_floor_one', function() return 1 end)",
+        replace=True,
+    )
+    return "bench_floor_one"
+
+
 def trivial_script_usec(control: redis.Redis, keys: list[str], argc: int, functions: bool) -> float:
     """Server time of ``return 1`` given as many keys and arguments as the record
     script, run the way the scripts run (FCALL or EVALSHA): the floor any script
     pays on this server, for reading the figure above."""
     args = ["0"] * argc
     if functions:
-        control.function_load(
-            "#!lua name=bench_floor\nredis.register_function('bench_floor_one', function() return 1 end)",
-            replace=True,
-        )
+        function = load_trivial_function(control)
 
         def script(keys: list[str], args: list[str]) -> Any:
-            return control.fcall("bench_floor_one", len(keys), *keys, *args)
+            return control.fcall(function, len(keys), *keys, *args)
     else:
         script = control.register_script("return 1")
     script(keys=keys, args=args)  # loads it

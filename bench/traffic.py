@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 import pybreaker  # noqa: E402
 import redis  # noqa: E402
-from overhead import Boom, fail, make_pybreaker, noop, redis_server, trivial_script_usec  # noqa: E402
+from overhead import Boom, fail, load_trivial_function, make_pybreaker, noop, redis_server  # noqa: E402
 from redis.connection import AbstractConnection  # noqa: E402
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers  # noqa: E402
@@ -119,32 +119,17 @@ class Sends:
             AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
 
 
-def run_calls(call: Callable[[], Any], every: int, calls: int) -> None:
+def run_calls(protected: Callable[..., Any], every: int, calls: int) -> None:
+    """``calls`` calls through ``protected`` (a breaker's call), every n-th one failing."""
     for i in range(1, calls + 1):
         if every and i % every == 0:
             with contextlib.suppress(Boom):
-                call_failing(call)
+                protected(fail)
         else:
-            call()
+            protected(noop)
 
 
-_failing: dict[int, Callable[[], Any]] = {}
-
-
-def call_failing(call: Callable[[], Any]) -> None:
-    _failing[id(call)]()
-
-
-def subject(call: Callable[..., Any]) -> Callable[[], Any]:
-    """The same protected call, healthy or failing."""
-    def healthy() -> Any:
-        return call(noop)
-
-    _failing[id(healthy)] = lambda: call(fail)
-    return healthy
-
-
-Subject = tuple[Callable[[], Any], Callable[[], None], Callable[[], None]]  # call, flush, close
+Subject = tuple[Callable[..., Any], Callable[[], None], Callable[[], None]]  # call, flush, close
 
 
 def measure(make: Callable[[], Subject], every: int, sends: Sends) -> tuple[float, float]:
@@ -187,7 +172,7 @@ def ours(url: str, mix: Mix, sends: Sends, tag: str) -> tuple[float, float]:
             with contextlib.suppress(Exception):
                 breakers.client.close()
 
-        return subject(breaker.call), breakers.flush, close
+        return breaker.call, breakers.flush, close
 
     return measure(make, mix.every, sends)
 
@@ -196,7 +181,7 @@ def theirs(url: str, mix: Mix, sends: Sends) -> tuple[float, float]:
     def make() -> Subject:
         client = redis.Redis.from_url(url)
         breaker = make_pybreaker(client, f"traffic-pb-{time.monotonic_ns()}", 5)
-        return subject(breaker.call), lambda: None, client.close
+        return breaker.call, lambda: None, client.close
 
     return measure(make, mix.every, sends)
 
@@ -226,7 +211,7 @@ def traffic_table(single: str, cluster: str, sends: Sends) -> list[str]:
 
 def memory_table(single: str, sends: Sends) -> list[str]:
     def make() -> Subject:
-        return subject(pybreaker.CircuitBreaker(fail_max=5).call), lambda: None, lambda: None
+        return pybreaker.CircuitBreaker(fail_max=5).call, lambda: None, lambda: None
 
     pb_usec = measure(make, 0, sends)[1]
     usec = ours(single, MIXES[0], sends, "memory")[1]
@@ -256,12 +241,12 @@ def record_table(single: str) -> list[str]:
     """Rounds of the trivial script and of each record case, interleaved; the least of each."""
     control = redis.Redis.from_url(single)
     keys = [f"traffic:{{svc}}:{k}" for k in ("state", "window", "leases", "config", "stats", "events", "cfg")]
-    trivial_script_usec(control, keys, 18, True)  # loads bench_floor_one
+    trivial_function = load_trivial_function(control)
     args = ["0"] * 18
     never = BreakerConfig(trip="count", failure_threshold=10**6, window_seconds=60)
     made = []
     def trivial() -> None:
-        control.fcall("bench_floor_one", 7, *keys, *args)
+        control.fcall(trivial_function, 7, *keys, *args)
 
     cases: dict[str, Callable[[], None]] = {"trivial": trivial}
     for label, config, outcome in (
