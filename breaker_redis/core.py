@@ -170,20 +170,22 @@ class BreakerCore(Generic[P]):
         self._pending["slow"] += outcome != "ignored" and known.slow(duration_ms)
         return True
 
-    def _join_batch(self, permit: P, duration_ms: int, trusted: bool) -> bool:
-        """A plain success joins the batch while the breaker is calm and this
-        worker's knowledge is ``trusted`` (nothing unread could be an arming)."""
+    def _join_batch(self, epoch: int, generation: int, duration_ms: int, trusted: bool) -> bool:
+        """A plain success of a call admitted from calm knowledge under (epoch,
+        generation) joins the batch while the breaker is calm and this worker's
+        knowledge is ``trusted`` (nothing unread could be an arming)."""
         known = self._memory.known
         joins = (
             trusted
             and known is not None
             and known.calm
-            and known.epoch == permit.epoch
+            and known.epoch == epoch
+            and known.generation == generation
             and not known.slow(duration_ms)
-            and (self._batch_count == 0 or self._batch_epoch == permit.epoch)
+            and (self._batch_count == 0 or self._batch_epoch == epoch)
         )
         if joins:
-            self._batch_epoch, self._batch_generation = permit.epoch, permit.generation
+            self._batch_epoch, self._batch_generation = epoch, generation
             self._batch_count += 1
         return joins
 

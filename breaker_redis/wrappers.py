@@ -50,17 +50,44 @@ class Protects:
         try:
             permit = self.acquire()
         except BreakerOpen as refused:
-            if fallback is MISSING:
-                raise
-            return cast(T, _fall_back(fallback, refused))
+            return cast(T, self._answer_refusal(refused, fallback))
+        return self._run_admitted(permit, fn, args, kwargs, fallback, failed)
+
+    @staticmethod
+    def _answer_refusal(refused: BreakerOpen, fallback: Any) -> Any:
+        """The fallback's answer to a refused call, or the refusal raised."""
+        if fallback is MISSING:
+            raise refused
+        return _fall_back(fallback, refused)
+
+    def _run_admitted(
+        self,
+        permit: Permit,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        fallback: Any,
+        failed: Callable[[T], BaseException | None] | None,
+    ) -> T:
+        """Run an admitted call and record its outcome."""
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            outcome = self.classify(exc)
-            permit.record(outcome)
-            if outcome == "failure" and fallback is not MISSING:
-                return cast(T, _fall_back(fallback, exc))
-            raise
+            return cast(T, self._settle_raised(permit, exc, fallback))
+        return self._settle_returned(permit, result, fallback, failed)
+
+    def _settle_raised(self, permit: Permit, exc: BaseException, fallback: Any) -> Any:
+        """Record a call that raised: the fallback's answer to a failure, else exc raised again."""
+        outcome = self.classify(exc)
+        permit.record(outcome)
+        if outcome == "failure" and fallback is not MISSING:
+            return _fall_back(fallback, exc)
+        raise exc
+
+    def _settle_returned(
+        self, permit: Permit, result: T, fallback: Any, failed: Callable[[T], BaseException | None] | None
+    ) -> T:
+        """Record a call that returned: a success, unless ``failed(result)`` names a cause."""
         cause = failed(result) if failed is not None else None
         if cause is None:
             permit.success()

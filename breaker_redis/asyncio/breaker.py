@@ -214,7 +214,9 @@ class Breaker(BreakerCore[Permit]):
         if outcome == "success" and permit.batchable and shared.batch_successes:
             known = self._memory.known
             # an unread notice may be an arming: then the success is sent at once
-            if self._join_batch(permit, duration_ms, known is not None and self._trusted(known)):
+            if self._join_batch(
+                permit.epoch, permit.generation, duration_ms, known is not None and self._trusted(known)
+            ):
                 shared.schedule(self)
                 return
         sending = self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease, permit.generation)
