@@ -49,7 +49,8 @@ def test_a_host_failing_alone_is_isolated_and_the_others_go_on(make_breakers, cl
     assert refused is not None and (refused.reason, refused.retry_after) == ("isolated", 30.0)
     assert refusal(b) is None and refusal(c) is None
     snap = b.snapshot()
-    assert (snap["state"], snap["trips"], snap["isolated"], snap["failing_reporters"]) == ("closed", 0, ["a"], 1)
+    assert (snap["state"], snap["trips"], snap["isolated"]) == ("closed", 0, ["a"])
+    assert snap["failing_reporters"] == 1
     assert snap["reporters"] == {"a": {"failures": 5, "isolated_until_ms": clock.now + 30_000}}
     assert snap["isolations"] == 1
     clock.advance(10_000)  # a's failures slid out of the window; a is still isolated
@@ -111,7 +112,8 @@ def test_consecutive_rule_the_run_that_reaches_the_threshold_needs_the_quorum(ma
     a.acquire().failure()  # a's 3rd in a row: isolated (the shared run is 2)
     assert getattr(refusal(a), "reason", None) == "isolated"
     a_isolated = a.snapshot()
-    assert (a_isolated["state"], a_isolated["consecutive_failures"], a_isolated["isolated"]) == ("closed", 2, ["a"])
+    assert (a_isolated["state"], a_isolated["consecutive_failures"]) == ("closed", 2)
+    assert a_isolated["isolated"] == ["a"]
     b.acquire().failure()  # a run of 3, from a and b: trips
     assert [getattr(refusal(x), "reason", None) for x in (a, b, c)] == ["open"] * 3
 
@@ -127,8 +129,8 @@ def test_consecutive_rule_a_run_from_one_host_isolates_it(make_breakers):
 
 
 def test_rate_rule_a_host_whose_own_rate_holds_is_isolated(make_breakers):
-    config = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=10, window_seconds=60, open_seconds=30,
-                           min_reporters=2)
+    config = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=10, window_seconds=60,
+                           open_seconds=30, min_reporters=2)
     a, b = hosts(make_breakers, config, "a", "b")
     for _ in range(20):
         b.acquire().success()
