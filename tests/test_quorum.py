@@ -6,6 +6,7 @@ clock; tests/test_quorum_processes.py runs the same with worker processes."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -160,3 +161,50 @@ def test_a_reporter_is_validated():
             Breakers(None, reporter=bad)  # type: ignore[arg-type]
     assert validate_reporter("web-01.example.com") == "web-01.example.com"
     assert validate_reporter(default_reporter()) == default_reporter()
+
+
+def test_operators_see_the_isolated_reporters_in_show_status_metrics_and_dashboard(redis_server, monkeypatch):
+    """On Redis's own clock, as the CLI, a scrape and the dashboard read it."""
+    from click.testing import CliRunner
+    from flask import Flask
+
+    from breaker_redis import cli
+    from breaker_redis.flask import FlaskBreakers
+    from breaker_redis.flask import dashboard as dashboard_module
+    from breaker_redis.metrics import exposition
+
+    client = redis_server.client()
+    client.flushall()
+    made = [Breakers(client, listen=False, reporter=name) for name in ("web-a", "web-b")]
+    a, b = (breakers.get("pay", COUNT) for breakers in made)
+    for _ in range(5):
+        a.acquire().failure()
+    b.acquire().success()
+    for breakers in made:
+        breakers.close()
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli.main, ["--url", redis_server.url, *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    shown = run("show", "pay")
+    assert "  reporters    a trip needs 2; 1 failing in the window, 1 isolated; isolations 1\n" in shown
+    assert "               web-a (5 failures, isolated until " in shown
+    assert "pay   closed, 1 isolated  " in run("status")
+
+    scraped = exposition(client).decode()
+    assert 'breaker_redis_isolated_reporters{breaker="pay"} 1.0' in scraped
+    assert 'breaker_redis_failing_reporters{breaker="pay"} 1.0' in scraped
+    assert 'breaker_redis_reporter_failures{breaker="pay",reporter="web-a"} 5.0' in scraped
+    assert 'reporter="web-b"' not in scraped  # a reporter that did not fail has no series
+
+    monkeypatch.setattr(dashboard_module, "STREAM_SECONDS", 0)
+    app = Flask(__name__)
+    app.config.update({"BREAKER_ADMIN_TOKEN": "s3cret", "BREAKER_DASHBOARD": True})
+    FlaskBreakers(app, client=client, listen=False)
+    body = app.test_client().get("/_breakers/stream", headers={"Authorization": "Bearer s3cret"})
+    frame = next(line for line in body.get_data(as_text=True).split("\n") if line.startswith("data: "))
+    (pay,) = json.loads(frame[6:])["breakers"]
+    assert (pay["state"], pay["isolated"], pay["failing_reporters"]) == ("closed", ["web-a"], 1)
+    assert pay["reporters"]["web-a"]["failures"] == 5
