@@ -208,3 +208,38 @@ def test_operators_see_the_isolated_reporters_in_show_status_metrics_and_dashboa
     (pay,) = json.loads(frame[6:])["breakers"]
     assert (pay["state"], pay["isolated"], pay["failing_reporters"]) == ("closed", ["web-a"], 1)
     assert pay["reporters"]["web-a"]["failures"] == 5
+
+
+@pytest.mark.parametrize("threshold", [1000, 1], ids=["failing", "isolated"])
+def test_a_reporter_that_failed_costs_at_most_64_bytes(redis_server, threshold):
+    """MEMORY USAGE of the reporters hash, from 10 to 40 reporters named like hosts
+    (11 characters): failing in the window (README: 36 bytes each) and isolated (64)."""
+    client = redis_server.client()
+    client.flushall()
+    config = BreakerConfig(trip="count", failure_threshold=threshold, window_seconds=60, min_reporters=100)
+    sizes = {}
+    for i in range(1, 41):
+        breakers = Breakers(client, listen=False, reporter=f"web-{i:02d}.prod")
+        breakers.get("pay", config).acquire().failure()
+        breakers.close()
+        sizes[i] = client.memory_usage("breaker:{pay}:reporters", samples=0)
+    assert (sizes[40] - sizes[10]) / 30 <= 64
+    assert client.object("encoding", "breaker:{pay}:reporters") == b"listpack"
+
+
+def test_reporters_that_stop_failing_leave_no_key_behind(redis_server):
+    """On Redis's clock: the reporters key expires a window after the last failure it
+    records (here 0.3 s), without any other call."""
+    from tests.redis_server import wait_until
+
+    client = redis_server.client()
+    client.flushall()
+    config = BreakerConfig(trip="count", failure_threshold=5, window_seconds=0.3, min_reporters=2)
+    breakers = Breakers(client, listen=False, reporter="web-a")
+    breakers.get("pay", config).acquire().failure()
+    breakers.close()
+    assert 0 < client.pttl("breaker:{pay}:reporters") <= 300
+    wait_until(lambda: not client.exists("breaker:{pay}:reporters"), timeout=10, what="the key to expire")
+    assert sorted(key.decode() for key in client.keys("breaker:{pay}:*")) == [
+        "breaker:{pay}:cfg", "breaker:{pay}:state", "breaker:{pay}:stats", "breaker:{pay}:window"
+    ]
