@@ -243,3 +243,4 @@ def test_reporters_that_stop_failing_leave_no_key_behind(redis_server):
     assert sorted(key.decode() for key in client.keys("breaker:{pay}:*")) == [
         "breaker:{pay}:cfg", "breaker:{pay}:state", "breaker:{pay}:stats", "breaker:{pay}:window"
     ]
+
