@@ -134,6 +134,14 @@ def steady(url: str, name: str, config: BreakerConfig, failure_rate: float, seco
     return calls, failures, refused
 
 
+def emptied_server_url(request: Any) -> str:
+    """The URL of the session's redis-server (``request.param`` 'real') or embedded
+    server ('embedded'), emptied: a ``url`` fixture of the process tests."""
+    server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
+    Breakers.from_url(server.url, listen=False).client.flushall()
+    return str(server.url)
+
+
 class Worker:
     """A process running serve(), driven by the test one command at a time."""
 

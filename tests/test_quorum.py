@@ -244,3 +244,20 @@ def test_reporters_that_stop_failing_leave_no_key_behind(redis_server):
         "breaker:{pay}:cfg", "breaker:{pay}:state", "breaker:{pay}:stats", "breaker:{pay}:window"
     ]
 
+
+
+def test_a_corrupted_reporters_key_is_repaired_and_the_calls_go_on(make_breakers, store, caplog):
+    """A field that does not parse counts as no entry and is dropped at the next failure; a key
+    of another type is dropped with the breaker's other keys (as any key of the wrong type)."""
+    a, b = hosts(make_breakers, COUNT, "a", "b")
+    a.acquire().failure()
+    store.hset("breaker:{pay}:reporters", mapping={"a": "not numbers", "x": "1 2"})
+    for _ in range(5):
+        a.acquire().failure()  # a's entry starts again: its 5th failure from here isolates it
+    assert [getattr(refusal(x), "reason", None) for x in (a, b)] == ["isolated", None]
+    assert sorted(store.hkeys("breaker:{pay}:reporters")) == [b"a"]
+    store.delete("breaker:{pay}:reporters")
+    store.set("breaker:{pay}:reporters", "a string")
+    b.acquire().failure()
+    assert store.type("breaker:{pay}:reporters") == b"hash"
+    assert "had a corrupted key" in caplog.text

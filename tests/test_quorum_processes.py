@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from breaker_redis import BreakerConfig, Breakers, cli
-from tests.mp_workers import Team, Worker
+from tests.mp_workers import Team, Worker, emptied_server_url
 
 pytestmark = pytest.mark.multiprocess
 
@@ -42,9 +42,7 @@ def count_rule(min_reporters: int) -> BreakerConfig:
 
 @pytest.fixture(params=["real", "embedded"])
 def url(request: pytest.FixtureRequest) -> str:
-    server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
-    Breakers.from_url(server.url, listen=False).client.flushall()
-    return str(server.url)
+    return emptied_server_url(request)
 
 
 @pytest.fixture
