@@ -64,6 +64,7 @@ class Shared(Protocol):
     recorder: Recorder
     batch_successes: bool
     pid: int
+    reporter: str
 
     def gate_for(self, name: str) -> StoreGate: ...
     def listener(self, name: str) -> Listener | None: ...
@@ -91,6 +92,7 @@ class Breaker(BreakerCore[Permit], Protects):
         self.on_events: Callable[[Breaker, str], None] | None = None
         super().__init__(name, config)
         self.now_ms = shared.now_ms  # type: ignore[method-assign]  # one call less per permit
+        self._reporter = shared.reporter
         self._gate = shared.gate_for(name)  # on a cluster, its master's (store.MasterGates)
         self._listener = shared.listener(name)
         self.after_fork()
@@ -125,7 +127,7 @@ class Breaker(BreakerCore[Permit], Protects):
                     return permit
             pending = self._take_pending()
         try:
-            reply, generation, stamp = self._run("acquire", pending)
+            reply, generation, stamp = self._run("acquire", self._acquire_args(pending))
         except StoreUnavailable:
             self._restore_pending(pending)
             if self._gate.policy == "allow":
@@ -255,7 +257,9 @@ class Breaker(BreakerCore[Permit], Protects):
                 return
             try:
                 reply, generation, stamp = self._run(
-                    "record", [epoch, outcome, duration_ms, lease, *pending, *batch], fallback=False
+                    "record",
+                    self._record_args(epoch, outcome, duration_ms, lease, pending, batch),
+                    fallback=False,
                 )
             except StoreUnavailable:
                 return
@@ -308,6 +312,8 @@ class Breaker(BreakerCore[Permit], Protects):
         """A pushed message about this breaker: if it is news, the next call asks
         Redis, and the batch goes now (the breaker may no longer be calm). Ignored
         while its store is the local one: nothing known there came from Redis."""
+        if self._about_another_reporter(payload):
+            return
         if self._gate.healthy and self._memory.hint(payload):
             self.flush_batch()
 

@@ -21,6 +21,7 @@ from .core import BreakerCore
 from .failover import SentinelFollower
 from .invalidation import Invalidator
 from .recorder import Recorder
+from .reporters import reporter_or_default
 from .scripts import ScriptRunner, flat_pairs, text, validate_name
 from .sharded import Channel, ShardedInvalidator
 from .store import ClusterStoreGate, MasterGates, StoreGate
@@ -71,9 +72,12 @@ class Breakers(Forgetting):
         clock: Callable[[], int] | None = None,
         listen: bool = True,
         batch_successes: bool | None = None,
+        reporter: str | None = None,
     ) -> None:
         if not (isinstance(key_ttl_seconds, (int, float)) and key_ttl_seconds >= 1):
             raise ValueError(f"key_ttl_seconds must be >= 1 (got {key_ttl_seconds!r})")
+        # who this process's outcomes come from (min_reporters, README "One sick host"): the host
+        self.reporter = reporter_or_default(reporter)
         self.client = client
         self.prefix = prefix
         self.defaults = defaults or BreakerConfig()

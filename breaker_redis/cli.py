@@ -263,7 +263,7 @@ def table(snapshots: Iterable[Mapping[str, Any]], highlight: Iterable[str] = ())
     rows = [
         (
             str(s["name"]),
-            state_label(s),
+            state_label(s) + (f", {len(s['isolated'])} isolated" if s.get("isolated") else ""),
             f"{s['window_failures']}/{s['window_calls']}",
             _rate(s["window_failures"], s["window_calls"]),
             str(s["calls"]),
@@ -465,6 +465,7 @@ def show(target: Target, name: str) -> None:
         f"ignored {s['ignored']}), slow {s['slow']}, stale {s['stale']}",
         f"               rejected {s['rejected']}, would_reject {s['would_reject']}, trips {s['trips']}, "
         f"state lost {s['state_lost']}",
+        *_reporter_lines(s),
         "",
     ]
     overrides = target.overrides(name)
@@ -479,6 +480,24 @@ def show(target: Target, name: str) -> None:
     lines += [f"  {transition_line(event)}" for event in reversed(history)] or ["  (none)"]
     for line in lines:
         click.echo(line)
+
+
+def _reporter_lines(s: Mapping[str, Any]) -> list[str]:
+    """min_reporters > 1 (README, "One sick host"): the reporters failing in the window, the
+    isolated ones and until when."""
+    quorum = (s.get("config") or {}).get("min_reporters", 1)
+    if quorum <= 1 and not s["reporters"]:
+        return []
+    seen = [
+        f"{name} ({each['failures']} failures"
+        + (f", isolated until {_clock(each['isolated_until_ms'])})" if each["isolated_until_ms"] else ")")
+        for name, each in s["reporters"].items()
+    ]
+    return [
+        f"  reporters    a trip needs {quorum}; {s['failing_reporters']} failing in the window, "
+        f"{len(s['isolated'])} isolated; isolations {s['isolations']}",
+        *(f"               {line}" for line in seen),
+    ]
 
 
 def _value(value: Any) -> str:

@@ -38,6 +38,7 @@ LUA_FIELDS = (
     "probe_timeout_seconds",
     "max_concurrent_calls",
     "mode",
+    "min_reporters",
 )
 
 ExceptionTypes = tuple[type[BaseException], ...]
@@ -71,6 +72,7 @@ BOUNDS: dict[str, tuple[float, bool, float, bool]] = {
     "half_open_successes": (1, False, 10_000, True),
     "probe_timeout_seconds": (0, True, 3600, False),
     "max_concurrent_calls": (1, False, 1_000_000, True),
+    "min_reporters": (1, False, 1000, True),
 }
 # Fields a live value of '', 'none' or 'off' turns off.
 OFF_FIELDS = ("slow_call_seconds", "max_concurrent_calls")
@@ -173,6 +175,9 @@ class BreakerConfig:
     probe_timeout_seconds: float = 30.0
     max_concurrent_calls: int | None = None
     mode: str = "enforce"
+    # reporters (hosts) whose failures a shared trip needs; a reporter failing alone is
+    # isolated instead (README, "One sick host")
+    min_reporters: int = 1
     record_exceptions: ExceptionTypes = (Exception,)
     ignore_exceptions: ExceptionTypes = ()
     predicate: Predicate | None = None
@@ -199,6 +204,7 @@ class BreakerConfig:
         _number("probe_timeout_seconds", self.probe_timeout_seconds)
         if self.max_concurrent_calls is not None:
             _int("max_concurrent_calls", self.max_concurrent_calls)
+        _int("min_reporters", self.min_reporters)
         for field in ("record_exceptions", "ignore_exceptions"):
             value = getattr(self, field)
             if not isinstance(value, tuple) or not all(
@@ -257,6 +263,8 @@ class BreakerConfig:
             "probe_ms": max(1, round(self.probe_timeout_seconds * 1000)),
             "max_conc": self.max_concurrent_calls or 0,
         }
+        if self.min_reporters > 1:  # absent at 1: the scripts then do nothing of it (lua/_lib.lua)
+            values["min_rep"] = self.min_reporters
         return json.dumps(values, separators=(",", ":")).encode()
 
     @classmethod
@@ -310,6 +318,7 @@ _FIELD_TYPES: dict[str, str] = {
     "half_open_max_calls": "int",
     "half_open_successes": "int",
     "max_concurrent_calls": "optint",
+    "min_reporters": "int",
     "slow_call_seconds": "optfloat",
 }
 
@@ -339,6 +348,7 @@ def fields_from_lua(values: Mapping[str, Any]) -> dict[str, Any]:
         "half_open_successes": values["ho_successes"],
         "probe_timeout_seconds": seconds("probe_ms"),
         "max_concurrent_calls": values["max_conc"] or None,
+        "min_reporters": values.get("min_rep") or 1,
     }
 
 

@@ -57,6 +57,7 @@ class BreakerCore(Generic[P]):
     _batch_generation: int
     _listed_pid: int
     _listed_at: float
+    _reporter: str  # who this worker reports as (reporters.py): the last argument of acquire and record
     # the permit class of the side (sync or asyncio): Permit(breaker, epoch, lease, generation, ...)
     _permit: Callable[..., P]
 
@@ -123,10 +124,13 @@ class BreakerCore(Generic[P]):
             return None
         if verdict is Verdict.OBSERVE:
             self._pending["would_reject"] += 1
-            return self._permit(self, known.epoch, "", known.generation, observing=True)
+            # (an isolated reporter's call, in observe mode, is counted as any other)
+            return self._permit(self, known.epoch, "", known.generation, observing=known.state != "closed")
         self._pending["rejected"] += 1
         if known.forced == "open":
             raise BreakerOpen(None, self.name, "forced_open")
+        if known.state == "closed":  # (decide() denies a closed breaker only to an isolated reporter)
+            raise BreakerOpen((known.isolated_until - self._shared.now_ms()) / 1000.0, self.name, "isolated")
         raise BreakerOpen((known.open_until - self._shared.now_ms()) / 1000.0, self.name, "open")
 
     def _from_reply(self, reply: Reply, generation: int, known: Knowledge) -> P:
@@ -141,6 +145,8 @@ class BreakerCore(Generic[P]):
         retry_after = None
         if reply.reason == "open" and reply.open_until:
             retry_after = max(0, reply.open_until - reply.now) / 1000.0
+        elif reply.reason == "isolated":
+            retry_after = max(0, reply.isolated_until - reply.now) / 1000.0
         raise BreakerOpen(retry_after, self.name, reply.reason)
 
     # -- counts kept in memory (the sync side holds its lock) --------------------------
@@ -254,3 +260,17 @@ class BreakerCore(Generic[P]):
 
     def _script_args(self, args: list[Any]) -> list[Any]:
         return [self._lua_config, self._memory.floor_arg(), *args]
+
+    def _acquire_args(self, pending: list[int]) -> list[Any]:
+        """acquire.lua's ARGV 7-13: the counts kept in memory, the reporter."""
+        return [*pending, self._reporter]
+
+    def _record_args(
+        self, epoch: int, outcome: str, duration_ms: int, lease: str, pending: list[int], batch: list[int]
+    ) -> list[Any]:
+        """record.lua's ARGV 7-19: the outcome, the counts kept in memory, the batch, the reporter."""
+        return [epoch, outcome, duration_ms, lease, *pending, *batch, self._reporter]
+
+    def _about_another_reporter(self, payload: dict[str, Any]) -> bool:
+        """An isolation message about another reporter: nothing this worker decides changes."""
+        return payload.get("kind") == "isolation" and payload.get("reporter") != self._reporter

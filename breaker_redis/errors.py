@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-REASONS = ("open", "half_open_full", "forced_open", "bulkhead")
+# isolated: this worker's reporter (its host) is isolated, the shared breaker closed
+# (BreakerConfig.min_reporters, README "One sick host")
+REASONS = ("open", "half_open_full", "forced_open", "bulkhead", "isolated")
 
 
 class BreakerOpen(Exception):

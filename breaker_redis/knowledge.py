@@ -64,6 +64,8 @@ class Reply:
     # Redis had lost the breaker's state (lua/_lib.lua restore_lost): 'restored' from what this
     # worker knew, 'restored_events' from the last transition, 'lost' (it knew it closed), or ''
     lost: str = ""
+    # min_reporters > 1: until when (Redis ms) the calling worker's reporter is isolated, 0 if not
+    isolated_until: int = 0
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
@@ -85,6 +87,7 @@ class Reply:
             int(raw[14]),
             text(raw[15]) if len(raw) > 15 else "",
             text(raw[16]) if len(raw) > 16 else "",
+            int(raw[17]) if len(raw) > 17 else 0,
         )
 
 
@@ -118,6 +121,7 @@ class Knowledge:
     slow_ms: int
     generation: int  # the store-gate generation it was learned under
     learned_at: float  # time.monotonic()
+    isolated_until: int = 0  # this worker's reporter is isolated until then (Redis ms; 0: it is not)
     # decide() admits whatever the time, with no counting: closed (or forced closed) and no
     # bulkhead. Worked out once, so the healthy call checks one field
     admits: bool = field(init=False, compare=False)
@@ -125,9 +129,8 @@ class Knowledge:
 
     def __post_init__(self) -> None:
         forced, closed = self.forced, self.state == "closed"
-        object.__setattr__(
-            self, "admits", forced == "closed" or (not forced and not self.max_concurrent and closed)
-        )
+        admits = not forced and not self.max_concurrent and closed and not self.isolated_until
+        object.__setattr__(self, "admits", forced == "closed" or admits)
         # closed with nothing a late success could change: successes may be batched
         object.__setattr__(self, "calm", forced == "closed" or (closed and not forced and not self.armed))
 
@@ -148,6 +151,7 @@ class Knowledge:
             slow_ms,
             generation,
             time.monotonic(),
+            reply.isolated_until,
         )
 
     @property
@@ -185,6 +189,10 @@ class Knowledge:
             return Verdict.ADMIT
         if self.max_concurrent:
             return Verdict.ASK  # a bulkhead slot is a lease only Redis hands out
+        if self.state == "closed" and self.isolated_until:  # this reporter is isolated (lua/_lib.lua)
+            if now_ms < self.isolated_until:
+                return Verdict.OBSERVE if self.mode == "observe" else Verdict.DENY
+            return Verdict.ASK  # its own probe is Redis's to hand out
         if self.state == "closed":
             return Verdict.ADMIT
         if self.state == "open" and now_ms < self.open_until:
@@ -194,7 +202,7 @@ class Knowledge:
 
 @dataclass(frozen=True)
 class Announcement:
-    """What a transition or arming message says: (born, epoch, arms)."""
+    """What a transition, arming or isolation message says: (born, epoch, arms)."""
 
     born: int
     epoch: int
@@ -202,7 +210,7 @@ class Announcement:
 
     @classmethod
     def parse(cls, payload: dict[str, Any]) -> Announcement | None:
-        if payload.get("kind") not in ("transition", "armed"):
+        if payload.get("kind") not in ("transition", "armed", "isolation"):
             return None
         try:
             return cls(int(payload["born"]), int(payload["epoch"]), int(payload.get("arms", 0)))

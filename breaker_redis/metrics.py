@@ -91,6 +91,13 @@ def _families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
     retry_after = _gauge(
         "breaker_redis_retry_after_seconds", "Seconds until an open breaker lets a probe through (0: none)"
     )
+    # min_reporters > 1 (README, "One sick host"); a reporter's series only while it failed in
+    # the window or is isolated, so the label's values stay as few as the failing hosts
+    isolated = _gauge("breaker_redis_isolated_reporters", "Reporters (hosts) isolated now")
+    failing = _gauge("breaker_redis_failing_reporters", "Distinct reporters failing in the window")
+    reporter_failures = _gauge(
+        "breaker_redis_reporter_failures", "Failures of a reporter failing in the window", "reporter"
+    )
     for snap in snapshots:
         name = str(snap["name"])
         for each in STATES:
@@ -105,7 +112,12 @@ def _families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
         window_calls.add_metric([name], snap["window_calls"])
         window_failures.add_metric([name], snap["window_failures"])
         retry_after.add_metric([name], snap["retry_after"] or 0)
+        isolated.add_metric([name], len(snap["isolated"]))
+        failing.add_metric([name], snap["failing_reporters"])
+        for reporter, seen in snap["reporters"].items():
+            reporter_failures.add_metric([name, reporter], seen["failures"])
     yield from (state, forced, calls, slow, rejected, trips, lost, window_calls, window_failures, retry_after)
+    yield from (isolated, failing, reporter_failures)
 
 
 def _group_families(groups: list[dict[str, Any]]) -> Iterator[Metric]:

@@ -37,6 +37,7 @@ EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
 READ_FIELDS = (
     "state", "epoch", "open_until", "forced", "consec", "open_ms", "ho_ok", "window_calls",
     "window_failures", "window_slow", "probes", "slots", "now", "mode", "stats", "overrides",
+    "reporters",  # with min_reporters > 1 only
 )
 # Breakers per pipeline: 2,000 snapshot replies take about 1 MB; a chunk keeps
 # what one round trip holds (and how long Redis works on it) bounded.

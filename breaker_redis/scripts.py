@@ -47,6 +47,11 @@ OPERATIONS = (
     *("hold", "member", "group"),
 )
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
+# A breaker's key the scripts touch without declaring it: only with min_reporters above 1
+# (lua/_lib.lua rep_key, '<prefix>:{NAME}:reporters'). It carries the breaker's hash tag, so it
+# is in the slot of the declared keys (on Redis Cluster too); declared, it would cost every
+# call one more key, for a feature off by default.
+UNDECLARED_SUFFIXES = ("reporters",)
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 
 # A name becomes part of a key (prefix:{NAME}:suffix), of the names SET and of
@@ -100,6 +105,11 @@ def validate_prefix(prefix: object) -> str:
 def breaker_keys(prefix: str, name: str) -> list[str]:
     """The seven keys of one breaker, in the order the scripts expect (KEYS[1..7])."""
     return [f"{prefix}:{{{name}}}:{suffix}" for suffix in KEY_SUFFIXES]
+
+
+def undeclared_keys(prefix: str, name: str) -> list[str]:
+    """The keys of one breaker the scripts touch undeclared (UNDECLARED_SUFFIXES)."""
+    return [f"{prefix}:{{{name}}}:{suffix}" for suffix in UNDECLARED_SUFFIXES]
 
 
 def group_key(prefix: str, group: str) -> str:
@@ -244,6 +254,12 @@ class Scripts:
         argv.extend(args)
         sha, source = self._scripts[operation]
         return sha, source, keys, argv
+
+    def keys_to_drop(self, operation: str, name: str) -> list[str]:
+        """A script's keys, and a breaker's undeclared ones (a corrupted breaker is dropped whole)."""
+        keys = self.script_keys(operation, name)
+        same_slot = keys[0] == self.route_key(name)  # (a breaker's keys; not health's or a group's)
+        return [*keys, *undeclared_keys(self.prefix, name)] if same_slot else keys
 
     def script_keys(self, operation: str, name: str) -> list[str]:
         """The keys a script call touches: a breaker's seven, or the health key,
@@ -429,7 +445,7 @@ class ScriptRunner(Scripts):
             self.client.script_load(self._scripts[operation][1])
 
     def drop_keys(self, name: str, operation: str = "acquire") -> None:
-        self.client.delete(*self.script_keys(operation, name))
+        self.client.delete(*self.keys_to_drop(operation, name))
 
     def register_name(self, name: str, now_ms: int | None = None) -> None:
         """Add a name to the listing set (outside the scripts: it lives in another slot),

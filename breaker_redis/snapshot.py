@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import Any
 
 from .config import fields_from_lua
+from .reporters import reporters_of
 from .scripts import flat_pairs, text
 
 _INT_FIELDS = (
@@ -35,6 +36,7 @@ _STAT_FIELDS = (
     "trips",
     "stale",
     "state_lost",  # times a worker found the state it knew gone (evicted, flushed, deleted)
+    "isolations",  # times a reporter was isolated (min_reporters > 1; a renewed isolation not counted)
 )
 
 
@@ -80,6 +82,12 @@ def snapshot_of(name: str, fields: dict[str, Any], store: str) -> dict[str, Any]
         "overrides": overrides,
         "store": store,
     }
+    # min_reporters > 1: the reporters failing in the window and the isolated ones (by name:
+    # failures in its own window, isolated_until_ms), the isolated ones, how many are failing
+    reporters = reporters_of(fields.get("reporters"))
+    snapshot["reporters"] = reporters
+    snapshot["isolated"] = [name for name, seen in reporters.items() if seen["isolated_until_ms"]]
+    snapshot["failing_reporters"] = len(reporters)
     snapshot["config"] = _config_in_force(fields.get("config"))
     for key in _STAT_FIELDS:
         snapshot[key] = stats.get(key, 0)

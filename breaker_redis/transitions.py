@@ -18,6 +18,12 @@ new), the rules' and the operators' alike, the latter marked
 ``operator``; a pager that pages on ``t.new == "open" and not t.operator``
 pages on trips only. ``on_operator_action`` hears of every operator action
 this process applied, whether it changed the state or not.
+
+With ``min_reporters`` above 1, a reporter's isolation and its end are reported
+to ``on_transition`` too, once each, with ``t.reporter`` set: ``closed ->
+isolated`` (cause: the rule that held for that reporter alone) and ``isolated ->
+closed`` (``probe_succeeded``). The shared state did not change (the epoch is
+the breaker's); an isolation renewed after a failed probe is not reported.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class Transition:
     cause: str
     epoch: int  # the epoch it started
     at_ms: int  # Redis time of the change, ms since the epoch
+    # a reporter's isolation (old or new 'isolated'; min_reporters > 1), else None
+    reporter: str | None = None
 
     @property
     def operator(self) -> bool:
@@ -64,14 +72,26 @@ TransitionCallback = Callable[[Transition], object]
 
 def parse(name: str, events: str, final_epoch: int, at_ms: int) -> list[Transition]:
     """The transitions of one reply: ``from>to:cause`` entries, comma-separated
-    (``armed`` entries are not transitions); each one bumped the epoch by one."""
-    moves = [entry for entry in events.split(",") if ">" in entry]
+    (``armed`` entries are not transitions); each one bumped the epoch by one.
+    And a reporter's isolation and its end: ``isolated:cause:reporter``,
+    ``recovered:cause:reporter`` (lua/_lib.lua isolation_changed; no epoch bumped)."""
+    entries = events.split(",")
+    moves = [entry for entry in entries if ">" in entry]
     found = []
     for i, entry in enumerate(moves):
         states, _, cause = entry.partition(":")
         old, _, new = states.partition(">")
         found.append(Transition(name, old, new, cause, final_epoch - (len(moves) - 1 - i), at_ms))
+    for entry in entries:
+        what, _, rest = entry.partition(":")
+        if what in _ISOLATION_MOVES and ":" in rest:
+            cause, _, reporter = rest.partition(":")
+            old, new = _ISOLATION_MOVES[what]
+            found.append(Transition(name, old, new, cause, final_epoch, at_ms, reporter))
     return found
+
+
+_ISOLATION_MOVES = {"isolated": ("closed", "isolated"), "recovered": ("isolated", "closed")}
 
 
 def notify(callbacks: list[TransitionCallback], transitions: list[Transition], hook: str) -> None:

@@ -41,6 +41,8 @@ app.config.update(
     BREAKER_REDIS_URL=os.environ.get("BREAKER_REDIS_URL", "redis://127.0.0.1:6379/0"),
     BREAKER_KEY_PREFIX=os.environ.get("BREAKER_KEY_PREFIX", "breaker"),
     BREAKER_ADMIN_TOKEN=os.environ.get("BREAKER_ADMIN_TOKEN") or None,
+    # who this instance's outcomes come from (min_reporters); the host name when unset
+    BREAKER_REPORTER=os.environ.get("BREAKER_REPORTER") or None,
     # the live page at /_breakers/ (it needs the token as well)
     BREAKER_DASHBOARD=bool(os.environ.get("BREAKER_ADMIN_TOKEN"))
     and os.environ.get("BREAKER_DASHBOARD", "1").lower() not in ("0", "false", "no", "off", ""),

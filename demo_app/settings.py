@@ -3,8 +3,9 @@
 ``/pay`` uses the numbers of the classic OpenResty breaker kept in a
 ``lua_shared_dict``: trip after 5 failures in 10 s, stay open 10 s, let one
 probe through at a time, close after 2 successes. The open period can be
-shortened with ``DEMO_PAY_OPEN_SECONDS`` so that the tests run in seconds;
-the other numbers stay.
+shortened with ``DEMO_PAY_OPEN_SECONDS`` so that the tests run in seconds,
+and ``DEMO_PAY_MIN_REPORTERS`` asks for failures from that many hosts before a
+shared trip (README, "One sick host"); the other numbers stay.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def pay_config() -> dict[str, Any]:
         "half_open_max_calls": 1,
         "half_open_successes": 2,
         "probe_timeout_seconds": 5.0,
+        "min_reporters": int(os.environ.get("DEMO_PAY_MIN_REPORTERS", "").strip() or 1),
     }
 
 

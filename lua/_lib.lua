@@ -57,6 +57,9 @@ local NAME, CHANNEL, SHARD, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
 -- LOST: '' or what this call found of a state the caller knew and Redis had lost
 -- ('restored' from the caller's knowledge, or 'lost': it knew it closed).
 local REPAIRED, EVENTS, LOST
+-- ISO: the calling reporter's isolation (until, ms) for the reply; nil, and nothing in the
+-- reply, unless min_reporters > 1 and that reporter is isolated (see "One sick host" below)
+local ISO
 
 local function begin(keys, argv)
   KEY_LIST, ARGS = keys, argv
@@ -74,7 +77,7 @@ local function begin(keys, argv)
     local t = redis.call('TIME')
     NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  REPAIRED, EVENTS, LOST = '', '', ''
+  REPAIRED, EVENTS, LOST, ISO = '', '', '', nil
 end
 
 -- ARGV 6 (see the header): the caller's highest epoch (FLOOR) and what it knows
@@ -125,6 +128,7 @@ local function bounds()
     half_open_successes = {'ho_successes', 1, 1, false, 10000, true},
     probe_timeout_seconds = {'probe_ms', 1000, 0, true, 3600, false},
     max_concurrent_calls = {'max_conc', 1, 1, false, 1000000, true},
+    min_reporters = {'min_rep', 1, 1, false, 1000, true},
   }
   return BOUNDS
 end
@@ -168,6 +172,7 @@ local function apply_overrides(c, o)
   if cap_set and not open_set then c.open_ms = math.min(30000, c.max_open_ms) end
   c.bucket_ms = math.max(1, math.floor(window_ms / c.buckets))
   c.max_open_ms = math.max(c.max_open_ms, c.open_ms)
+  if c.min_rep == 1 then c.min_rep = nil end  -- absent unless above 1 (see "One sick host")
   return c
 end
 
@@ -653,11 +658,17 @@ end
 -- Open: the first trip for exactly open_seconds; a trip after a failed
 -- half-open multiplies the last period by the backoff (capped) and adds up
 -- to 10% jitter derived from the time and epoch, so breakers spread out.
+-- The period after a failed probe: the last one (last_ms) times the backoff, capped, and
+-- with up to 10% jitter (base, with jitter).
+local function backed_off(c, last_ms, epoch)
+  local base = math.min(math.floor(math.max(last_ms, c.open_ms) * c.backoff), c.max_open_ms)
+  return base, base + math.floor(base * (((NOW % 997) * 31 + epoch * 17) % 100) / 1000)
+end
+
 local function trip_open(s, c, cause, after_half_open)
   local base, dur = c.open_ms, c.open_ms
   if after_half_open then
-    base = math.min(math.floor(math.max(s.open_ms, c.open_ms) * c.backoff), c.max_open_ms)
-    dur = base + math.floor(base * (((NOW % 997) * 31 + s.epoch * 17) % 100) / 1000)
+    base, dur = backed_off(c, s.open_ms, s.epoch)
     drop_probes()
   end
   s.open_ms, s.open_until, s.consec, s.ho_ok = base, NOW + dur, 0, 0
@@ -675,12 +686,13 @@ end
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
 -- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
 --  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated),
---  lost ('', 'restored' or 'lost': see restore_lost)}
+--  lost ('', 'restored' or 'lost': see restore_lost), and only when the calling reporter is
+--  isolated (min_reporters > 1): until when (ms)}
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
-    s.born, REPAIRED, LOST}
+    s.born, REPAIRED, LOST, ISO}
 end
 
 -- Breaker groups: a pool of replica hosts of which at most a share may be open at
@@ -695,4 +707,222 @@ local function group_holds_back(s, c)
   if not c.group or redis.call('HMGET', K_STATE, 'grant')[1] then return false end
   EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. 'held'
   return true
+end
+
+-- One sick host: a quorum of reporters before a shared trip, and a sick reporter isolated
+-- instead (README and docs/boundary.md, "One sick host"). Only with min_reporters above 1
+-- (the config's min_rep, absent when 1, so nothing below runs by default). Every worker
+-- names its reporter (its host by default): record.lua ARGV 19, acquire.lua ARGV 13.
+--   reporters HASH <prefix>:{NAME}:reporters (the state key's hash tag: the same slot),
+--     a field per reporter that failed in the window or is isolated, its value
+--     'since last f c rc run' while it fails: its own window (f failures in c calls since
+--     `since`, its first failure less than a window ago), its last failure, its own run of
+--     failures (rc: a success of its own ends it) and the shared run it last failed in;
+--     ' till period probe' appended while it is isolated (till: until when; period: the
+--     isolation's length, for the backoff; probe: its probe lease's expiry, 0 for none).
+--     Times are ms, those after `since` relative to it. Field ' run': the number of the
+--     shared run of failures (consecutive rule). The key expires a window after the last
+--     failure it records (or after an isolation ends): a reporter that stops failing
+--     leaves nothing behind.
+-- The shared rule (count, rate, consecutive) trips only when the reporters failing in
+-- the window (consecutive rule: in the run that reached the threshold), the isolated ones
+-- included, are at least min_rep. A reporter whose own outcomes meet the rule while the
+-- quorum does not is isolated: acquire.lua refuses its calls (reason 'isolated') until
+-- `till`, then gives it one probe of its own; the probe's success ends the isolation, its
+-- failure (or its lease expiring) isolates it again with the backoff. Each change bumps
+-- the state's `arms` (so replies before and after it are ordered, knowledge.py rank),
+-- is published (kind 'isolation') and listed in the reply's events.
+local function rep_key()
+  return string.sub(K_STATE, 1, -6) .. 'reporters'  -- '<prefix>:{NAME}:state' -> ...:reporters
+end
+
+local function rep_parse(v)  -- nil for no record, or one that does not parse
+  if type(v) ~= 'string' then return nil end
+  local n = {}
+  for x in string.gmatch(v, '%d+') do n[#n + 1] = tonumber(x) end
+  if #n ~= 6 and #n ~= 9 then return nil end
+  local r = {since = n[1], last = n[1] + n[2], f = n[3], c = n[4], rc = n[5], run = n[6], iso = #n == 9,
+    till = 0, period = 0, probe = 0}
+  if r.iso then r.till, r.period, r.probe = n[1] + n[7], n[8], n[9] > 0 and n[1] + n[9] or 0 end
+  return r
+end
+
+local function rep_format(r)
+  local v = string.format('%d %d %d %d %d %d', r.since, math.max(0, r.last - r.since), r.f, r.c, r.rc, r.run)
+  if not r.iso then return v end
+  return v .. string.format(' %d %d %d', math.max(0, r.till - r.since), r.period,
+    r.probe > 0 and math.max(1, r.probe - r.since) or 0)
+end
+
+-- Until when a record counts (and is kept): a window after its last failure; an isolated
+-- reporter's, a window after its isolation's end or its probe's lease, whichever is later.
+local function rep_until(c, r)
+  local window = c.bucket_ms * c.buckets
+  if r.iso then return math.max(r.till + window, r.probe) end
+  return r.last + window
+end
+
+-- A reporter's own outcomes meet the shared rule (its own window, or its own run).
+local function own_rule_holds(c, r)
+  if c.trip == 'consecutive' then return r.rc >= c.threshold end
+  if c.trip == 'count' then return r.f >= c.threshold end
+  return r.c >= c.min_calls and r.f / r.c >= c.rate
+end
+
+local function isolation_changed(s, reporter, what, cause, till)
+  s.arms, s.dirty = s.arms + 1, true
+  publish(s, 'isolation', {reporter = reporter, what = what, cause = cause, ['until'] = till})
+  EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. what .. ':' .. cause .. ':' .. reporter
+end
+
+-- Isolated for open_seconds; again (a failed probe) for the backoff's next period.
+local function isolate(s, c, reporter, r, cause)
+  local again, period, dur = r.iso, c.open_ms, c.open_ms
+  if again then period, dur = backed_off(c, r.period, s.epoch) else stat('isolations', 1) end
+  r.iso, r.till, r.period, r.probe = true, NOW + dur, period, 0
+  isolation_changed(s, reporter, again and 'reisolated' or 'isolated', cause, r.till)
+end
+
+-- One record written; the key lives as long as its longest-lived record.
+local function rep_save(key, c, reporter, r)
+  redis.call('HSET', key, reporter, rep_format(r))
+  local ms = rep_until(c, r) - NOW
+  if ms > redis.call('PTTL', key) then redis.call('PEXPIRE', key, math.max(1, ms)) end
+end
+
+-- acquire.lua, record.lua: the caller's reporter (ARGV; '-' for none) and its record (nil:
+-- none, or no longer counting); the reply says whether it is isolated (ISO) whatever the call
+-- does next, so that no reply tells one of its workers it is not.
+local function reporter_record(name, c)
+  if name == nil or name == '' then name = '-' end
+  local r = rep_parse(redis.call('HGET', rep_key(), name))
+  if r and NOW >= rep_until(c, r) then r = nil end
+  if r and r.iso then ISO = r.till end
+  return name, r
+end
+
+-- acquire.lua, closed: may the caller's reporter go ahead? (allowed, reason, lease)
+local function reporter_admits(s, c, reporter, r)
+  if not r or not r.iso then return 1, '', '' end
+  if NOW < r.till or r.probe > NOW then return 0, 'isolated', '' end
+  local key = rep_key()
+  if r.probe > 0 then  -- its probe overran probe_timeout_seconds: it failed
+    isolate(s, c, reporter, r, 'probe_timeout')
+    rep_save(key, c, reporter, r)
+    ISO = r.till
+    return 0, 'isolated', ''
+  end
+  r.probe = NOW + c.probe_ms
+  rep_save(key, c, reporter, r)
+  return 1, '', 'i:' .. r.probe
+end
+
+-- record.lua, closed: a success of the reporter ends its own run and counts in its rate
+-- (with minimum_calls, its rate can come to hold on a success).
+local function reporter_succeeded(s, key, c, reporter, calls)
+  local r = rep_parse(redis.call('HGET', key, reporter))
+  if r and not r.iso and c.trip ~= 'count' and NOW < rep_until(c, r) then
+    r.c, r.rc = r.c + calls, 0
+    if own_rule_holds(c, r) then
+      isolate(s, c, reporter, r, c.trip)
+      ISO = r.till
+    end
+    rep_save(key, c, reporter, r)
+  end
+end
+
+-- record.lua, closed: the caller's outcomes (calls, of which failures; lease: the
+-- permit's) with the shared rule's verdict `cause` (nil: none); returns the cause to
+-- trip on, nil when the quorum holds it back.
+local function quorum(s, c, cause, calls, failures, reporter, lease)
+  local key = rep_key()
+  local probe = lease ~= '' and tonumber(string.match(' ' .. lease, ' i:(%d+)'))
+  local gated = cause == 'consecutive' or cause == 'count' or cause == 'rate'
+  if failures == 0 and not probe and not gated then
+    if cause then  -- the slow-call rule (no quorum): open for everyone
+      redis.call('DEL', key)
+      ISO = nil
+    else
+      reporter_succeeded(s, key, c, reporter, calls)
+    end
+    return cause
+  end
+  local all, run, recs, gone = redis.call('HGETALL', key), 0, {}, {}
+  for i = 1, #all, 2 do
+    if all[i] == ' run' then
+      run = tonumber(all[i + 1]) or 0
+    else
+      local r = rep_parse(all[i + 1])
+      if r and NOW < rep_until(c, r) then recs[all[i]] = r else gone[#gone + 1] = all[i] end
+    end
+  end
+  local new_run = failures > 0 and s.consec == 1 and c.trip == 'consecutive'
+  if new_run then run = run + 1 end
+  local r = recs[reporter]
+  if r and r.iso then
+    if probe == r.probe and failures > 0 then
+      isolate(s, c, reporter, r, 'probe_failed')
+    elseif probe == r.probe then
+      recs[reporter], r = nil, nil
+      gone[#gone + 1] = reporter
+      isolation_changed(s, reporter, 'recovered', 'probe_succeeded', 0)
+    end  -- else a call admitted before it was isolated: nothing
+  elseif failures > 0 then
+    if not r or NOW - r.since >= c.bucket_ms * c.buckets then
+      r = {since = NOW, last = NOW, f = 0, c = 0, rc = r and r.rc or 0, run = run, iso = false, till = 0, period = 0,
+        probe = 0}
+      recs[reporter] = r
+    end
+    r.last, r.f, r.c, r.rc, r.run = NOW, r.f + failures, r.c + calls, r.rc + failures, run
+  elseif r then
+    r.c, r.rc = r.c + calls, 0
+  end
+  if gated then
+    local failing = 0
+    for _, x in pairs(recs) do
+      if x.iso or c.trip ~= 'consecutive' or x.run == run then failing = failing + 1 end
+    end
+    if failing < c.min_rep then cause = nil end
+  end
+  if cause then  -- the shared breaker opens for everyone: no isolation left
+    redis.call('DEL', key)
+    ISO = nil
+    return cause
+  end
+  if r and not r.iso and own_rule_holds(c, r) then isolate(s, c, reporter, r, c.trip) end
+  ISO = r and r.iso and r.till or nil
+  local keep, longest = {}, 0
+  for _, x in pairs(recs) do longest = math.max(longest, rep_until(c, x)) end
+  if longest == 0 then
+    redis.call('DEL', key)
+    return nil
+  end
+  if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
+  if new_run then keep[#keep + 1], keep[#keep + 2] = ' run', run end
+  if r then keep[#keep + 1], keep[#keep + 2] = reporter, rep_format(r) end
+  if #keep > 0 then redis.call('HSET', key, unpack(keep)) end
+  redis.call('PEXPIRE', key, math.max(1, longest - NOW))
+  return nil
+end
+
+-- record.lua: an ignored outcome of the reporter's probe gives the probe back.
+local function reporter_probe_ignored(c, reporter, r, lease)
+  local probe = tonumber(string.match(' ' .. lease, ' i:(%d+)'))
+  if probe and r and r.iso and r.probe == probe then
+    r.probe = 0
+    redis.call('HSET', rep_key(), reporter, rep_format(r))
+  end
+end
+
+-- snapshot.lua, read.lua: the reporters failing in the window and the isolated ones, as
+-- {name, failures in its own window, isolated until (0: not isolated), ...}.
+local function reporters_view(c)
+  local all, out = redis.call('HGETALL', rep_key()), {}
+  for i = 1, #all, 2 do
+    local r = rep_parse(all[i + 1])
+    if r and NOW < rep_until(c, r) then
+      out[#out + 1], out[#out + 2], out[#out + 3] = all[i], r.f, r.iso and r.till or 0
+    end
+  end
+  return out
 end

@@ -11,12 +11,13 @@
 --   reset        closed, clean window, backoff and leases dropped, force cleared;
 --                cumulative stats are kept (they are counters, e.g. for Prometheus),
 --                but one that does not parse is zeroed: a reset repairs every key
--- Reads : state.  Writes: state, window, leases, events; publishes the change.
+-- Reads : state.  Writes: state, window, leases, events, reporters (dropped); publishes the change.
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
 local s, op = load_state(), ARGV[7]
 -- an operator's word on this incarnation of the keys: no worker restores an older state
 -- over it (restore_lost), also where it changed nothing (auto on a state just lost)
 if s.held ~= s.born then s.held, s.dirty = s.born, true end
+redis.call('DEL', rep_key())  -- and every reporter's isolation ends (min_reporters > 1)
 
 local function clean(forced, cause)
   s.forced, s.consec, s.open_ms, s.ho_ok, s.open_until = forced, 0, 0, 0, 0

@@ -18,7 +18,8 @@
 --         cfg is the text read with when ARGV 5 was '' (else ''), config the config
 --         the scripts apply (snapshot.lua's 'config', or '='), and fields the values
 --         of snapshot.lua's fields up to 'overrides', in its order but without their
---         names (breaker_redis/reader.py READ_FIELDS), as JSON (an empty hash as {}).
+--         names (breaker_redis/reader.py READ_FIELDS), as JSON (an empty hash as {}),
+--         and with min_reporters > 1 snapshot.lua's 'reporters' after them.
 --         When fields cannot be encoded (a hash edited to hold a number such as
 --         1e999): the list {cfg, fields, config}. With ARGV 5 '' and no cfg key: '',
 --         and nothing was read.
@@ -39,6 +40,7 @@ local probes = #probe_ids()
 local overrides = redis.call('HGETALL', K_CONFIG)
 local out = {s.state, s.epoch, s.open_until, s.forced, s.consec, s.open_ms, s.ho_ok, w.tc, w.tf, w.ts,
   probes, redis.call('ZCARD', K_LEASES) - probes, NOW, cfg.mode, redis.call('HGETALL', K_STATS), overrides}
+if cfg.min_rep then out[#out + 1] = reporters_view(cfg) end  -- min_reporters > 1: 'reporters'
 local config_json = '='
 if ARGV[7] ~= '1' or #overrides > 0 then
   local encoded, text = pcall(cjson.encode, cfg)  -- '' if an override made it unencodable (inf)

@@ -13,7 +13,8 @@
 --         8 outcome (success | failure | ignored, or '' for a batch alone);
 --         9 duration ms; 10 lease ids ('' or space-separated, from acquire.lua);
 --         11-16 what the worker counted in memory (see flush_pending);
---         17 epoch of the batched successes; 18 how many
+--         17 epoch of the batched successes; 18 how many; 19 the worker's reporter (read
+--         only with min_reporters > 1: see "One sick host" in _lib.lua)
 -- Reads : state, config, window, leases.  Writes: stats (always), window
 --         (closed), state (consecutive count, armed flag, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
@@ -22,14 +23,17 @@ local cfg = load_config()
 flush_pending(11)
 local epoch, outcome, duration = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]) or 0
 local batch_epoch, batch = tonumber(ARGV[17]), tonumber(ARGV[18]) or 0
+local reporter, own  -- with min_reporters > 1 only
+if cfg.min_rep then reporter, own = reporter_record(ARGV[19], cfg) end
 
 -- Counts outcomes of calls admitted while closed, trips when a rule holds, and
 -- arms or calms the breaker. consec: the consecutive count after these outcomes.
-local function closed_outcomes(calls, failures, slows, consec)
+local function closed_outcomes(calls, failures, slows, consec, lease)
   local w = window_add(cfg, calls, failures, slows)
   if consec ~= s.consec then s.consec, s.dirty = consec, true end
   local cause = s.forced == '' and trip_cause(cfg, w, s.consec) or nil
   if cause and group_holds_back(s, cfg) then cause = nil end  -- a group member without its grant
+  if reporter and s.forced == '' then cause = quorum(s, cfg, cause, calls, failures, reporter, lease or '') end
   if cause then trip_open(s, cfg, cause, false) else update_armed(s, cfg, w) end
 end
 
@@ -73,10 +77,13 @@ if s.state == 'half_open' and s.forced == '' and (reap_leases() > 0 or probe_exp
   trip_open(s, cfg, 'probe_timeout', true)
   return reply(s, 1, '', '', cfg)
 end
-if outcome == 'ignored' then return reply(s, 1, '', '', cfg) end
+if outcome == 'ignored' then
+  if reporter and ARGV[10] ~= '' then reporter_probe_ignored(cfg, reporter, own, ARGV[10]) end
+  return reply(s, 1, '', '', cfg)
+end
 
 if s.state == 'closed' then
-  closed_outcomes(1, failed and 1 or 0, slow and 1 or 0, failed and s.consec + 1 or 0)
+  closed_outcomes(1, failed and 1 or 0, slow and 1 or 0, failed and s.consec + 1 or 0, ARGV[10])
 elseif s.state == 'half_open' and s.forced == '' then
   if probe and failed then
     trip_open(s, cfg, 'probe_failed', true)

@@ -7,7 +7,8 @@
 -- Reads : state, window, leases, config, stats.  Writes: stats (flush only).
 -- Returns a flat field, value list: state fields, window totals as of now,
 --         probes in flight, now, then 'stats' and the stats hash, then
---         'overrides' and the config hash, then 'config': the config the scripts
+--         'overrides' and the config hash, with min_reporters > 1 'reporters' (see
+--         reporters_view in _lib.lua), then 'config': the config the scripts
 --         apply (ARGV 5 with the live overrides), as JSON in the units of ARGV 5
 --         ('' if it cannot be encoded).
 local s = load_state()
@@ -24,6 +25,10 @@ out[#out + 1] = 'stats'
 out[#out + 1] = redis.call('HGETALL', K_STATS)
 out[#out + 1] = 'overrides'
 out[#out + 1] = redis.call('HGETALL', K_CONFIG)
+if cfg.min_rep then  -- min_reporters > 1: the reporters failing in the window, the isolated ones
+  out[#out + 1] = 'reporters'
+  out[#out + 1] = reporters_view(cfg)
+end
 out[#out + 1] = 'config'
 local encoded, config_json = pcall(cjson.encode, cfg)  -- '' if an override made it unencodable (inf)
 out[#out + 1] = encoded and config_json or ''

@@ -58,10 +58,23 @@ def race_to_trip(
     return admitted
 
 
-def serve(url: str, name: str, config: BreakerConfig, conn: Any, batch_successes: bool = True) -> None:
+def serve(
+    url: str,
+    name: str,
+    config: BreakerConfig,
+    conn: Any,
+    batch_successes: bool = True,
+    reporter: str | None = None,
+    now_ms: int | None = None,
+) -> None:
     """A worker process driven step by step by the test: each command is run and
-    answered before the next is sent, so the test fixes the real-time order."""
-    breakers = Breakers.from_url(url, batch_successes=batch_successes)
+    answered before the next is sent, so the test fixes the real-time order. With
+    ``now_ms``, a test clock that the command "clock <ms>" sets."""
+    clock = [now_ms]
+    breakers = Breakers.from_url(
+        url, batch_successes=batch_successes, reporter=reporter,
+        clock=None if now_ms is None else (lambda: int(clock[0] or 0)),
+    )
     breaker = breakers.get(name, config)
     breakers.ensure_process()
     while not (breakers.invalidator is not None and breakers.invalidator.healthy):
@@ -73,6 +86,10 @@ def serve(url: str, name: str, config: BreakerConfig, conn: Any, batch_successes
         command = conn.recv()
         if command == "stop":
             break
+        if command.startswith("clock "):
+            clock[0] = int(command.split()[1])
+            conn.send(True)
+            continue
         try:
             if command == "admits":
                 breaker.acquire().ignore()
@@ -117,15 +134,30 @@ def steady(url: str, name: str, config: BreakerConfig, failure_rate: float, seco
     return calls, failures, refused
 
 
+def emptied_server_url(request: Any) -> str:
+    """The URL of the session's redis-server (``request.param`` 'real') or embedded
+    server ('embedded'), emptied: a ``url`` fixture of the process tests."""
+    server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
+    Breakers.from_url(server.url, listen=False).client.flushall()
+    return str(server.url)
+
+
 class Worker:
     """A process running serve(), driven by the test one command at a time."""
 
     def __init__(
-        self, ctx: Any, url: str, name: str, config: BreakerConfig, batch_successes: bool = True
+        self,
+        ctx: Any,
+        url: str,
+        name: str,
+        config: BreakerConfig,
+        batch_successes: bool = True,
+        reporter: str | None = None,
+        now_ms: int | None = None,
     ) -> None:
         self.conn, theirs = ctx.Pipe()
         self.process = ctx.Process(
-            target=serve, args=(url, name, config, theirs, batch_successes), daemon=True
+            target=serve, args=(url, name, config, theirs, batch_successes, reporter, now_ms), daemon=True
         )
         self.process.start()
 
@@ -157,9 +189,18 @@ class Team:
         self._made: list[Worker] = []
 
     def start(
-        self, name: str, config: BreakerConfig, count: int, batch_successes: bool = True
+        self,
+        name: str,
+        config: BreakerConfig,
+        count: int,
+        batch_successes: bool = True,
+        reporter: str | None = None,
+        now_ms: int | None = None,
     ) -> list[Worker]:
-        workers = [Worker(self._ctx, self._url, name, config, batch_successes) for _ in range(count)]
+        """``count`` workers, of ``reporter`` (the host name by default), on the test
+        clock when ``now_ms`` is given (the command "clock <ms>" moves it)."""
+        args = (self._ctx, self._url, name, config, batch_successes, reporter, now_ms)
+        workers = [Worker(*args) for _ in range(count)]
         self._made.extend(workers)
         for worker in workers:
             worker.ready()

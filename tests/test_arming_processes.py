@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from breaker_redis import BreakerConfig, Breakers
+from breaker_redis import BreakerConfig
 from tests import mp_workers
-from tests.mp_workers import Team, Worker
+from tests.mp_workers import Team, Worker, emptied_server_url
 from tests.workers import snapshot
 
 pytestmark = pytest.mark.multiprocess
@@ -33,9 +33,7 @@ RATE = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_sec
 
 @pytest.fixture(params=["real", "embedded"])
 def url(request: pytest.FixtureRequest) -> str:
-    server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
-    Breakers.from_url(server.url, listen=False).client.flushall()
-    return str(server.url)
+    return emptied_server_url(request)
 
 
 def test_a_steady_45_percent_against_50_never_trips_and_counts_exactly(url):

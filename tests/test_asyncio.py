@@ -745,3 +745,28 @@ def test_aclose_right_after_admin_actions_loses_nothing_and_logs_nothing(redis_s
     rejected = [run(round_(index)) for index in range(60)]
     assert rejected == [1] * 60
     assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
+
+
+def test_asyncio_workers_of_an_isolated_reporter_refuse_the_call_right_after(connect):
+    """min_reporters (README, "One sick host"): a reporter's other worker refuses the
+    call right after the failure that isolated it (from memory, once it heard the
+    notice), 20 times over; another reporter's worker is admitted every time."""
+    config = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30,
+                           min_reporters=2)
+
+    async def main() -> None:
+        workers = [Breakers(connect(), reporter=name) for name in ("a", "a", "b")]
+        a1, a2, b = (w.get("pay", config) for w in workers)
+        await subscribed(*workers)
+        refused = admitted = 0
+        for _ in range(20):
+            await a1.reset()
+            assert await admits(a2)
+            await fail(a1, 5)
+            refused += not await admits(a2)
+            admitted += await admits(b)
+        assert (refused, admitted) == (20, 20)
+        for w in workers:
+            await w.aclose()
+
+    run(main())

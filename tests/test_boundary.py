@@ -293,7 +293,7 @@ def test_a_failure_never_overtakes_the_batch_being_sent(workers):
 
     def run(operation, name, now_ms, args):
         if operation == "record":
-            outcome, batch = args[3], args[-1]
+            outcome, batch = args[3], args[-2]  # (the reporter is last)
             arrived.append(f"{outcome or 'batch'}:{batch}")
             if not outcome:
                 batch_inside.set()

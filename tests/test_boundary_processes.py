@@ -8,16 +8,14 @@ from __future__ import annotations
 import pytest
 
 from breaker_redis import BreakerConfig, Breakers
-from tests.mp_workers import Team, Worker
+from tests.mp_workers import Team, Worker, emptied_server_url
 from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, snapshot
 
 pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(params=["real", "embedded"])
 def url(request: pytest.FixtureRequest) -> str:
-    server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
-    Breakers.from_url(server.url, listen=False).client.flushall()
-    return str(server.url)
+    return emptied_server_url(request)
 
 
 @pytest.fixture

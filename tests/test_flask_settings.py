@@ -60,6 +60,7 @@ def build(config: dict[str, Any] | None = None, **overrides: Any) -> tuple[Flask
         ({"BREAKER_ADMIN_TOKEN": "s3cret\n"}, ValueError, "BREAKER_ADMIN_TOKEN must not begin or end with"),
         ({"BREAKER_DASHBOARD": "yes"}, TypeError, "BREAKER_DASHBOARD must be True or False, not 'yes'"),
         ({"BREAKER_DASHBOARD": True}, ValueError, "BREAKER_DASHBOARD is True but BREAKER_ADMIN_TOKEN is not"),
+        ({"BREAKER_REPORTER": "web 1"}, ValueError, "BREAKER_REPORTER: invalid reporter 'web 1'"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
@@ -112,7 +113,7 @@ def test_the_right_values_of_every_key_are_taken() -> None:
         ("BREAKER_ADMIN_TOKN", "did you mean BREAKER_ADMIN_TOKEN?"),
         ("BREAKER_ROUTE", "did you mean BREAKER_ROUTES?"),
         ("BREAKER_XYZZY", "known: BREAKER_REDIS_URL, BREAKER_KEY_PREFIX, BREAKER_DEFAULTS, BREAKER_ROUTES, "
-                          "BREAKER_ON_STORE_ERROR, BREAKER_ADMIN_TOKEN, BREAKER_DASHBOARD"),
+                          "BREAKER_ON_STORE_ERROR, BREAKER_ADMIN_TOKEN, BREAKER_DASHBOARD, BREAKER_REPORTER"),
     ],
 )
 def test_an_unknown_breaker_key_is_a_warning_naming_the_closest_key(caplog, key, hint) -> None:

@@ -26,11 +26,12 @@ deleted, a lease or an events line forged. What must hold:
    (SLOW_REPLAYS); slow in every run, it fails if its slowest command also took more than
    REFERENCE_FACTOR times a reference workload measured right then (a slow machine slows both).
 4. No key outside a breaker's hash tag is touched: after each example every key in Redis is
-   ``{prefix}:{NAME}:<suffix>`` (``scripts.KEY_SUFFIXES``) of a name in use, or ``{prefix}:names``
-   / ``{prefix}:health`` (README "Redis keys"). A second test watches MONITOR: every script
-   declares exactly the seven keys of the name it is given (one ``{NAME}`` tag), every command
-   it runs touches only those keys and publishes only on ``{prefix}:events``, and every other
-   command reaching Redis touches only the keys above.
+   ``{prefix}:{NAME}:<suffix>`` (``scripts.KEY_SUFFIXES``, ``scripts.UNDECLARED_SUFFIXES``) of a
+   name in use, or ``{prefix}:names`` / ``{prefix}:health`` (README "Redis keys"). A second test
+   watches MONITOR: every script declares exactly the seven keys of the name it is given (one
+   ``{NAME}`` tag), every command it runs touches only those keys and that name's undeclared one
+   (its reporters, in the same tag: ``min_reporters``) and publishes only on ``{prefix}:events``,
+   and every other command reaching Redis touches only the keys above.
 5. Nothing read from Redis is unpickled or evaluated: a static scan (``ast``) of
    ``breaker_redis/**/*.py`` for pickle, marshal, shelve, eval, exec and yaml.load, and of the Lua
    scripts for loadstring, load, dofile (and the ways to reach them by a computed name).
@@ -65,7 +66,14 @@ import breaker_redis
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
 from breaker_redis.permit import Permit
-from breaker_redis.scripts import KEY_SUFFIXES, OPERATIONS, breaker_keys, library, script_source
+from breaker_redis.scripts import (
+    KEY_SUFFIXES,
+    OPERATIONS,
+    breaker_keys,
+    library,
+    script_source,
+    undeclared_keys,
+)
 from tests.conftest import Clock
 from tests.redis_server import RedisServer
 
@@ -988,7 +996,7 @@ def _slow_commands(env: FuzzRedis) -> list[str]:
 def allowed_keys(prefix: str, names: Sequence[str]) -> set[bytes]:
     keys = {f"{prefix}:{suffix}".encode() for suffix in GLOBAL_SUFFIXES}
     for name in names:
-        keys.update(k.encode() for k in breaker_keys(prefix, name))
+        keys.update(k.encode() for k in [*breaker_keys(prefix, name), *undeclared_keys(prefix, name)])
     return keys
 
 
@@ -1145,8 +1153,10 @@ def check_commands(lines: list[tuple[str, list[bytes]]], prefix: str, names: Seq
                 problems.append(f"{label} declares {keys!r}, not the seven keys of its name {name!r}")
             if argv[1:2] != [channel]:
                 problems.append(f"{label} was given the channel {argv[1:2]!r}")
+        name_given = argv[0].decode("utf-8", "replace") if argv else ""
+        touchable = {*keys, *(k.encode() for k in undeclared_keys(prefix, name_given) if keys != [health])}
         for args in inner:
-            stray = [k for k in command_keys(args, admin) if k not in keys]
+            stray = [k for k in command_keys(args, admin) if k not in touchable]
             if stray:
                 problems.append(f"{label}: {args[:6]!r} touches undeclared {stray!r}")
             if args[0].upper() == b"PUBLISH" and args[1] != channel:

@@ -64,6 +64,7 @@ class Shared(Protocol):
 
     batch_successes: bool
     pid: int
+    reporter: str
 
     def gate_for(self, name: str) -> AsyncStoreGate: ...
     def listener(self, name: str) -> Listener | None: ...
@@ -146,6 +147,7 @@ class Breaker(BreakerCore[Permit]):
 
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
+        self._reporter = shared.reporter
         # told the events of every reply of the store in use (a breaker group's hook, groups.py)
         self.on_events: Callable[[Breaker, str], None] | None = None
         super().__init__(name, config)
@@ -184,7 +186,7 @@ class Breaker(BreakerCore[Permit]):
     async def _acquire_from_redis(self) -> Permit:
         pending = self._take_pending()
         try:
-            reply, generation, stamp = await self._run("acquire", pending)
+            reply, generation, stamp = await self._run("acquire", self._acquire_args(pending))
         except StoreUnavailable:
             self._put_back(pending)
             if self._gate.policy == "allow":
@@ -240,7 +242,9 @@ class Breaker(BreakerCore[Permit]):
                 return
             try:
                 reply, generation, stamp = await self._run(
-                    "record", [epoch, outcome, duration_ms, lease, *pending, *batch], fallback=False
+                    "record",
+                    self._record_args(epoch, outcome, duration_ms, lease, pending, batch),
+                    fallback=False,
                 )
             except StoreUnavailable:
                 return
@@ -285,6 +289,8 @@ class Breaker(BreakerCore[Permit]):
     def hint(self, payload: dict[str, Any]) -> bool:
         """A pushed message about this breaker; True when it was news and a batch is
         waiting. Ignored while its store is the local one (as on the sync side)."""
+        if self._about_another_reporter(payload):
+            return False
         return self._gate.healthy and self._memory.hint(payload) and self.holds_counts
 
     @property

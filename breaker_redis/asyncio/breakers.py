@@ -23,6 +23,7 @@ from ..breakers import DEFAULT_TTL_SECONDS, Forgetting
 from ..cluster import notices_channel
 from ..config import BreakerConfig, parse_overrides
 from ..recorder import BATCH_SECONDS
+from ..reporters import reporter_or_default
 from ..scripts import flat_pairs, text, validate_name
 from ..transitions import TransitionCallback, TransitionHooks
 from .breaker import Breaker
@@ -52,9 +53,12 @@ class Breakers(Forgetting):
         clock: Callable[[], int] | None = None,
         listen: bool = True,
         batch_successes: bool | None = None,
+        reporter: str | None = None,
     ) -> None:
         if not (isinstance(key_ttl_seconds, (int, float)) and key_ttl_seconds >= 1):
             raise ValueError(f"key_ttl_seconds must be >= 1 (got {key_ttl_seconds!r})")
+        # who this process's outcomes come from (min_reporters, README "One sick host"): the host
+        self.reporter = reporter_or_default(reporter)
         self.client = client
         self.prefix = prefix
         self.defaults = defaults or BreakerConfig()

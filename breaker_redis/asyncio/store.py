@@ -73,7 +73,7 @@ class AsyncScriptRunner(Scripts):
             return await self.run(operation, name, now_ms, args)
 
     async def drop_keys(self, name: str, operation: str = "acquire") -> None:
-        await self.client.delete(*self.script_keys(operation, name))
+        await self.client.delete(*self.keys_to_drop(operation, name))
 
     async def register_name(self, name: str, now_ms: int | None = None) -> None:
         pipe = self.client.pipeline(transaction=False)  # as ScriptRunner.register_name

@@ -78,7 +78,11 @@ class FlaskBreakers:
         defaults = settings.defaults
         breakers = self.overrides.get("breakers")
         if breakers is None:
-            options: dict[str, Any] = {"on_store_error": settings.on_store_error, "defaults": defaults}
+            options: dict[str, Any] = {
+                "on_store_error": settings.on_store_error,
+                "defaults": defaults,
+                "reporter": settings.reporter,
+            }
             for extra in ("clock", "listen", "key_ttl_seconds"):
                 if extra in self.overrides:
                     options[extra] = self.overrides[extra]

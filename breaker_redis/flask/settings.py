@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import BreakerConfig
+from ..reporters import validate_reporter
 from ..routes import parse_routes
 from ..scripts import validate_prefix
 from ..store import POLICIES
@@ -33,6 +34,7 @@ CONFIG_KEYS: dict[str, tuple[str, Any]] = {
     "on_store_error": ("BREAKER_ON_STORE_ERROR", "local"),
     "admin_token": ("BREAKER_ADMIN_TOKEN", None),
     "dashboard": ("BREAKER_DASHBOARD", False),
+    "reporter": ("BREAKER_REPORTER", None),  # None: the host name (breaker_redis/reporters.py)
 }
 # Constructor arguments with no config key: objects, not settings.
 EXTRA_ARGUMENTS = ("client", "breakers", "clock", "listen", "key_ttl_seconds", "admin_path")
@@ -53,6 +55,7 @@ class Settings:
     admin_token: str | None
     dashboard: bool
     admin_path: str
+    reporter: str | None = None
 
 
 def warn_unknown_keys(config: Mapping[str, Any]) -> None:
@@ -138,4 +141,12 @@ def read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
     path = overrides.get("admin_path", "/_breakers")
     if not isinstance(path, str) or not path.startswith("/") or not path.strip("/"):
         raise ValueError(f"admin_path must be a URL path below '/', such as '/_breakers' (got {path!r})")
-    return Settings(url, prefix, defaults, routes, route_configs, str(policy), token, dashboard, path)
+    reporter, label = read.get("reporter")
+    if reporter is not None:
+        try:
+            validate_reporter(reporter)
+        except ValueError as exc:
+            raise ValueError(f"{label}: {exc}") from None
+    return Settings(
+        url, prefix, defaults, routes, route_configs, str(policy), token, dashboard, path, reporter
+    )

@@ -212,6 +212,9 @@
     forced.hidden = true;
     top.append(state, forced);
     const countdown = element("p", "countdown");
+    // min_reporters > 1: the reporters (hosts) isolated, and how many are failing
+    const reporters = element("p", "reporters");
+    reporters.hidden = true;
     const list = element("dl");
     const figures = {
       rate: figure(list, "failure rate"),
@@ -256,9 +259,9 @@
       button.addEventListener("click", () => act(tile, action, button));
       actions.appendChild(button);
     }
-    el.append(top, countdown, list, spark, legend, transitions, actions, notice);
+    el.append(top, countdown, reporters, list, spark, legend, transitions, actions, notice);
     const tile = {
-      name, el, state, forced, countdown, figures, callsLine, rejectedLine, transitions, notice, span, peak,
+      name, el, state, forced, countdown, reporters, figures, callsLine, rejectedLine, transitions, notice, span, peak,
       history: [], last: null, openUntil: null, countdownText: "",
     };
     return tile;
@@ -285,6 +288,11 @@
     f.rejected.textContent = b.rejected;
     f.trips.textContent = b.trips;
     f.probes.textContent = b.probes_in_flight;
+    const isolated = b.isolated || [];
+    tile.reporters.hidden = !isolated.length && !b.failing_reporters;
+    tile.reporters.textContent = (isolated.length
+      ? "isolated: " + isolated.map((r) => r + " until " + clock(b.reporters[r].isolated_until_ms)).join(", ") + "; "
+      : "") + b.failing_reporters + " reporter" + (b.failing_reporters === 1 ? "" : "s") + " failing";
 
     const last = tile.last;
     if (!last || now - last.now >= MIN_SAMPLE_MS || now < last.now) {

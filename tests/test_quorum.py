@@ -1,0 +1,263 @@
+"""One sick host (README, "One sick host"): with min_reporters=N above 1, a shared
+trip needs failures from N reporters, and a reporter failing alone is isolated
+instead, until its own probe succeeds. Each reporter here is a Breakers of its
+own, on fakeredis, the real redis-server and a Redis Cluster, with the test
+clock; tests/test_quorum_processes.py runs the same with worker processes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+from breaker_redis.reporters import default_reporter, validate_reporter
+from tests.conftest import STORES, make_store
+
+COUNT = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30, min_reporters=2)
+
+
+@pytest.fixture(params=[*STORES, "cluster"])
+def store(request: pytest.FixtureRequest):
+    client = make_store(request)
+    yield client
+    client.close()
+
+
+def refusal(breaker: Any) -> BreakerOpen | None:
+    """The BreakerOpen an acquire raises, or None when the call is admitted (and ignored)."""
+    try:
+        breaker.acquire().ignore()
+    except BreakerOpen as refused:
+        return refused
+    return None
+
+
+def hosts(make_breakers: Any, config: BreakerConfig, *names: str) -> list[Any]:
+    return [make_breakers(reporter=name).get("pay", config) for name in names]
+
+
+def test_a_host_failing_alone_is_isolated_and_the_others_go_on(make_breakers, clock):
+    a, b, c = hosts(make_breakers, COUNT, "a", "b", "c")
+    for _ in range(4):
+        a.acquire().failure()
+        b.acquire().success()
+        c.acquire().success()
+    assert refusal(a) is None
+    a.acquire().failure()  # a's 5th: the count rule holds, from one reporter
+    refused = refusal(a)
+    assert refused is not None and (refused.reason, refused.retry_after) == ("isolated", 30.0)
+    assert refusal(b) is None and refusal(c) is None
+    snap = b.snapshot()
+    assert (snap["state"], snap["trips"], snap["isolated"]) == ("closed", 0, ["a"])
+    assert snap["failing_reporters"] == 1
+    assert snap["reporters"] == {"a": {"failures": 5, "isolated_until_ms": clock.now + 30_000}}
+    assert snap["isolations"] == 1
+    clock.advance(10_000)  # a's failures slid out of the window; a is still isolated
+    for _ in range(4):
+        b.acquire().failure()
+        assert refusal(c) is None
+    b.acquire().failure()  # b's 5th: the rule holds again, and a and b make 2 reporters
+    for breaker in (a, b, c):
+        refused = refusal(breaker)
+        assert refused is not None and refused.reason == "open"
+    snap = c.snapshot()
+    assert (snap["state"], snap["trips"], snap["isolated"], snap["failing_reporters"]) == ("open", 1, [], 0)
+
+
+def test_with_min_reporters_1_one_host_trips_the_breaker_for_everyone(make_breakers):
+    config = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30)
+    a, b = hosts(make_breakers, config, "a", "b")
+    for _ in range(5):
+        a.acquire().failure()
+    assert [getattr(refusal(x), "reason", None) for x in (a, b)] == ["open", "open"]
+    assert b.snapshot()["reporters"] == {}
+
+
+def test_the_isolated_host_probes_and_recovers_by_itself_or_waits_longer(make_breakers, clock, store):
+    a, b = hosts(make_breakers, COUNT, "a", "b")
+    for _ in range(5):
+        a.acquire().failure()
+    clock.advance(30_000)
+    probe = a.acquire()  # its own probe
+    assert probe.lease.startswith("i:")
+    refused = refusal(a)  # one probe per reporter
+    assert refused is not None and refused.reason == "isolated"
+    probe.failure()  # isolated again, for open_seconds x 2 (plus up to 10 % jitter)
+    until = b.snapshot()["reporters"]["a"]["isolated_until_ms"]
+    assert 60_000 <= until - clock.now <= 66_000
+    clock.advance(until - clock.now)
+    a.acquire().success()  # the probe succeeds: a is back
+    assert refusal(a) is None
+    snap = b.snapshot()
+    assert (snap["state"], snap["isolated"], snap["reporters"]) == ("closed", [], {})
+
+
+def test_a_reset_ends_every_isolation(make_breakers):
+    a, b = hosts(make_breakers, COUNT, "a", "b")
+    for _ in range(5):
+        a.acquire().failure()
+    assert getattr(refusal(a), "reason", None) == "isolated"
+    b.reset()
+    assert refusal(a) is None
+    assert b.snapshot()["isolated"] == []
+
+
+def test_consecutive_rule_the_run_that_reaches_the_threshold_needs_the_quorum(make_breakers):
+    config = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=30, min_reporters=2)
+    a, b, c = hosts(make_breakers, config, "a", "b", "c")
+    a.acquire().failure()
+    c.acquire().success()  # ends the shared run; a's own run goes on
+    a.acquire().failure()
+    a.acquire().failure()  # a's 3rd in a row: isolated (the shared run is 2)
+    assert getattr(refusal(a), "reason", None) == "isolated"
+    a_isolated = a.snapshot()
+    assert (a_isolated["state"], a_isolated["consecutive_failures"]) == ("closed", 2)
+    assert a_isolated["isolated"] == ["a"]
+    b.acquire().failure()  # a run of 3, from a and b: trips
+    assert [getattr(refusal(x), "reason", None) for x in (a, b, c)] == ["open"] * 3
+
+
+def test_consecutive_rule_a_run_from_one_host_isolates_it(make_breakers):
+    config = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=30, min_reporters=2)
+    a, b = hosts(make_breakers, config, "a", "b")
+    for _ in range(3):
+        a.acquire().failure()
+    assert [getattr(refusal(x), "reason", None) for x in (a, b)] == ["isolated", None]
+    b.acquire().success()
+    assert a.snapshot()["state"] == "closed"
+
+
+def test_rate_rule_a_host_whose_own_rate_holds_is_isolated(make_breakers):
+    config = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=10, window_seconds=60,
+                           open_seconds=30, min_reporters=2)
+    a, b = hosts(make_breakers, config, "a", "b")
+    for _ in range(20):
+        b.acquire().success()
+    for i in range(10):
+        assert refusal(a) is None, i
+        a.acquire().failure()
+    assert getattr(refusal(a), "reason", None) == "isolated"
+    assert refusal(b) is None
+    assert b.snapshot()["state"] == "closed"
+
+
+def test_on_transition_reports_an_isolation_and_its_end(make_breakers, clock):
+    seen: list[tuple[str, str, str, str | None]] = []
+    made = make_breakers(reporter="a")
+    made.on_transition(lambda t: seen.append((t.old, t.new, t.cause, t.reporter)))
+    a = made.get("pay", COUNT)
+    for _ in range(5):
+        a.acquire().failure()
+    clock.advance(30_000)
+    a.acquire().success()
+    assert seen == [("closed", "isolated", "count", "a"), ("isolated", "closed", "probe_succeeded", "a")]
+
+
+def test_a_reporter_is_validated():
+    for bad in ("", "two words", "a,b", "x" * 65, "{a}", 7):
+        with pytest.raises(ValueError, match="reporter"):
+            Breakers(None, reporter=bad)  # type: ignore[arg-type]
+    assert validate_reporter("web-01.example.com") == "web-01.example.com"
+    assert validate_reporter(default_reporter()) == default_reporter()
+
+
+def test_operators_see_the_isolated_reporters_in_show_status_metrics_and_dashboard(redis_server, monkeypatch):
+    """On Redis's own clock, as the CLI, a scrape and the dashboard read it."""
+    from click.testing import CliRunner
+    from flask import Flask
+
+    from breaker_redis import cli
+    from breaker_redis.flask import FlaskBreakers
+    from breaker_redis.flask import dashboard as dashboard_module
+    from breaker_redis.metrics import exposition
+
+    client = redis_server.client()
+    client.flushall()
+    made = [Breakers(client, listen=False, reporter=name) for name in ("web-a", "web-b")]
+    a, b = (breakers.get("pay", COUNT) for breakers in made)
+    for _ in range(5):
+        a.acquire().failure()
+    b.acquire().success()
+    for breakers in made:
+        breakers.close()
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli.main, ["--url", redis_server.url, *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    shown = run("show", "pay")
+    assert "  reporters    a trip needs 2; 1 failing in the window, 1 isolated; isolations 1\n" in shown
+    assert "               web-a (5 failures, isolated until " in shown
+    assert "pay   closed, 1 isolated  " in run("status")
+
+    scraped = exposition(client).decode()
+    assert 'breaker_redis_isolated_reporters{breaker="pay"} 1.0' in scraped
+    assert 'breaker_redis_failing_reporters{breaker="pay"} 1.0' in scraped
+    assert 'breaker_redis_reporter_failures{breaker="pay",reporter="web-a"} 5.0' in scraped
+    assert 'reporter="web-b"' not in scraped  # a reporter that did not fail has no series
+
+    monkeypatch.setattr(dashboard_module, "STREAM_SECONDS", 0)
+    app = Flask(__name__)
+    app.config.update({"BREAKER_ADMIN_TOKEN": "s3cret", "BREAKER_DASHBOARD": True})
+    FlaskBreakers(app, client=client, listen=False)
+    body = app.test_client().get("/_breakers/stream", headers={"Authorization": "Bearer s3cret"})
+    frame = next(line for line in body.get_data(as_text=True).split("\n") if line.startswith("data: "))
+    (pay,) = json.loads(frame[6:])["breakers"]
+    assert (pay["state"], pay["isolated"], pay["failing_reporters"]) == ("closed", ["web-a"], 1)
+    assert pay["reporters"]["web-a"]["failures"] == 5
+
+
+@pytest.mark.parametrize("threshold", [1000, 1], ids=["failing", "isolated"])
+def test_a_reporter_that_failed_costs_at_most_64_bytes(redis_server, threshold):
+    """MEMORY USAGE of the reporters hash, from 10 to 40 reporters named like hosts
+    (11 characters): failing in the window (README: 36 bytes each) and isolated (64)."""
+    client = redis_server.client()
+    client.flushall()
+    config = BreakerConfig(trip="count", failure_threshold=threshold, window_seconds=60, min_reporters=100)
+    sizes = {}
+    for i in range(1, 41):
+        breakers = Breakers(client, listen=False, reporter=f"web-{i:02d}.prod")
+        breakers.get("pay", config).acquire().failure()
+        breakers.close()
+        sizes[i] = client.memory_usage("breaker:{pay}:reporters", samples=0)
+    assert (sizes[40] - sizes[10]) / 30 <= 64
+    assert client.object("encoding", "breaker:{pay}:reporters") == b"listpack"
+
+
+def test_reporters_that_stop_failing_leave_no_key_behind(redis_server):
+    """On Redis's clock: the reporters key expires a window after the last failure it
+    records (here 0.3 s), without any other call."""
+    from tests.redis_server import wait_until
+
+    client = redis_server.client()
+    client.flushall()
+    config = BreakerConfig(trip="count", failure_threshold=5, window_seconds=0.3, min_reporters=2)
+    breakers = Breakers(client, listen=False, reporter="web-a")
+    breakers.get("pay", config).acquire().failure()
+    breakers.close()
+    assert 0 < client.pttl("breaker:{pay}:reporters") <= 300
+    wait_until(lambda: not client.exists("breaker:{pay}:reporters"), timeout=10, what="the key to expire")
+    assert sorted(key.decode() for key in client.keys("breaker:{pay}:*")) == [
+        "breaker:{pay}:cfg", "breaker:{pay}:state", "breaker:{pay}:stats", "breaker:{pay}:window"
+    ]
+
+
+
+def test_a_corrupted_reporters_key_is_repaired_and_the_calls_go_on(make_breakers, store, caplog):
+    """A field that does not parse counts as no entry and is dropped at the next failure; a key
+    of another type is dropped with the breaker's other keys (as any key of the wrong type)."""
+    a, b = hosts(make_breakers, COUNT, "a", "b")
+    a.acquire().failure()
+    store.hset("breaker:{pay}:reporters", mapping={"a": "not numbers", "x": "1 2"})
+    for _ in range(5):
+        a.acquire().failure()  # a's entry starts again: its 5th failure from here isolates it
+    assert [getattr(refusal(x), "reason", None) for x in (a, b)] == ["isolated", None]
+    assert sorted(store.hkeys("breaker:{pay}:reporters")) == [b"a"]
+    store.delete("breaker:{pay}:reporters")
+    store.set("breaker:{pay}:reporters", "a string")
+    b.acquire().failure()
+    assert store.type("breaker:{pay}:reporters") == b"hash"
+    assert "had a corrupted key" in caplog.text
