@@ -58,21 +58,77 @@ local NAME, CHANNEL, SHARD, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
 -- ('restored' from the caller's knowledge, or 'lost': it knew it closed).
 local REPAIRED, EVENTS, LOST
 
+-- tonumber for the values a script reads again and again (epochs, times, the
+-- state's fields, ARGV): Lua's tonumber costs two strtod calls, a lookup here a
+-- fraction of one. A value Redis or a caller gives as the same text is one
+-- interned Lua string, so the memo is keyed by it. Strings only (a hash field,
+-- an argument); at most NUMS_KEPT kept, then it starts afresh.
+local NUMS, NUMS_N, NUMS_KEPT = {}, 0, 256
+local function num(x)
+  if not x then return nil end  -- false: a field missing from the hash
+  local n = NUMS[x]
+  if n == nil then
+    n = tonumber(x)
+    if n == nil then return nil end
+    if NUMS_N >= NUMS_KEPT then NUMS, NUMS_N = {}, 0 end
+    NUMS[x], NUMS_N = n, NUMS_N + 1
+  end
+  return n
+end
+
+-- What a script derives from an argument's text (its channels, the key TTL's
+-- refresh period, ARGV 6), kept per text in MEMO[kind]: as a library the
+-- prelude's upvalues outlive a call, and a worker sends the same text call
+-- after call. A derived value is shared by later calls: never changed.
+local MEMO, MEMO_KEPT = {}, 64
+local function memo(kind, text, derive)
+  local m = MEMO[kind]
+  if m == nil or m[0] >= MEMO_KEPT then m = {[0] = 0}; MEMO[kind] = m end
+  local d = m[text]
+  if d == nil then
+    d = derive(text)
+    m[text], m[0] = d, m[0] + 1
+  end
+  return d
+end
+
+local function channels(argv2)
+  return {string.match(argv2, '^(%S+) ?(%S*)$')}
+end
+
+-- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
+-- older version lose it: a quarter of the TTL, at most once a minute.
+local function ttls(argv4)
+  local ttl = tonumber(argv4)
+  return {ttl, math.min(60000, math.floor(ttl / 4))}
+end
+
+-- tostring for a bucket id, kept the same way (Lua formats a number with sprintf)
+local STRS, STRS_N = {}, 0
+local function str(n)
+  local x = STRS[n]
+  if x == nil then
+    x = tostring(n)
+    if STRS_N >= NUMS_KEPT then STRS, STRS_N = {}, 0 end
+    STRS[n], STRS_N = x, STRS_N + 1
+  end
+  return x
+end
+
 local function begin(keys, argv)
   KEY_LIST, ARGS = keys, argv
   K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG =
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
-  NAME, TTL = argv[1], tonumber(argv[4])
-  CHANNEL, SHARD = string.match(argv[2], '^(%S+) ?(%S*)$')
+  NAME = argv[1]
+  local c, t = memo(2, argv[2], channels), memo(4, argv[4], ttls)
+  CHANNEL, SHARD, TTL, TTL_REFRESH_MS = c[1], c[2], t[1], t[2]
   FLOOR, KNOWN = nil, nil  -- ARGV 6, read by caller_knows() when a call needs it (rarely)
-  -- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
-  -- older version lose it: a quarter of the TTL, at most once a minute.
-  TTL_REFRESH_MS = math.min(60000, math.floor(TTL / 4))
   if argv[3] ~= '' then
     NOW = tonumber(argv[3])
   else
-    local t = redis.call('TIME')
-    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local time = redis.call('TIME')
+    local us = tonumber(time[2])
+    NOW = num(time[1]) * 1000 + (us - us % 1000) / 1000
   end
   REPAIRED, EVENTS, LOST = '', '', ''
 end
@@ -80,18 +136,20 @@ end
 -- ARGV 6 (see the header): the caller's highest epoch (FLOOR) and what it knows
 -- of the state (KNOWN, or nil). Parsed only by the calls that need it: a state
 -- hash created anew, or one nothing has happened to since (restore_lost).
-local function caller_knows()
-  if FLOOR then return end
-  local argv6 = ARGS[6] or ''
+local function parse_knows(argv6)
   local floor, state, epoch, born, open_until, forced =
     string.match(argv6, '^(%d+) ([a-z_]+) (%d+) (%d+) (%d+) ([a-z-]+)$')
   if floor then
-    FLOOR = tonumber(floor)
-    KNOWN = {state = state, epoch = tonumber(epoch), born = tonumber(born), open_until = tonumber(open_until),
-      forced = forced == '-' and '' or forced}
-  else
-    FLOOR, KNOWN = tonumber(argv6) or 0, nil
+    return {tonumber(floor), {state = state, epoch = tonumber(epoch), born = tonumber(born),
+      open_until = tonumber(open_until), forced = forced == '-' and '' or forced}}
   end
+  return {tonumber(argv6) or 0, false}
+end
+
+local function caller_knows()
+  if FLOOR then return end
+  local k = memo(6, ARGS[6] or '', parse_knows)
+  FLOOR, KNOWN = k[1], k[2] or nil
 end
 
 local function repaired(key)
@@ -292,13 +350,16 @@ local STATE_FIELDS = {'state', 'epoch', 'open_until', 'forced', 'consec', 'open_
 -- restore: acquire and record restore a lost state the caller knows (restore_lost).
 local function load_state(restore)
   local v = redis.call('HMGET', K_STATE, unpack(STATE_FIELDS))
-  local epoch, open_until, consec, open_ms = tonumber(v[2]), tonumber(v[3]), tonumber(v[5]), tonumber(v[6])
-  local ho_ok, seq, born, arms = tonumber(v[7]), tonumber(v[8]), tonumber(v[10]), tonumber(v[12])
+  local epoch, open_until, consec, open_ms = num(v[2]), num(v[3]), num(v[5]), num(v[6])
+  local ho_ok, seq, ttl_at, born, arms = num(v[7]), num(v[8]), num(v[9]), num(v[10]), num(v[12])
+  local lost, held = num(v[13]), num(v[14])
+  -- was: the fields as stored, numbers parsed (nil: missing), for save_state to compare
+  local was = {v[1], epoch, open_until, v[4], consec, open_ms, ho_ok, seq, ttl_at, born, v[11], arms, lost, held}
   local s = {state = v[1], epoch = epoch or 0, open_until = open_until or 0,
     forced = v[4] or '', consec = consec or 0, open_ms = open_ms or 0,
-    ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = tonumber(v[9]) or 0,
-    born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = tonumber(v[13]) or 0,
-    held = tonumber(v[14]) or 0, dirty = false, was = v}
+    ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = ttl_at or 0,
+    born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = lost or 0,
+    held = held or 0, dirty = false, was = was}
   -- a numeric field that is there but not a finite number: the hash was edited; start afresh
   local corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
     or unparsable(v[6], open_ms) or unparsable(v[7], ho_ok) or unparsable(v[8], seq) or unparsable(v[10], born)
@@ -345,8 +406,7 @@ local function save_state(s)
   for i, field in ipairs(STATE_FIELDS) do
     local value = s[field]
     if field == 'armed' then value = value and '1' or '0' end
-    local same = was[i] == value or (type(value) == 'number' and tonumber(was[i]) == value)
-    if whole or not same then f[#f + 1], f[#f + 2] = field, value end
+    if whole or was[i] ~= value then f[#f + 1], f[#f + 2] = field, value end
   end
   if whole then f[#f + 1], f[#f + 2] = 'ttl', TTL end
   if #f > 0 then redis.call('HSET', K_STATE, unpack(f)) end
@@ -359,7 +419,7 @@ end
 -- A counter that does not parse (the hash was edited) starts again from `by`.
 stat = function(field, by)
   if by == 0 then return end
-  local n = redis.pcall('HINCRBY', K_STATS, field, by)
+  local n = redis.pcall('HINCRBY', K_STATS, field, by == 1 and '1' or by)  -- a number costs Redis a %.17g
   if type(n) == 'table' and n.err then
     local message = tostring(n.err)  -- (a string on Redis; the embedded store may give another type)
     if not string.find(message, 'not an integer', 1, true) and not string.find(message, 'overflow', 1, true) then
@@ -468,18 +528,19 @@ local WINDOW_CLAIM_MS = 60000
 -- written (a field missing from the hash costs a scan of all of it).
 local function window_read(c, counts)
   local bms, nb = c.bucket_ms, c.buckets
-  local cur = math.floor(NOW / bms)
-  local sid = tostring(cur)  -- one number formatting, not three
+  local q = NOW / bms
+  local cur = q - q % 1  -- math.floor without a call
+  local sid = str(cur)  -- one number formatting, not three
   local w
   if counts then
     w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 's' .. sid,
       'nb', 'sat')
   else
-    local r = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat')
-    w = {r[1], r[2], r[3], r[4], r[5], r[6], false, false, r[7], r[8]}
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat')
+    w[7], w[8], w[9], w[10] = false, false, w[7], w[8]
   end
-  local head, tc, tf, ts = tonumber(w[1]), tonumber(w[3]) or 0, tonumber(w[4]) or 0, tonumber(w[5]) or 0
-  local sbms, snb = tonumber(w[2]), tonumber(w[9]) or nb  -- a hash from before nb was written: ours
+  local head, tc, tf, ts = num(w[1]), num(w[3]) or 0, num(w[4]) or 0, num(w[5]) or 0
+  local sbms, snb = num(w[2]), num(w[9]) or nb  -- a hash from before nb was written: ours
   local adopted = false
   if head and (sbms ~= bms or snb ~= nb) then
     local sane = sbms and sbms >= 1 and sbms == math.floor(sbms) and snb >= 1 and snb <= 100
@@ -542,9 +603,9 @@ local function window_read(c, counts)
       end
     end
   end
-  return {cur = cur, tc = math.max(tc, 0), tf = math.max(tf, 0), ts = math.max(ts, 0),
-    bc = tonumber(w[6]) or 0, bf = tonumber(w[7]) or 0, bs = tonumber(w[8]) or 0, gone = gone,
-    kept = kept, sat = tonumber(w[10]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
+  return {cur = cur, tc = tc < 0 and 0 or tc, tf = tf < 0 and 0 or tf, ts = ts < 0 and 0 or ts,
+    bc = num(w[6]) or 0, bf = num(w[7]) or 0, bs = num(w[8]) or 0, gone = gone,
+    kept = kept, sat = num(w[10]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
 end
 
 -- The counts of the window's oldest bucket, the next to slide out (c, f, s), or
@@ -555,7 +616,7 @@ local function oldest_bucket(w)
   local id = w.cur - w.nb + 1
   if id > w.head then return nil end  -- nothing was counted before the current bucket
   local b = redis.call('HMGET', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id)
-  return {c = tonumber(b[1]) or 0, f = tonumber(b[2]) or 0, s = tonumber(b[3]) or 0}
+  return {c = num(b[1]) or 0, f = num(b[2]) or 0, s = num(b[3]) or 0}
 end
 
 local SAT_EVERY_MS = 5000  -- a shape's claim (sat) is renewed this often, well within WINDOW_CLAIM_MS
@@ -565,13 +626,13 @@ local function window_add(c, calls, failures, slows)
   if fresh then redis.call('DEL', K_WINDOW) end
   if w.gone then redis.call('HDEL', K_WINDOW, unpack(w.gone)) end
   if w.kept and #w.kept > 0 then redis.call('HSET', K_WINDOW, unpack(w.kept)) end
-  local sid = tostring(w.cur)
+  local sid = str(w.cur)
   w.tc, w.tf, w.ts = w.tc + calls, w.tf + failures, w.ts + slows
   -- Only the fields that change (a missing one reads as 0): a success in the
   -- current bucket writes two, where every field each time cost the record
   -- script a third of its server time.
   local f = {'tc', w.tc, 'c' .. sid, w.bc + calls}
-  if fresh or w.head ~= w.cur then f[#f + 1], f[#f + 2] = 'head', w.cur end
+  if fresh or w.head ~= w.cur then f[#f + 1], f[#f + 2] = 'head', sid end
   if fresh then f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = 'bms', w.bms, 'nb', w.nb end
   if fresh or failures ~= 0 or w.gone then f[#f + 1], f[#f + 2] = 'tf', w.tf end  -- a slide changes it
   if fresh or slows ~= 0 or w.gone then f[#f + 1], f[#f + 2] = 'ts', w.ts end
