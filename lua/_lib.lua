@@ -127,8 +127,8 @@ local function begin(keys, argv)
     NOW = tonumber(argv[3])
   else
     local time = redis.call('TIME')
-    local us = tonumber(time[2])
-    NOW = num(time[1]) * 1000 + (us - us % 1000) / 1000
+    local ms = time[2] / 1000  -- (microseconds: digits, so Lua's coercion suffices, one strtod)
+    NOW = (NUMS[time[1]] or num(time[1])) * 1000 + (ms - ms % 1)
   end
   REPAIRED, EVENTS, LOST = '', '', ''
 end
@@ -350,20 +350,28 @@ local STATE_FIELDS = {'state', 'epoch', 'open_until', 'forced', 'consec', 'open_
 -- restore: acquire and record restore a lost state the caller knows (restore_lost).
 local function load_state(restore)
   local v = redis.call('HMGET', K_STATE, unpack(STATE_FIELDS))
-  local epoch, open_until, consec, open_ms = num(v[2]), num(v[3]), num(v[5]), num(v[6])
-  local ho_ok, seq, ttl_at, born, arms = num(v[7]), num(v[8]), num(v[9]), num(v[10]), num(v[12])
-  local lost, held = num(v[13]), num(v[14])
-  -- was: the fields as stored, numbers parsed (nil: missing), for save_state to compare
-  local was = {v[1], epoch, open_until, v[4], consec, open_ms, ho_ok, seq, ttl_at, born, v[11], arms, lost, held}
+  local N = NUMS  -- N[x] or num(x): a value the memo has costs no call
+  local epoch, open_until, consec = N[v[2]] or num(v[2]), N[v[3]] or num(v[3]), N[v[5]] or num(v[5])
+  local open_ms, ho_ok, seq = N[v[6]] or num(v[6]), N[v[7]] or num(v[7]), N[v[8]] or num(v[8])
+  local ttl_at, born, arms = N[v[9]] or num(v[9]), N[v[10]] or num(v[10]), N[v[12]] or num(v[12])
+  local lost, held = N[v[13]] or num(v[13]), N[v[14]] or num(v[14])
   local s = {state = v[1], epoch = epoch or 0, open_until = open_until or 0,
     forced = v[4] or '', consec = consec or 0, open_ms = open_ms or 0,
     ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = ttl_at or 0,
     born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = lost or 0,
-    held = held or 0, dirty = false, was = was}
+    held = held or 0, dirty = false, was = v}
   -- a numeric field that is there but not a finite number: the hash was edited; start afresh
-  local corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
-    or unparsable(v[6], open_ms) or unparsable(v[7], ho_ok) or unparsable(v[8], seq) or unparsable(v[10], born)
-    or unparsable(v[12], arms)
+  -- (the common case, every one of them there and in range, decided without a call)
+  local M = 9007199254740991
+  local corrupted = false
+  if not (epoch and open_until and consec and open_ms and ho_ok and seq and born and arms
+    and epoch <= M and epoch >= -M and open_until <= M and open_until >= -M and consec <= M and consec >= -M
+    and open_ms <= M and open_ms >= -M and ho_ok <= M and ho_ok >= -M and seq <= M and seq >= -M
+    and born <= M and born >= -M and arms <= M and arms >= -M) then
+    corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
+      or unparsable(v[6], open_ms) or unparsable(v[7], ho_ok) or unparsable(v[8], seq) or unparsable(v[10], born)
+      or unparsable(v[12], arms)
+  end
   if corrupted or (v[1] and v[1] ~= 'closed' and v[1] ~= 'open' and v[1] ~= 'half_open') then
     repaired('state')
   end
@@ -377,6 +385,12 @@ local function load_state(restore)
     s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
     s.was = nil  -- written whole
   end
+  -- was: the fields as stored, numbers parsed (nil: missing), for save_state to compare
+  -- (in the reply's own table: one table fewer per call)
+  -- and the armed flag as s.armed has it (anything but '1' or '0' is never equal: rewritten)
+  v[2], v[3], v[5], v[6], v[7], v[8], v[9], v[10], v[12], v[13], v[14] =
+    epoch, open_until, consec, open_ms, ho_ok, seq, ttl_at, born, arms, lost, held
+  if v[11] == '1' then v[11] = true elseif v[11] == '0' then v[11] = false end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
   if restore and not restore_lost(s, created) and created then mark_created(s) end
   return s
@@ -394,6 +408,7 @@ end
 -- for sweep.lua), dropping any TTL an older version gave them. The whole hash, the
 -- writer's key TTL (ttl) and the config copy (cfg) are written when the hash is
 -- created, at the stamp and at a transition.
+local SCRATCH = {}  -- the fields a write sends (save_state, window_add), kept: one table fewer per call
 local function save_state(s)
   local stamp = NOW - s.ttl_at >= TTL_REFRESH_MS or NOW < s.ttl_at
   if stamp then
@@ -402,14 +417,16 @@ local function save_state(s)
   end
   if not s.dirty then return end
   local whole = stamp or s.was == nil or EVENTS ~= ''
-  local was, f = s.was or {}, {}
-  for i, field in ipairs(STATE_FIELDS) do
-    local value = s[field]
-    if field == 'armed' then value = value and '1' or '0' end
-    if whole or was[i] ~= value then f[#f + 1], f[#f + 2] = field, value end
+  local was, f, n = s.was or {}, SCRATCH, 0
+  for i = 1, #STATE_FIELDS do  -- (not ipairs: a C call per field)
+    local value = s[STATE_FIELDS[i]]
+    if whole or was[i] ~= value then
+      if value == true then value = '1' elseif value == false then value = '0' end  -- armed
+      f[n + 1], f[n + 2], n = STATE_FIELDS[i], value, n + 2
+    end
   end
-  if whole then f[#f + 1], f[#f + 2] = 'ttl', TTL end
-  if #f > 0 then redis.call('HSET', K_STATE, unpack(f)) end
+  if whole then f[n + 1], f[n + 2], n = 'ttl', TTL, n + 2 end
+  if n > 0 then redis.call('HSET', K_STATE, unpack(f, 1, n)) end
   -- the caller's config, for readers that have none (the CLI's `show`): at least once a
   -- minute while a worker runs. A key of its own: in the state hash, a value this long
   -- would make Redis store the hash less compactly
@@ -523,24 +540,33 @@ end
 -- slid out (for the writer to drop), the shape in use and whether the hash
 -- starts afresh.
 local WINDOW_CLAIM_MS = 60000
--- counts: false when the caller adds no failure and no slow call (a success,
--- a batch, a snapshot): the current bucket's f and s are then neither read nor
--- written (a field missing from the hash costs a scan of all of it).
-local function window_read(c, counts)
+-- with_f, with_s: whether the current bucket's f (s) is read, for a caller that
+-- adds to it or judges a rate by it (see window_add); otherwise it reads as 0.
+-- A success, a batch, a snapshot read neither (a field missing from the hash
+-- costs a scan of all of it).
+local function window_read(c, with_f, with_s)
   local bms, nb = c.bucket_ms, c.buckets
   local q = NOW / bms
   local cur = q - q % 1  -- math.floor without a call
   local sid = str(cur)  -- one number formatting, not three
   local w
-  if counts then
+  if with_f and with_s then
     w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 's' .. sid,
       'nb', 'sat')
+  elseif with_f then
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 'nb', 'sat')
+    w[8], w[9], w[10] = false, w[8], w[9]
+  elseif with_s then
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 's' .. sid, 'nb', 'sat')
+    w[7], w[8], w[9], w[10] = false, w[7], w[8], w[9]
   else
     w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat')
     w[7], w[8], w[9], w[10] = false, false, w[7], w[8]
   end
-  local head, tc, tf, ts = num(w[1]), num(w[3]) or 0, num(w[4]) or 0, num(w[5]) or 0
-  local sbms, snb = num(w[2]), num(w[9]) or nb  -- a hash from before nb was written: ours
+  local N = NUMS  -- N[x] or num(x): as in load_state
+  local head, tc = N[w[1]] or num(w[1]), N[w[3]] or num(w[3]) or 0
+  local tf, ts = N[w[4]] or num(w[4]) or 0, N[w[5]] or num(w[5]) or 0
+  local sbms, snb = N[w[2]] or num(w[2]), N[w[9]] or num(w[9]) or nb  -- a hash from before nb was written: ours
   local adopted = false
   if head and (sbms ~= bms or snb ~= nb) then
     local sane = sbms and sbms >= 1 and sbms == math.floor(sbms) and snb >= 1 and snb <= 100
@@ -604,8 +630,9 @@ local function window_read(c, counts)
     end
   end
   return {cur = cur, tc = tc < 0 and 0 or tc, tf = tf < 0 and 0 or tf, ts = ts < 0 and 0 or ts,
-    bc = num(w[6]) or 0, bf = num(w[7]) or 0, bs = num(w[8]) or 0, gone = gone,
-    kept = kept, sat = num(w[10]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
+    bc = N[w[6]] or num(w[6]) or 0, bf = w[7] and (N[w[7]] or num(w[7])) or 0,
+    bs = w[8] and (N[w[8]] or num(w[8])) or 0, gone = gone,
+    kept = kept, sat = N[w[10]] or num(w[10]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
 end
 
 -- The counts of the window's oldest bucket, the next to slide out (c, f, s), or
@@ -621,7 +648,10 @@ end
 
 local SAT_EVERY_MS = 5000  -- a shape's claim (sat) is renewed this often, well within WINDOW_CLAIM_MS
 local function window_add(c, calls, failures, slows)
-  local w = window_read(c, failures ~= 0 or slows ~= 0)
+  -- f and s as they are where they are written here or judged (slide_may_arm: the rate
+  -- rule by f, the slow-call rule by s) once this call adds to the bucket
+  local w = window_read(c, failures ~= 0 or (slows ~= 0 and c.trip == 'rate'),
+    slows ~= 0 or (failures ~= 0 and c.slow_ms > 0))
   local fresh = w.reset or w.kept ~= nil  -- the hash is written anew
   if fresh then redis.call('DEL', K_WINDOW) end
   if w.gone then redis.call('HDEL', K_WINDOW, unpack(w.gone)) end
@@ -631,19 +661,20 @@ local function window_add(c, calls, failures, slows)
   -- Only the fields that change (a missing one reads as 0): a success in the
   -- current bucket writes two, where every field each time cost the record
   -- script a third of its server time.
-  local f = {'tc', w.tc, 'c' .. sid, w.bc + calls}
-  if fresh or w.head ~= w.cur then f[#f + 1], f[#f + 2] = 'head', sid end
-  if fresh then f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = 'bms', w.bms, 'nb', w.nb end
-  if fresh or failures ~= 0 or w.gone then f[#f + 1], f[#f + 2] = 'tf', w.tf end  -- a slide changes it
-  if fresh or slows ~= 0 or w.gone then f[#f + 1], f[#f + 2] = 'ts', w.ts end
-  if fresh or failures ~= 0 then f[#f + 1], f[#f + 2] = 'f' .. sid, w.bf + failures end
-  if fresh or slows ~= 0 then f[#f + 1], f[#f + 2] = 's' .. sid, w.bs + slows end
+  local f, n = SCRATCH, 4  -- (unpack(f, 1, n): only what this call put there is sent)
+  f[1], f[2], f[3], f[4] = 'tc', w.tc, 'c' .. sid, w.bc + calls
+  if fresh or w.head ~= w.cur then f[n + 1], f[n + 2], n = 'head', sid, n + 2 end
+  if fresh then f[n + 1], f[n + 2], f[n + 3], f[n + 4], n = 'bms', w.bms, 'nb', w.nb, n + 4 end
+  if fresh or failures ~= 0 or w.gone then f[n + 1], f[n + 2], n = 'tf', w.tf, n + 2 end  -- a slide changes it
+  if fresh or slows ~= 0 or w.gone then f[n + 1], f[n + 2], n = 'ts', w.ts, n + 2 end
+  if fresh or failures ~= 0 then f[n + 1], f[n + 2], n = 'f' .. sid, w.bf + failures, n + 2 end
+  if fresh or slows ~= 0 then f[n + 1], f[n + 2], n = 's' .. sid, w.bs + slows, n + 2 end
   if w.adopted then  -- the shape is another caller's: its claim is kept as it was
-    if w.kept and w.sat then f[#f + 1], f[#f + 2] = 'sat', w.sat end
+    if w.kept and w.sat then f[n + 1], f[n + 2], n = 'sat', w.sat, n + 2 end
   elseif fresh or not w.sat or NOW - w.sat >= SAT_EVERY_MS or NOW < w.sat then
-    f[#f + 1], f[#f + 2] = 'sat', NOW  -- this shape claimed
+    f[n + 1], f[n + 2], n = 'sat', NOW, n + 2  -- this shape claimed
   end
-  redis.call('HSET', K_WINDOW, unpack(f))
+  redis.call('HSET', K_WINDOW, unpack(f, 1, n))
   return w
 end
 
