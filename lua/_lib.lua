@@ -550,33 +550,33 @@ local function window_read(c, with_f, with_s)
   local cur = q - q % 1  -- math.floor without a call
   local sid = str(cur)  -- one number formatting, not three
   local w
+  -- w: head, bms, tc, tf, ts, c, nb, sat, then f and s of the current bucket (nil when not read:
+  -- the reply's own table is not grown for them)
   if with_f and with_s then
-    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 's' .. sid,
-      'nb', 'sat')
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat', 'f' .. sid,
+      's' .. sid)
   elseif with_f then
-    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 'nb', 'sat')
-    w[8], w[9], w[10] = false, w[8], w[9]
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat', 'f' .. sid)
   elseif with_s then
-    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 's' .. sid, 'nb', 'sat')
-    w[7], w[8], w[9], w[10] = false, w[7], w[8], w[9]
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat', 's' .. sid)
+    w[9], w[10] = false, w[9]
   else
     w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat')
-    w[7], w[8], w[9], w[10] = false, false, w[7], w[8]
   end
   local N = NUMS  -- N[x] or num(x): as in load_state
   local head, tc = N[w[1]] or num(w[1]), N[w[3]] or num(w[3]) or 0
   local tf, ts = N[w[4]] or num(w[4]) or 0, N[w[5]] or num(w[5]) or 0
-  local sbms, snb = N[w[2]] or num(w[2]), N[w[9]] or num(w[9]) or nb  -- a hash from before nb was written: ours
+  local sbms, snb = N[w[2]] or num(w[2]), N[w[7]] or num(w[7]) or nb  -- a hash from before nb was written: ours
   local adopted = false
   if head and (sbms ~= bms or snb ~= nb) then
     local sane = sbms and sbms >= 1 and sbms == math.floor(sbms) and snb >= 1 and snb <= 100
       and snb == math.floor(snb)
-    local claimed = (tonumber(w[10]) or -math.huge) > NOW - WINDOW_CLAIM_MS
+    local claimed = (tonumber(w[8]) or -math.huge) > NOW - WINDOW_CLAIM_MS
     if sane and claimed then
       bms, nb, adopted = sbms, snb, true
       cur = math.floor(NOW / bms)
       local b = redis.call('HMGET', K_WINDOW, 'c' .. cur, 'f' .. cur, 's' .. cur)
-      w[6], w[7], w[8] = b[1], b[2], b[3]
+      w[6], w[9], w[10] = b[1], b[2], b[3]
     end
   end
   -- a head more than a day ahead of the clock was not written by a worker (a clock
@@ -591,7 +591,7 @@ local function window_read(c, with_f, with_s)
   if cur < head then -- a clock step back counts into the head bucket
     cur = head
     local b = redis.call('HMGET', K_WINDOW, 'c' .. cur, 'f' .. cur, 's' .. cur)
-    w[6], w[7], w[8] = b[1], b[2], b[3]
+    w[6], w[9], w[10] = b[1], b[2], b[3]
   end
   -- Buckets that slid out: ids head-nb+1 .. cur-nb. The hash is usually a
   -- listpack, where each field read or dropped by name costs a scan, and so
@@ -607,7 +607,7 @@ local function window_read(c, with_f, with_s)
     kept = {}
     local fcur, scur = 'f' .. cur, 's' .. cur
     for i = 1, #all, 2 do
-      if all[i] == fcur then w[7] = all[i + 1] elseif all[i] == scur then w[8] = all[i + 1] end
+      if all[i] == fcur then w[9] = all[i + 1] elseif all[i] == scur then w[10] = all[i + 1] end
       local kind, id = string.sub(all[i], 1, 1), tonumber(string.sub(all[i], 2))
       if id and totals[kind] and id > cur - nb and id <= head then
         local value = tonumber(all[i + 1]) or 0
@@ -630,9 +630,9 @@ local function window_read(c, with_f, with_s)
     end
   end
   return {cur = cur, tc = tc < 0 and 0 or tc, tf = tf < 0 and 0 or tf, ts = ts < 0 and 0 or ts,
-    bc = N[w[6]] or num(w[6]) or 0, bf = w[7] and (N[w[7]] or num(w[7])) or 0,
-    bs = w[8] and (N[w[8]] or num(w[8])) or 0, gone = gone,
-    kept = kept, sat = N[w[10]] or num(w[10]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
+    bc = N[w[6]] or num(w[6]) or 0, bf = w[9] and (N[w[9]] or num(w[9])) or 0,
+    bs = w[10] and (N[w[10]] or num(w[10])) or 0, gone = gone,
+    kept = kept, sat = N[w[8]] or num(w[8]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
 end
 
 -- The counts of the window's oldest bucket, the next to slide out (c, f, s), or
