@@ -385,9 +385,9 @@ local function load_state(restore)
     s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
     s.was = nil  -- written whole
   end
-  -- was: the fields as stored, numbers parsed (nil: missing), for save_state to compare
-  -- (in the reply's own table: one table fewer per call)
-  -- and the armed flag as s.armed has it (anything but '1' or '0' is never equal: rewritten)
+  -- was (the HMGET reply itself: one table fewer per call): the fields as stored, for
+  -- save_state to compare, the numbers parsed (nil: missing) and the armed flag as a
+  -- boolean (anything but '1' or '0' stays a string, never equal: it is rewritten)
   v[2], v[3], v[5], v[6], v[7], v[8], v[9], v[10], v[12], v[13], v[14] =
     epoch, open_until, consec, open_ms, ho_ok, seq, ttl_at, born, arms, lost, held
   if v[11] == '1' then v[11] = true elseif v[11] == '0' then v[11] = false end
