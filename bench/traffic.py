@@ -4,7 +4,8 @@ script costs the server against a trivial script.
 
 Run ``python bench/traffic.py`` (``./dev bench`` runs it too). It starts a
 redis-server and a 3-master Redis Cluster on free loopback ports, measures and
-prints three markdown tables, then stops them.
+prints three markdown tables, then stops them. ``--record-only``: table 3
+alone, on a redis-server alone.
 
 1. Traffic mixes: healthy (consecutive and rate rule), 0.1 %, 1 % and 10 %
    failures against a rate rule of 50 % of at least 20, 1 % failures against a
@@ -32,6 +33,7 @@ benchmark itself cannot run.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import statistics
 import sys
@@ -309,7 +311,17 @@ def _suppress(breaker: Any) -> None:
         breaker.call(fail)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="breaker_redis under everyday traffic (module docstring)")
+    parser.add_argument("--record-only", action="store_true",
+                        help="only table 3, the record script's server time (no cluster is started)")
+    args = parser.parse_args(argv)
+    if args.record_only:
+        with redis_server() as single:
+            version = redis.Redis.from_url(single).info("server")["redis_version"]
+            print(f"# the record script's server time (redis-server {version})\n")
+            print("\n".join(record_table(single)) + "\n")
+        return 0
     sends = Sends()
     with redis_server() as single, started(ClusterGroup()) as cluster:
         version = redis.Redis.from_url(single).info("server")["redis_version"]

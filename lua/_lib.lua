@@ -61,21 +61,77 @@ local REPAIRED, EVENTS, LOST
 -- reply, unless min_reporters > 1 and that reporter is isolated (see "One sick host" below)
 local ISO
 
+-- tonumber for the values a script reads again and again (epochs, times, the
+-- state's fields, ARGV): Lua's tonumber costs two strtod calls, a lookup here a
+-- fraction of one. A value Redis or a caller gives as the same text is one
+-- interned Lua string, so the memo is keyed by it. Strings only (a hash field,
+-- an argument); at most NUMS_KEPT kept, then it starts afresh.
+local NUMS, NUMS_N, NUMS_KEPT = {}, 0, 256
+local function num(x)
+  if not x then return nil end  -- false: a field missing from the hash
+  local n = NUMS[x]
+  if n == nil then
+    n = tonumber(x)
+    if n == nil then return nil end
+    if NUMS_N >= NUMS_KEPT then NUMS, NUMS_N = {}, 0 end
+    NUMS[x], NUMS_N = n, NUMS_N + 1
+  end
+  return n
+end
+
+-- What a script derives from an argument's text (its channels, the key TTL's
+-- refresh period, ARGV 6), kept per text in MEMO[kind]: as a library the
+-- prelude's upvalues outlive a call, and a worker sends the same text call
+-- after call. A derived value is shared by later calls: never changed.
+local MEMO, MEMO_KEPT = {}, 64
+local function memo(kind, text, derive)
+  local m = MEMO[kind]
+  if m == nil or m[0] >= MEMO_KEPT then m = {[0] = 0}; MEMO[kind] = m end
+  local d = m[text]
+  if d == nil then
+    d = derive(text)
+    m[text], m[0] = d, m[0] + 1
+  end
+  return d
+end
+
+local function channels(argv2)
+  return {string.match(argv2, '^(%S+) ?(%S*)$')}
+end
+
+-- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
+-- older version lose it: a quarter of the TTL, at most once a minute.
+local function ttls(argv4)
+  local ttl = tonumber(argv4)
+  return {ttl, math.min(60000, math.floor(ttl / 4))}
+end
+
+-- tostring for a bucket id, kept the same way (Lua formats a number with sprintf)
+local STRS, STRS_N = {}, 0
+local function str(n)
+  local x = STRS[n]
+  if x == nil then
+    x = tostring(n)
+    if STRS_N >= NUMS_KEPT then STRS, STRS_N = {}, 0 end
+    STRS[n], STRS_N = x, STRS_N + 1
+  end
+  return x
+end
+
 local function begin(keys, argv)
   KEY_LIST, ARGS = keys, argv
   K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG =
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
-  NAME, TTL = argv[1], tonumber(argv[4])
-  CHANNEL, SHARD = string.match(argv[2], '^(%S+) ?(%S*)$')
+  NAME = argv[1]
+  local c, t = memo(2, argv[2], channels), memo(4, argv[4], ttls)
+  CHANNEL, SHARD, TTL, TTL_REFRESH_MS = c[1], c[2], t[1], t[2]
   FLOOR, KNOWN = nil, nil  -- ARGV 6, read by caller_knows() when a call needs it (rarely)
-  -- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
-  -- older version lose it: a quarter of the TTL, at most once a minute.
-  TTL_REFRESH_MS = math.min(60000, math.floor(TTL / 4))
   if argv[3] ~= '' then
     NOW = tonumber(argv[3])
   else
-    local t = redis.call('TIME')
-    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local time = redis.call('TIME')
+    local ms = time[2] / 1000  -- (microseconds: digits, so Lua's coercion suffices, one strtod)
+    NOW = (NUMS[time[1]] or num(time[1])) * 1000 + (ms - ms % 1)
   end
   REPAIRED, EVENTS, LOST, ISO = '', '', '', nil
 end
@@ -83,18 +139,20 @@ end
 -- ARGV 6 (see the header): the caller's highest epoch (FLOOR) and what it knows
 -- of the state (KNOWN, or nil). Parsed only by the calls that need it: a state
 -- hash created anew, or one nothing has happened to since (restore_lost).
-local function caller_knows()
-  if FLOOR then return end
-  local argv6 = ARGS[6] or ''
+local function parse_knows(argv6)
   local floor, state, epoch, born, open_until, forced =
     string.match(argv6, '^(%d+) ([a-z_]+) (%d+) (%d+) (%d+) ([a-z-]+)$')
   if floor then
-    FLOOR = tonumber(floor)
-    KNOWN = {state = state, epoch = tonumber(epoch), born = tonumber(born), open_until = tonumber(open_until),
-      forced = forced == '-' and '' or forced}
-  else
-    FLOOR, KNOWN = tonumber(argv6) or 0, nil
+    return {tonumber(floor), {state = state, epoch = tonumber(epoch), born = tonumber(born),
+      open_until = tonumber(open_until), forced = forced == '-' and '' or forced}}
   end
+  return {tonumber(argv6) or 0, false}
+end
+
+local function caller_knows()
+  if FLOOR then return end
+  local k = memo(6, ARGS[6] or '', parse_knows)
+  FLOOR, KNOWN = k[1], k[2] or nil
 end
 
 local function repaired(key)
@@ -297,17 +355,28 @@ local STATE_FIELDS = {'state', 'epoch', 'open_until', 'forced', 'consec', 'open_
 -- restore: acquire and record restore a lost state the caller knows (restore_lost).
 local function load_state(restore)
   local v = redis.call('HMGET', K_STATE, unpack(STATE_FIELDS))
-  local epoch, open_until, consec, open_ms = tonumber(v[2]), tonumber(v[3]), tonumber(v[5]), tonumber(v[6])
-  local ho_ok, seq, born, arms = tonumber(v[7]), tonumber(v[8]), tonumber(v[10]), tonumber(v[12])
+  local N = NUMS  -- N[x] or num(x): a value the memo has costs no call
+  local epoch, open_until, consec = N[v[2]] or num(v[2]), N[v[3]] or num(v[3]), N[v[5]] or num(v[5])
+  local open_ms, ho_ok, seq = N[v[6]] or num(v[6]), N[v[7]] or num(v[7]), N[v[8]] or num(v[8])
+  local ttl_at, born, arms = N[v[9]] or num(v[9]), N[v[10]] or num(v[10]), N[v[12]] or num(v[12])
+  local lost, held = N[v[13]] or num(v[13]), N[v[14]] or num(v[14])
   local s = {state = v[1], epoch = epoch or 0, open_until = open_until or 0,
     forced = v[4] or '', consec = consec or 0, open_ms = open_ms or 0,
-    ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = tonumber(v[9]) or 0,
-    born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = tonumber(v[13]) or 0,
-    held = tonumber(v[14]) or 0, dirty = false, was = v}
+    ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = ttl_at or 0,
+    born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = lost or 0,
+    held = held or 0, dirty = false, was = v}
   -- a numeric field that is there but not a finite number: the hash was edited; start afresh
-  local corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
-    or unparsable(v[6], open_ms) or unparsable(v[7], ho_ok) or unparsable(v[8], seq) or unparsable(v[10], born)
-    or unparsable(v[12], arms)
+  -- (the common case, every one of them there and in range, decided without a call)
+  local M = 9007199254740991
+  local corrupted = false
+  if not (epoch and open_until and consec and open_ms and ho_ok and seq and born and arms
+    and epoch <= M and epoch >= -M and open_until <= M and open_until >= -M and consec <= M and consec >= -M
+    and open_ms <= M and open_ms >= -M and ho_ok <= M and ho_ok >= -M and seq <= M and seq >= -M
+    and born <= M and born >= -M and arms <= M and arms >= -M) then
+    corrupted = unparsable(v[2], epoch) or unparsable(v[3], open_until) or unparsable(v[5], consec)
+      or unparsable(v[6], open_ms) or unparsable(v[7], ho_ok) or unparsable(v[8], seq) or unparsable(v[10], born)
+      or unparsable(v[12], arms)
+  end
   if corrupted or (v[1] and v[1] ~= 'closed' and v[1] ~= 'open' and v[1] ~= 'half_open') then
     repaired('state')
   end
@@ -321,6 +390,12 @@ local function load_state(restore)
     s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
     s.was = nil  -- written whole
   end
+  -- was (the HMGET reply itself: one table fewer per call): the fields as stored, for
+  -- save_state to compare, the numbers parsed (nil: missing) and the armed flag as a
+  -- boolean (anything but '1' or '0' stays a string, never equal: it is rewritten)
+  v[2], v[3], v[5], v[6], v[7], v[8], v[9], v[10], v[12], v[13], v[14] =
+    epoch, open_until, consec, open_ms, ho_ok, seq, ttl_at, born, arms, lost, held
+  if v[11] == '1' then v[11] = true elseif v[11] == '0' then v[11] = false end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
   if restore and not restore_lost(s, created) and created then mark_created(s) end
   return s
@@ -338,6 +413,7 @@ end
 -- for sweep.lua), dropping any TTL an older version gave them. The whole hash, the
 -- writer's key TTL (ttl) and the config copy (cfg) are written when the hash is
 -- created, at the stamp and at a transition.
+local SCRATCH = {}  -- the fields a write sends (save_state, window_add), kept: one table fewer per call
 local function save_state(s)
   local stamp = NOW - s.ttl_at >= TTL_REFRESH_MS or NOW < s.ttl_at
   if stamp then
@@ -346,15 +422,16 @@ local function save_state(s)
   end
   if not s.dirty then return end
   local whole = stamp or s.was == nil or EVENTS ~= ''
-  local was, f = s.was or {}, {}
-  for i, field in ipairs(STATE_FIELDS) do
-    local value = s[field]
-    if field == 'armed' then value = value and '1' or '0' end
-    local same = was[i] == value or (type(value) == 'number' and tonumber(was[i]) == value)
-    if whole or not same then f[#f + 1], f[#f + 2] = field, value end
+  local was, f, n = s.was or {}, SCRATCH, 0
+  for i = 1, #STATE_FIELDS do  -- (not ipairs: a C call per field)
+    local value = s[STATE_FIELDS[i]]
+    if whole or was[i] ~= value then
+      if value == true then value = '1' elseif value == false then value = '0' end  -- armed
+      f[n + 1], f[n + 2], n = STATE_FIELDS[i], value, n + 2
+    end
   end
-  if whole then f[#f + 1], f[#f + 2] = 'ttl', TTL end
-  if #f > 0 then redis.call('HSET', K_STATE, unpack(f)) end
+  if whole then f[n + 1], f[n + 2], n = 'ttl', TTL, n + 2 end
+  if n > 0 then redis.call('HSET', K_STATE, unpack(f, 1, n)) end
   -- the caller's config, for readers that have none (the CLI's `show`): at least once a
   -- minute while a worker runs. A key of its own: in the state hash, a value this long
   -- would make Redis store the hash less compactly
@@ -364,7 +441,7 @@ end
 -- A counter that does not parse (the hash was edited) starts again from `by`.
 stat = function(field, by)
   if by == 0 then return end
-  local n = redis.pcall('HINCRBY', K_STATS, field, by)
+  local n = redis.pcall('HINCRBY', K_STATS, field, by == 1 and '1' or by)  -- a number costs Redis a %.17g
   if type(n) == 'table' and n.err then
     local message = tostring(n.err)  -- (a string on Redis; the embedded store may give another type)
     if not string.find(message, 'not an integer', 1, true) and not string.find(message, 'overflow', 1, true) then
@@ -468,33 +545,43 @@ end
 -- slid out (for the writer to drop), the shape in use and whether the hash
 -- starts afresh.
 local WINDOW_CLAIM_MS = 60000
--- counts: false when the caller adds no failure and no slow call (a success,
--- a batch, a snapshot): the current bucket's f and s are then neither read nor
--- written (a field missing from the hash costs a scan of all of it).
-local function window_read(c, counts)
+-- with_f, with_s: whether the current bucket's f (s) is read, for a caller that
+-- adds to it or judges a rate by it (see window_add); otherwise it reads as 0.
+-- A success, a batch, a snapshot read neither (a field missing from the hash
+-- costs a scan of all of it).
+local function window_read(c, with_f, with_s)
   local bms, nb = c.bucket_ms, c.buckets
-  local cur = math.floor(NOW / bms)
-  local sid = tostring(cur)  -- one number formatting, not three
+  local q = NOW / bms
+  local cur = q - q % 1  -- math.floor without a call
+  local sid = str(cur)  -- one number formatting, not three
   local w
-  if counts then
-    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'f' .. sid, 's' .. sid,
-      'nb', 'sat')
+  -- w: head, bms, tc, tf, ts, c, nb, sat, then f and s of the current bucket (nil when not read:
+  -- the reply's own table is not grown for them)
+  if with_f and with_s then
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat', 'f' .. sid,
+      's' .. sid)
+  elseif with_f then
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat', 'f' .. sid)
+  elseif with_s then
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat', 's' .. sid)
+    w[9], w[10] = false, w[9]
   else
-    local r = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat')
-    w = {r[1], r[2], r[3], r[4], r[5], r[6], false, false, r[7], r[8]}
+    w = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'tc', 'tf', 'ts', 'c' .. sid, 'nb', 'sat')
   end
-  local head, tc, tf, ts = tonumber(w[1]), tonumber(w[3]) or 0, tonumber(w[4]) or 0, tonumber(w[5]) or 0
-  local sbms, snb = tonumber(w[2]), tonumber(w[9]) or nb  -- a hash from before nb was written: ours
+  local N = NUMS  -- N[x] or num(x): as in load_state
+  local head, tc = N[w[1]] or num(w[1]), N[w[3]] or num(w[3]) or 0
+  local tf, ts = N[w[4]] or num(w[4]) or 0, N[w[5]] or num(w[5]) or 0
+  local sbms, snb = N[w[2]] or num(w[2]), N[w[7]] or num(w[7]) or nb  -- a hash from before nb was written: ours
   local adopted = false
   if head and (sbms ~= bms or snb ~= nb) then
     local sane = sbms and sbms >= 1 and sbms == math.floor(sbms) and snb >= 1 and snb <= 100
       and snb == math.floor(snb)
-    local claimed = (tonumber(w[10]) or -math.huge) > NOW - WINDOW_CLAIM_MS
+    local claimed = (tonumber(w[8]) or -math.huge) > NOW - WINDOW_CLAIM_MS
     if sane and claimed then
       bms, nb, adopted = sbms, snb, true
       cur = math.floor(NOW / bms)
       local b = redis.call('HMGET', K_WINDOW, 'c' .. cur, 'f' .. cur, 's' .. cur)
-      w[6], w[7], w[8] = b[1], b[2], b[3]
+      w[6], w[9], w[10] = b[1], b[2], b[3]
     end
   end
   -- a head more than a day ahead of the clock was not written by a worker (a clock
@@ -509,7 +596,7 @@ local function window_read(c, counts)
   if cur < head then -- a clock step back counts into the head bucket
     cur = head
     local b = redis.call('HMGET', K_WINDOW, 'c' .. cur, 'f' .. cur, 's' .. cur)
-    w[6], w[7], w[8] = b[1], b[2], b[3]
+    w[6], w[9], w[10] = b[1], b[2], b[3]
   end
   -- Buckets that slid out: ids head-nb+1 .. cur-nb. The hash is usually a
   -- listpack, where each field read or dropped by name costs a scan, and so
@@ -525,7 +612,7 @@ local function window_read(c, counts)
     kept = {}
     local fcur, scur = 'f' .. cur, 's' .. cur
     for i = 1, #all, 2 do
-      if all[i] == fcur then w[7] = all[i + 1] elseif all[i] == scur then w[8] = all[i + 1] end
+      if all[i] == fcur then w[9] = all[i + 1] elseif all[i] == scur then w[10] = all[i + 1] end
       local kind, id = string.sub(all[i], 1, 1), tonumber(string.sub(all[i], 2))
       if id and totals[kind] and id > cur - nb and id <= head then
         local value = tonumber(all[i + 1]) or 0
@@ -547,9 +634,10 @@ local function window_read(c, counts)
       end
     end
   end
-  return {cur = cur, tc = math.max(tc, 0), tf = math.max(tf, 0), ts = math.max(ts, 0),
-    bc = tonumber(w[6]) or 0, bf = tonumber(w[7]) or 0, bs = tonumber(w[8]) or 0, gone = gone,
-    kept = kept, sat = tonumber(w[10]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
+  return {cur = cur, tc = tc < 0 and 0 or tc, tf = tf < 0 and 0 or tf, ts = ts < 0 and 0 or ts,
+    bc = N[w[6]] or num(w[6]) or 0, bf = w[9] and (N[w[9]] or num(w[9])) or 0,
+    bs = w[10] and (N[w[10]] or num(w[10])) or 0, gone = gone,
+    kept = kept, sat = N[w[8]] or num(w[8]), head = head, bms = bms, nb = nb, adopted = adopted, reset = false}
 end
 
 -- The counts of the window's oldest bucket, the next to slide out (c, f, s), or
@@ -560,34 +648,38 @@ local function oldest_bucket(w)
   local id = w.cur - w.nb + 1
   if id > w.head then return nil end  -- nothing was counted before the current bucket
   local b = redis.call('HMGET', K_WINDOW, 'c' .. id, 'f' .. id, 's' .. id)
-  return {c = tonumber(b[1]) or 0, f = tonumber(b[2]) or 0, s = tonumber(b[3]) or 0}
+  return {c = num(b[1]) or 0, f = num(b[2]) or 0, s = num(b[3]) or 0}
 end
 
 local SAT_EVERY_MS = 5000  -- a shape's claim (sat) is renewed this often, well within WINDOW_CLAIM_MS
 local function window_add(c, calls, failures, slows)
-  local w = window_read(c, failures ~= 0 or slows ~= 0)
+  -- f and s as they are where they are written here or judged (slide_may_arm: the rate
+  -- rule by f, the slow-call rule by s) once this call adds to the bucket
+  local w = window_read(c, failures ~= 0 or (slows ~= 0 and c.trip == 'rate'),
+    slows ~= 0 or (failures ~= 0 and c.slow_ms > 0))
   local fresh = w.reset or w.kept ~= nil  -- the hash is written anew
   if fresh then redis.call('DEL', K_WINDOW) end
   if w.gone then redis.call('HDEL', K_WINDOW, unpack(w.gone)) end
   if w.kept and #w.kept > 0 then redis.call('HSET', K_WINDOW, unpack(w.kept)) end
-  local sid = tostring(w.cur)
+  local sid = str(w.cur)
   w.tc, w.tf, w.ts = w.tc + calls, w.tf + failures, w.ts + slows
   -- Only the fields that change (a missing one reads as 0): a success in the
   -- current bucket writes two, where every field each time cost the record
   -- script a third of its server time.
-  local f = {'tc', w.tc, 'c' .. sid, w.bc + calls}
-  if fresh or w.head ~= w.cur then f[#f + 1], f[#f + 2] = 'head', w.cur end
-  if fresh then f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = 'bms', w.bms, 'nb', w.nb end
-  if fresh or failures ~= 0 or w.gone then f[#f + 1], f[#f + 2] = 'tf', w.tf end  -- a slide changes it
-  if fresh or slows ~= 0 or w.gone then f[#f + 1], f[#f + 2] = 'ts', w.ts end
-  if fresh or failures ~= 0 then f[#f + 1], f[#f + 2] = 'f' .. sid, w.bf + failures end
-  if fresh or slows ~= 0 then f[#f + 1], f[#f + 2] = 's' .. sid, w.bs + slows end
+  local f, n = SCRATCH, 4  -- (unpack(f, 1, n): only what this call put there is sent)
+  f[1], f[2], f[3], f[4] = 'tc', w.tc, 'c' .. sid, w.bc + calls
+  if fresh or w.head ~= w.cur then f[n + 1], f[n + 2], n = 'head', sid, n + 2 end
+  if fresh then f[n + 1], f[n + 2], f[n + 3], f[n + 4], n = 'bms', w.bms, 'nb', w.nb, n + 4 end
+  if fresh or failures ~= 0 or w.gone then f[n + 1], f[n + 2], n = 'tf', w.tf, n + 2 end  -- a slide changes it
+  if fresh or slows ~= 0 or w.gone then f[n + 1], f[n + 2], n = 'ts', w.ts, n + 2 end
+  if fresh or failures ~= 0 then f[n + 1], f[n + 2], n = 'f' .. sid, w.bf + failures, n + 2 end
+  if fresh or slows ~= 0 then f[n + 1], f[n + 2], n = 's' .. sid, w.bs + slows, n + 2 end
   if w.adopted then  -- the shape is another caller's: its claim is kept as it was
-    if w.kept and w.sat then f[#f + 1], f[#f + 2] = 'sat', w.sat end
+    if w.kept and w.sat then f[n + 1], f[n + 2], n = 'sat', w.sat, n + 2 end
   elseif fresh or not w.sat or NOW - w.sat >= SAT_EVERY_MS or NOW < w.sat then
-    f[#f + 1], f[#f + 2] = 'sat', NOW  -- this shape claimed
+    f[n + 1], f[n + 2], n = 'sat', NOW, n + 2  -- this shape claimed
   end
-  redis.call('HSET', K_WINDOW, unpack(f))
+  redis.call('HSET', K_WINDOW, unpack(f, 1, n))
   return w
 end
 

@@ -21,8 +21,8 @@
 local s = load_state(true)
 local cfg = load_config()
 flush_pending(11)
-local epoch, outcome, duration = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]) or 0
-local batch_epoch, batch = tonumber(ARGV[17]), tonumber(ARGV[18]) or 0
+local epoch, outcome, duration = num(ARGV[7]), ARGV[8], num(ARGV[9]) or 0
+local batch_epoch, batch = num(ARGV[17]), num(ARGV[18]) or 0
 local reporter, own  -- with min_reporters > 1 only
 if cfg.min_rep then reporter, own = reporter_record(ARGV[19], cfg) end
 
