@@ -6,6 +6,7 @@ every process builds its own Breakers, as a gunicorn worker would.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
@@ -60,7 +61,10 @@ def race_to_trip(
 
 def serve(url: str, name: str, config: BreakerConfig, conn: Any, batch_successes: bool = True) -> None:
     """A worker process driven step by step by the test: each command is run and
-    answered before the next is sent, so the test fixes the real-time order."""
+    answered before the next is sent, so the test fixes the real-time order.
+    Besides the calls: "listening" (its subscription is confirmed), "store" (its
+    breaker's store: "redis" or the fallback's), "calm N" (N healthy calls in a row,
+    then its batch sent: what a busy worker does between two of the test's steps)."""
     breakers = Breakers.from_url(url, batch_successes=batch_successes)
     breaker = breakers.get(name, config)
     breakers.ensure_process()
@@ -78,7 +82,18 @@ def serve(url: str, name: str, config: BreakerConfig, conn: Any, batch_successes
                 breaker.acquire().ignore()
                 conn.send(True)
                 continue
-            if command == "hold":
+            if command == "listening":
+                breaker.acquire().ignore()  # delivers what its master sent, as any call does
+                conn.send(breakers.invalidator is not None and breakers.invalidator.healthy)
+                continue
+            if command == "store":
+                conn.send(breaker.snapshot()["store"])
+                continue
+            if command.startswith("calm "):
+                for _ in range(int(command.split()[1])):
+                    breaker.acquire().success()
+                breakers.flush()
+            elif command == "hold":
                 held.append(breaker.acquire())
             elif command == "release-success":
                 held.pop().success()
@@ -88,6 +103,61 @@ def serve(url: str, name: str, config: BreakerConfig, conn: Any, batch_successes
         except BreakerOpen:
             conn.send(False)
     breakers.close()
+    conn.send("stopped")
+
+
+def serve_asyncio(
+    url: str, name: str, config: BreakerConfig, conn: Any, batch_successes: bool = True
+) -> None:
+    """serve() for an asyncio worker (breaker_redis.asyncio): the same commands but
+    "hold" and "release-success", answered from its event loop, which reads the
+    subscription while it waits for the next command."""
+    import asyncio
+
+    asyncio.run(_serve_asyncio(url, name, config, conn, batch_successes))
+
+
+async def _serve_asyncio(
+    url: str, name: str, config: BreakerConfig, conn: Any, batch_successes: bool
+) -> None:
+    import asyncio
+
+    from breaker_redis.asyncio import Breakers as AsyncBreakers
+
+    breakers = AsyncBreakers.from_url(url, batch_successes=batch_successes)
+    breaker = breakers.get(name, config)
+    breakers.ensure_loop()
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[str] = asyncio.Queue()
+    loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
+    while not (breakers.invalidator is not None and breakers.invalidator.healthy):
+        await asyncio.sleep(0.01)  # the loop reads the subscription meanwhile; the test has the deadline
+    conn.send("ready")
+    while True:
+        command = await commands.get()
+        if command == "stop":
+            break
+        try:
+            if command == "admits":
+                await (await breaker.acquire()).ignore()
+            elif command == "listening":
+                await (await breaker.acquire()).ignore()
+                conn.send(breakers.invalidator is not None and breakers.invalidator.healthy)
+                continue
+            elif command == "store":
+                conn.send((await breaker.snapshot())["store"])
+                continue
+            elif command.startswith("calm "):
+                for _ in range(int(command.split()[1])):
+                    await (await breaker.acquire()).success()
+                await breakers.flush()
+            else:  # "success" | "failure"
+                await (await breaker.acquire()).record(command)
+            conn.send(True)
+        except BreakerOpen:
+            conn.send(False)
+    loop.remove_reader(conn.fileno())
+    await breakers.aclose()
     conn.send("stopped")
 
 
@@ -121,11 +191,17 @@ class Worker:
     """A process running serve(), driven by the test one command at a time."""
 
     def __init__(
-        self, ctx: Any, url: str, name: str, config: BreakerConfig, batch_successes: bool = True
+        self,
+        ctx: Any,
+        url: str,
+        name: str,
+        config: BreakerConfig,
+        batch_successes: bool = True,
+        target: Callable[..., None] = serve,
     ) -> None:
         self.conn, theirs = ctx.Pipe()
         self.process = ctx.Process(
-            target=serve, args=(url, name, config, theirs, batch_successes), daemon=True
+            target=target, args=(url, name, config, theirs, batch_successes), daemon=True
         )
         self.process.start()
 
@@ -134,9 +210,12 @@ class Worker:
         assert self.conn.recv() == "ready"
 
     def __call__(self, command: str) -> bool:
+        return bool(self.ask(command))
+
+    def ask(self, command: str) -> Any:
         self.conn.send(command)
         assert self.conn.poll(30), f"the worker process did not answer {command!r}"
-        return bool(self.conn.recv())
+        return self.conn.recv()
 
     def stop(self) -> None:
         self.conn.send("stop")
@@ -157,9 +236,17 @@ class Team:
         self._made: list[Worker] = []
 
     def start(
-        self, name: str, config: BreakerConfig, count: int, batch_successes: bool = True
+        self,
+        name: str,
+        config: BreakerConfig,
+        count: int,
+        batch_successes: bool = True,
+        target: Callable[..., None] = serve,
     ) -> list[Worker]:
-        workers = [Worker(self._ctx, self._url, name, config, batch_successes) for _ in range(count)]
+        """count workers running target (serve, or serve_asyncio)."""
+        workers = [
+            Worker(self._ctx, self._url, name, config, batch_successes, target) for _ in range(count)
+        ]
         self._made.extend(workers)
         for worker in workers:
             worker.ready()
