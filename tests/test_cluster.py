@@ -472,7 +472,8 @@ def boundary_rounds(operator: Any, workers: list[Worker], rounds: int) -> int:
     admitted = 0
     for i in range(rounds):
         operator.reset()
-        assert all(w("admits") for w in workers)  # the reset's notice was in every socket
+        answers = [w("admits") for w in workers]  # the reset's notice was in every socket
+        assert all(answers), f"refused right after a reset: {answers}, {[w.ask('store') for w in workers]}"
         tripping = workers[i % len(workers)]
         for _ in range(3):
             assert tripping("failure")
@@ -491,6 +492,13 @@ def calm_cost(group: ClusterGroup, workers: list[Worker], calls: int = 1000) -> 
     for w in workers:
         assert w(f"calm {calls}")
     return commands(group, masters) - before
+
+
+def patient(group: ClusterGroup) -> str:
+    """The group's URL with the longest client timeouts the product allows (as
+    tests/test_boundary.py's): on a busy machine a reply stalled past the default 0.25 s
+    sends a worker to its local store, which sees no trip made on Redis."""
+    return group.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
 
 
 def keep_calling(workers: list[Worker], done: Any, timeout: float, what: str) -> list[list[Any]]:
@@ -530,8 +538,8 @@ def test_a_manual_failover_is_followed_and_the_boundary_holds_after_it(target):
     memory again (no command for a calm call) and the boundary is exact: 0 of 200 calls
     started after another process's tripping call returned are admitted."""
     with started(ClusterGroup(replicas=1)) as group:
-        team = Team(group.url)
-        operator = Breakers.from_url(group.url, listen=False)  # an operator's process
+        team = Team(patient(group))
+        operator = Breakers.from_url(patient(group), listen=False)  # an operator's process
         try:
             workers = team.start("pay", TRIP_AT_3, 3, target=target)
             pay = operator.get("pay", TRIP_AT_3)
@@ -576,8 +584,8 @@ def test_a_killed_master_is_replaced_by_its_replica_and_the_workers_follow(targe
     with started(ClusterGroup(replicas=1)) as group:
         for port in group.ports:  # the other masters keep serving while one is down
             group.node(port).config_set("cluster-require-full-coverage", "no")
-        team = Team(group.url)
-        operator = Breakers.from_url(group.url, listen=False)
+        team = Team(patient(group))
+        operator = Breakers.from_url(patient(group), listen=False)
         try:
             slot = slot_of("pay")
             victim = group.owner(slot)
@@ -651,7 +659,7 @@ def test_a_worker_never_trusts_a_subscription_on_the_demoted_master(side, made, 
     from breaker_redis.asyncio import Breakers as AsyncBreakers
 
     with started(ClusterGroup(replicas=1)) as group:
-        made.append(operator := Breakers.from_url(group.url, listen=False))
+        made.append(operator := Breakers.from_url(patient(group), listen=False))
         pay = operator.get("pay", TRIP_AT_3)
         slot, channel = slot_of("pay"), "breaker:{pay}:notices"
         old = group.owner(slot)
@@ -665,7 +673,7 @@ def test_a_worker_never_trusts_a_subscription_on_the_demoted_master(side, made, 
             wait_until(lambda: shard_numsub(group, old, channel) == 0, what="the replica left")
 
         if side == "sync":
-            made.append(worker := Breakers.from_url(group.url))
+            made.append(worker := Breakers.from_url(patient(group)))
             mine = worker.get("pay", TRIP_AT_3)
             subscribed([worker])
             stale_maps(monkeypatch, worker.client.connected().nodes_manager, slot, f"{HOST}:{old}", used)
@@ -679,7 +687,7 @@ def test_a_worker_never_trusts_a_subscription_on_the_demoted_master(side, made, 
             return
 
         async def main() -> None:
-            worker = AsyncBreakers.from_url(group.url)
+            worker = AsyncBreakers.from_url(patient(group))
             try:
                 mine = worker.get("pay", TRIP_AT_3)
                 assert await admitted(mine)
@@ -699,3 +707,48 @@ def test_a_worker_never_trusts_a_subscription_on_the_demoted_master(side, made, 
                 await worker.aclose()
 
         asyncio.run(main())
+
+
+def served(group: ClusterGroup, port: int) -> int:
+    """Script calls and PINGs one node has run or refused (MOVED) so far."""
+    return sum(
+        int(stats.get("calls", 0)) + int(stats.get("rejected_calls", 0))
+        for command, stats in group.node(port).info("commandstats").items()
+        if command in ROUND_TRIPS
+    )
+
+
+def test_a_process_that_does_not_listen_follows_a_failover_at_its_first_call(made):
+    """An operator's process (listen=False) never reads the slot map again by itself:
+    its first call after a failover meets MOVED at the old master, and from then on its
+    scripts and its barrier go to the new master, none to the old one (a replica now,
+    whose subscribers are not the slot's). So a worker refuses the call right after a
+    trip and admits the one right after a reset, both made by such processes."""
+    with started(ClusterGroup(replicas=1)) as group:
+        made.append(operator := Breakers.from_url(patient(group), listen=False))
+        made.append(tripper := Breakers.from_url(patient(group), listen=False))
+        made.append(worker := Breakers.from_url(patient(group)))
+        pay, tripping, mine = (b.get("pay", TRIP_AT_3) for b in (operator, tripper, worker))
+        subscribed([worker])
+        slot, channel = slot_of("pay"), "breaker:{pay}:notices"
+        fail(tripping, 3)
+        pay.reset()
+        old = group.owner(slot)
+        new = group.replica_of(old)
+        group.failover(new)
+        wait_until(
+            lambda: group.promoted(new, slot) and shard_numsub(group, new, channel) == 1
+            and worker.invalidator.healthy,
+            timeout=20,
+            what="the worker subscribed on the promoted replica",
+        )
+        pay.reset()  # the first calls after the failover: MOVED, once each
+        fail(tripping, 1)
+        assert admits(mine)
+        before = served(group, old)
+        for _ in range(20):
+            pay.reset()
+            assert admits(mine)
+            fail(tripping, 3)
+            assert not admits(mine)
+        assert served(group, old) - before == 0
