@@ -241,6 +241,14 @@ class Channels(Generic[X]):
                     channel.healthy = True
         return True
 
+    def _idle(self, connections: list[X]) -> list[X]:
+        """Those of connections that no channel uses any more: closed by the caller, so
+        that a node left behind (a master demoted to replica, a subscription its channel
+        since made elsewhere after a MOVED) does not keep subscribers that nobody reads."""
+        with self._lock:
+            used = {id(channel.connection) for channel in self._channels.values()}
+        return [connection for connection in connections if id(connection) not in used]
+
     def _not_verified(self, channels: list[Channel[X]]) -> None:
         """Asking ROLE failed: the channels are checked again at the next attempt."""
         with self._lock:
@@ -311,6 +319,8 @@ class ShardedInvalidator(Channels[Link]):
             try:
                 self._subscribe_wanted()
                 self._verify()
+                for link in self._idle(list(self._links.values())):
+                    self.lost(link, None)
             except Exception as exc:
                 self._failed(exc)
             self._wait()

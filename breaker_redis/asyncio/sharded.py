@@ -82,6 +82,10 @@ class AsyncShardedInvalidator(Channels[Subscription]):
             try:
                 await self._subscribe_wanted()
                 await self._verify()
+                held = self._subscriptions
+                for idle in self._idle(list(held.values())):
+                    self._subscriptions = held = {m: s for m, s in held.items() if s is not idle}
+                    idle.transport.close()
                 delay = 0.1
                 timeout = None if not self._wanted else delay
             except asyncio.CancelledError:
