@@ -463,7 +463,7 @@ def test_an_app_starts_while_its_cluster_is_down_and_joins_it_when_it_answers(ma
 # -- failovers: a replica takes over its master's slots --------------------------------
 
 WORKERS = [pytest.param(serve, id="sync"), pytest.param(serve_asyncio, id="asyncio")]
-ROUNDS = 100  # as test_the_call_right_after_a_trip_is_refused_by_another_process
+ROUNDS = 100  # trips, each checked by 2 other processes (the cluster test above: 102 trips)
 
 
 def boundary_rounds(operator: Any, workers: list[Worker], rounds: int) -> int:
