@@ -34,8 +34,9 @@ CLIENT_COMMANDS = (
     "get", "hmget", "hgetall", "hset", "pexpire", "persist", "lrange", "time", "select",
 )  # fmt: skip
 # What redis-py's cluster client sends to find the slots and the keys of a command,
-# and the sharded event subscription of a cluster worker (breaker_redis/sharded.py).
-CLUSTER_COMMANDS = ("cluster|slots", "cluster|shards", "command", "ssubscribe")
+# and the sharded event subscription of a cluster worker (breaker_redis/sharded.py:
+# SSUBSCRIBE, then ROLE to check that the node confirming it is a master).
+CLUSTER_COMMANDS = ("cluster|slots", "cluster|shards", "command", "ssubscribe", "role")
 FUNCTION_COMMANDS = ("fcall", "function|load")  # without them the scripts run with EVALSHA
 OPTIONAL = {
     "info": "the start-up check of maxmemory-policy is skipped",

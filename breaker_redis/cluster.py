@@ -136,14 +136,19 @@ class Slots:
         if node is not None:
             try:
                 return send(cluster.get_redis_connection(node))
+            except redis.exceptions.MovedError as exc:
+                # first: redis-py's MovedError is an AskError. Taken for an ASK, a MOVED
+                # after a failover ran the script on the new master by ASKING and left the
+                # map naming the old one, a replica now, for good: every later call met
+                # MOVED first, and the barrier PINGed the replica, whose subscribers are
+                # not the slot's (a process that does not listen never read the map again)
+                self.redirected(slot, exc)
             except redis.exceptions.AskError as exc:
                 self.redirected(slot, exc)
                 importing = cluster.get_node(host=exc.host, port=exc.port)
                 if importing is not None:  # ASKING there, so that a TRYAGAIN is not retried
                     with _Asking(cluster.get_redis_connection(importing)) as asking:
                         return send(asking)
-            except redis.exceptions.MovedError as exc:
-                self.redirected(slot, exc)
         return send(cluster)
 
     def target(self, key: str) -> Any:

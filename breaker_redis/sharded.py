@@ -14,9 +14,22 @@ exactly as the single server's: drained by the deciding thread, read by one
 listener thread, under one lock per connection), subscribed to the channels
 of the breakers this process has built. Each breaker has a ``Channel``,
 trusted once its master confirmed the SSUBSCRIBE; until then, and whenever
-it is lost, the breaker asks Redis at every call. The breaker forgets what
-it knew, and its channel is subscribed again on the master the slot map
-names then, when:
+it is lost, the breaker asks Redis at every call.
+
+Confirmed is not enough: a replica accepts SSUBSCRIBE for its master's
+slots (Redis serves sharded pub/sub on every node of the shard), and hears
+the master's messages over the cluster bus, after the publishing script's
+reply. A worker whose slot map is a moment out of date after a failover
+subscribes again on the old master, which by then is a replica, and would
+trust a channel that hears a trip late. So a confirmed channel is trusted
+only once its node, asked ``ROLE`` after it confirmed, says it is a master
+(``Channels._verified``): a node that later loses the slot unsubscribes its
+subscribers first (``sunsubscribe``, below), so from then on nothing of the
+slot's is published where the worker does not hear it in order. A node
+that says it is a replica is left, and the map read again.
+
+The breaker forgets what it knew, and its channel is subscribed again on
+the master the slot map names then, when:
 
 - the master pushes ``sunsubscribe`` (it no longer serves the slot: a
   resharding or a failover moved it);
@@ -100,6 +113,7 @@ class Channels(Generic[X]):
         self._channels: dict[str, Channel[X]] = {}  # by breaker name
         self._by_channel: dict[str, Channel[X]] = {}  # by channel name
         self._wanted: set[str] = set()  # breaker names to subscribe (again)
+        self._unverified: list[Channel[X]] = []  # confirmed; its node not yet seen a master since
         self._refresh = False  # read the slot map again before subscribing
         slots.listeners.append(self._redirected)
         self._started()
@@ -134,6 +148,7 @@ class Channels(Generic[X]):
     def _forget_connections(self) -> None:
         """A new process or event loop: every channel is subscribed again there."""
         self._wanted = set(self._channels)
+        self._unverified = []
         for channel in self._channels.values():
             channel.healthy, channel.connection = False, None
 
@@ -188,9 +203,10 @@ class Channels(Generic[X]):
         channel = self._by_channel.get(channel_name)
         if channel is None or channel.connection is not connection:
             return True  # a channel since subscribed elsewhere
-        if kind == "ssubscribe":
-            self._on_forget([channel.name])  # what was learned before may have missed messages
-            channel.healthy = True
+        if kind == "ssubscribe":  # trusted once its node says it is a master (_verified)
+            with self._lock:
+                self._unverified.append(channel)
+            self._wake()
         else:  # the master no longer serves the slot
             with self._lock:
                 self._unsubscribed(channel)
@@ -198,6 +214,45 @@ class Channels(Generic[X]):
             self._on_forget([channel.name])
             self._wake()
         return True
+
+    def _to_verify(self) -> list[tuple[X, list[Channel[X]]]]:
+        """The channels confirmed since the last check, by connection (those since
+        subscribed elsewhere left out): each connection's node is then asked ROLE."""
+        with self._lock:
+            confirmed, self._unverified = self._unverified, []
+        by_connection: dict[int, tuple[X, list[Channel[X]]]] = {}
+        for channel in confirmed:
+            connection = channel.connection
+            if connection is not None and not channel.healthy:
+                by_connection.setdefault(id(connection), (connection, []))[1].append(channel)
+        return list(by_connection.values())
+
+    def _verified(self, connection: X, channels: list[Channel[X]], role: Any) -> bool:
+        """The node of connection answered ROLE after it confirmed channels: if it is a
+        master, they are trusted from now on (see the module's docstring); False if not
+        (the caller leaves the connection: its channels are subscribed again)."""
+        if text(role[0] if isinstance(role, (list, tuple)) and role else role) != "master":
+            return False
+        # what was learned before may have missed messages: forgotten before trusting
+        self._on_forget([channel.name for channel in channels])
+        with self._lock:  # not trusted if it was unsubscribed meanwhile (_unsubscribed)
+            for channel in channels:
+                if channel.connection is connection:
+                    channel.healthy = True
+        return True
+
+    def _idle(self, connections: list[X]) -> list[X]:
+        """Those of connections that no channel uses any more: closed by the caller, so
+        that a node left behind (a master demoted to replica, a subscription its channel
+        since made elsewhere after a MOVED) does not keep subscribers that nobody reads."""
+        with self._lock:
+            used = {id(channel.connection) for channel in self._channels.values()}
+        return [connection for connection in connections if id(connection) not in used]
+
+    def _not_verified(self, channels: list[Channel[X]]) -> None:
+        """Asking ROLE failed: the channels are checked again at the next attempt."""
+        with self._lock:
+            self._unverified.extend(channels)
 
     def _moved_away(self, connection: X, slot: int) -> list[Channel[X]]:
         """An SSUBSCRIBE answered MOVED: the channels of that slot on connection go where
@@ -238,6 +293,7 @@ class ShardedInvalidator(Channels[Link]):
         self._listener.after_fork()
         self._lock = threading.Lock()  # the bookkeeping; never held while a socket is read
         self._links: dict[str, Link] = {}  # by master ('host:port')
+        self._nodes: dict[str, Any] = {}  # the node of each link, by the same name
         self._forget_connections()
         self._retry_at, self._delay = 0.0, 0.1
         self._wake_r, self._wake_w = socket.socketpair()  # the listener's poll wakes on a byte
@@ -262,6 +318,9 @@ class ShardedInvalidator(Channels[Link]):
         while not self._stop.is_set():
             try:
                 self._subscribe_wanted()
+                self._verify()
+                for link in self._idle(list(self._links.values())):
+                    self.lost(link, None)
             except Exception as exc:
                 self._failed(exc)
             self._wait()
@@ -327,6 +386,7 @@ class ShardedInvalidator(Channels[Link]):
         if link is None or link.closed:
             pubsub = cluster.get_redis_connection(node).pubsub()
             link = self._links[master] = Link(pubsub, self, threading.Lock())
+            self._nodes[master] = node
         with link.lock:
             for channel in channels:
                 channel.healthy, channel.connection = False, link
@@ -339,6 +399,22 @@ class ShardedInvalidator(Channels[Link]):
             if link.socket is not getattr(link.pubsub.connection, "_sock", None):
                 link.attach()  # a new connection
             link.read_all()
+
+    def _verify(self) -> None:
+        """ROLE to the node of each connection whose channels were confirmed: trusted if
+        it is a master, else the connection is left (see the module's docstring)."""
+        for link, channels in self._to_verify():
+            master = next((name for name, held in self._links.items() if held is link), None)
+            if master is None:
+                continue  # lost meanwhile: its channels are wanted again
+            try:
+                role = self._slots.cluster().get_redis_connection(self._nodes[master]).execute_command("ROLE")
+            except Exception:
+                self._not_verified(channels)
+                raise
+            if not self._verified(link, channels, role):
+                self.lost(link, None)
+                raise ConnectionError(f"{master} is no longer a master; reading the slot map again")
 
     def _failed(self, exc: BaseException) -> None:
         """Subscribing failed (a master down, a map out of date): again after a backoff."""

@@ -6,6 +6,7 @@ every process builds its own Breakers, as a gunicorn worker would.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
@@ -69,7 +70,10 @@ def serve(
 ) -> None:
     """A worker process driven step by step by the test: each command is run and
     answered before the next is sent, so the test fixes the real-time order. With
-    ``now_ms``, a test clock that the command "clock <ms>" sets."""
+    ``now_ms``, a test clock that the command "clock <ms>" sets. Besides the calls:
+    "listening" (its subscription is confirmed), "store" (its breaker's store:
+    "redis" or the fallback's), "calm N" (N healthy calls in a row, then its batch
+    sent: what a busy worker does between two of the test's steps)."""
     clock = [now_ms]
     breakers = Breakers.from_url(
         url, batch_successes=batch_successes, reporter=reporter,
@@ -95,7 +99,18 @@ def serve(
                 breaker.acquire().ignore()
                 conn.send(True)
                 continue
-            if command == "hold":
+            if command == "listening":
+                breaker.acquire().ignore()  # delivers what its master sent, as any call does
+                conn.send(breakers.invalidator is not None and breakers.invalidator.healthy)
+                continue
+            if command == "store":
+                conn.send(breaker.snapshot()["store"])
+                continue
+            if command.startswith("calm "):
+                for _ in range(int(command.split()[1])):
+                    breaker.acquire().success()
+                breakers.flush()
+            elif command == "hold":
                 held.append(breaker.acquire())
             elif command == "release-success":
                 held.pop().success()
@@ -105,6 +120,69 @@ def serve(
         except BreakerOpen:
             conn.send(False)
     breakers.close()
+    conn.send("stopped")
+
+
+def serve_asyncio(
+    url: str,
+    name: str,
+    config: BreakerConfig,
+    conn: Any,
+    batch_successes: bool = True,
+    reporter: str | None = None,
+    now_ms: int | None = None,
+) -> None:
+    """serve() for an asyncio worker (breaker_redis.asyncio): the same commands but
+    "hold" and "release-success", answered from its event loop, which reads the
+    subscription while it waits for the next command."""
+    import asyncio
+
+    if reporter is not None or now_ms is not None:
+        raise ValueError("serve_asyncio takes neither a reporter nor a test clock")
+    asyncio.run(_serve_asyncio(url, name, config, conn, batch_successes))
+
+
+async def _serve_asyncio(
+    url: str, name: str, config: BreakerConfig, conn: Any, batch_successes: bool
+) -> None:
+    import asyncio
+
+    from breaker_redis.asyncio import Breakers as AsyncBreakers
+
+    breakers = AsyncBreakers.from_url(url, batch_successes=batch_successes)
+    breaker = breakers.get(name, config)
+    breakers.ensure_loop()
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[str] = asyncio.Queue()
+    loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
+    while not (breakers.invalidator is not None and breakers.invalidator.healthy):
+        await asyncio.sleep(0.01)  # the loop reads the subscription meanwhile; the test has the deadline
+    conn.send("ready")
+    while True:
+        command = await commands.get()
+        if command == "stop":
+            break
+        try:
+            if command == "admits":
+                await (await breaker.acquire()).ignore()
+            elif command == "listening":
+                await (await breaker.acquire()).ignore()
+                conn.send(breakers.invalidator is not None and breakers.invalidator.healthy)
+                continue
+            elif command == "store":
+                conn.send((await breaker.snapshot())["store"])
+                continue
+            elif command.startswith("calm "):
+                for _ in range(int(command.split()[1])):
+                    await (await breaker.acquire()).success()
+                await breakers.flush()
+            else:  # "success" | "failure"
+                await (await breaker.acquire()).record(command)
+            conn.send(True)
+        except BreakerOpen:
+            conn.send(False)
+    loop.remove_reader(conn.fileno())
+    await breakers.aclose()
     conn.send("stopped")
 
 
@@ -154,10 +232,11 @@ class Worker:
         batch_successes: bool = True,
         reporter: str | None = None,
         now_ms: int | None = None,
+        target: Callable[..., None] = serve,
     ) -> None:
         self.conn, theirs = ctx.Pipe()
         self.process = ctx.Process(
-            target=serve, args=(url, name, config, theirs, batch_successes, reporter, now_ms), daemon=True
+            target=target, args=(url, name, config, theirs, batch_successes, reporter, now_ms), daemon=True
         )
         self.process.start()
 
@@ -166,9 +245,12 @@ class Worker:
         assert self.conn.recv() == "ready"
 
     def __call__(self, command: str) -> bool:
+        return bool(self.ask(command))
+
+    def ask(self, command: str) -> Any:
         self.conn.send(command)
         assert self.conn.poll(30), f"the worker process did not answer {command!r}"
-        return bool(self.conn.recv())
+        return self.conn.recv()
 
     def stop(self) -> None:
         self.conn.send("stop")
@@ -196,10 +278,12 @@ class Team:
         batch_successes: bool = True,
         reporter: str | None = None,
         now_ms: int | None = None,
+        target: Callable[..., None] = serve,
     ) -> list[Worker]:
-        """``count`` workers, of ``reporter`` (the host name by default), on the test
-        clock when ``now_ms`` is given (the command "clock <ms>" moves it)."""
-        args = (self._ctx, self._url, name, config, batch_successes, reporter, now_ms)
+        """``count`` workers running target (serve, or serve_asyncio), of ``reporter``
+        (the host name by default), on the test clock when ``now_ms`` is given (the
+        command "clock <ms>" moves it)."""
+        args = (self._ctx, self._url, name, config, batch_successes, reporter, now_ms, target)
         workers = [Worker(*args) for _ in range(count)]
         self._made.extend(workers)
         for worker in workers:

@@ -23,6 +23,7 @@ from breaker_redis.metrics import exposition
 from breaker_redis.reader import Reader
 from breaker_redis.scripts import OPERATIONS, script_source
 from tests.redis_server import RedisServer, wait_until
+from tests.workers import subscribed
 
 _users = itertools.count()
 
@@ -211,6 +212,7 @@ def test_the_engine_runs_on_a_cluster_under_the_cluster_users_line(cluster, cloc
     try:
         pay = breakers.get("pay", BreakerConfig(failure_threshold=2, open_seconds=10))
         assert pay.call(lambda: "ok") == "ok"
+        subscribed([breakers])  # the sharded subscription, ROLE to its node included
         for _ in range(2):
             with pytest.raises(ZeroDivisionError):
                 pay.call(lambda: 1 / 0)

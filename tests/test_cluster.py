@@ -27,7 +27,7 @@ from redis.cluster import RedisCluster, key_slot
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
 from breaker_redis.scripts import KEY_SUFFIXES
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
-from tests.mp_workers import Worker
+from tests.mp_workers import Team, Worker, serve, serve_asyncio
 from tests.redis_server import wait_until
 from tests.topologies import HOST, ClusterGroup, started
 from tests.workers import TRIP_AT_3, admits, admitted, fail, subscribed, trips_at_3
@@ -42,19 +42,19 @@ def spread_over(group: ClusterGroup) -> dict[int, str]:
     names: dict[int, str] = {}
     for i in range(200):
         names.setdefault(group.owner(slot_of(f"svc-{i}")), f"svc-{i}")
-    assert len(names) == len(group.ports)
+    assert len(names) == group.size
     return names
 
 
 ROUND_TRIPS = {f"cmdstat_{name}" for name in ("evalsha", "eval", "fcall", "ping")}
 
 
-def commands(group: ClusterGroup) -> int:
-    """Script calls and PINGs every node has served so far (INFO commandstats; the
-    commands a script runs count there too, and are left out)."""
+def commands(group: ClusterGroup, ports: list[int] | None = None) -> int:
+    """Script calls and PINGs every node (or those on ports) has served so far (INFO
+    commandstats; the commands a script runs count there too, and are left out)."""
     return sum(
         int(stats["calls"])
-        for port in group.ports
+        for port in (group.ports if ports is None else ports)
         for command, stats in group.node(port).info("commandstats").items()
         if command in ROUND_TRIPS
     )
@@ -458,3 +458,297 @@ def test_an_app_starts_while_its_cluster_is_down_and_joins_it_when_it_answers(ma
         fail(pay, 3)
         owner = group.node(group.owner(slot_of("pay")))
         assert owner.hget("breaker:{pay}:state", "state") == b"open"
+
+
+# -- failovers: a replica takes over its master's slots --------------------------------
+
+WORKERS = [pytest.param(serve, id="sync"), pytest.param(serve_asyncio, id="asyncio")]
+ROUNDS = 100  # trips, each checked by 2 other processes (the cluster test above: 102 trips)
+
+
+def boundary_rounds(operator: Any, workers: list[Worker], rounds: int) -> int:
+    """An operator's reset, then one worker (each in turn) trips the breaker: how many
+    times another worker admitted the call it started after the tripping call returned."""
+    admitted = 0
+    for i in range(rounds):
+        operator.reset()
+        answers = [w("admits") for w in workers]  # the reset's notice was in every socket
+        assert all(answers), f"refused right after a reset: {answers}, {[w.ask('store') for w in workers]}"
+        tripping = workers[i % len(workers)]
+        for _ in range(3):
+            assert tripping("failure")
+        assert not tripping("admits")  # its own reply told it
+        admitted += sum(w("admits") for w in workers if w is not tripping)
+    return admitted
+
+
+def calm_cost(group: ClusterGroup, workers: list[Worker], calls: int = 1000) -> int:
+    """Commands the masters served while each worker made calls healthy calls (and sent
+    its batch); each worker made some first, so that its breaker is calm."""
+    for w in workers:
+        assert w("calm 50")
+    masters = group.masters()
+    before = commands(group, masters)
+    for w in workers:
+        assert w(f"calm {calls}")
+    return commands(group, masters) - before
+
+
+def patient(group: ClusterGroup) -> str:
+    """The group's URL with the longest client timeouts the product allows (as
+    tests/test_boundary.py's): on a busy machine a reply stalled past the default 0.25 s
+    sends a worker to its local store, which sees no trip made on Redis."""
+    return group.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
+
+
+def keep_calling(workers: list[Worker], done: Any, timeout: float, what: str) -> list[list[Any]]:
+    """Every worker calls (a healthy call, then says which store its breaker is on) until
+    done() says True, and every call must be answered: an exception would end the
+    worker's process. Returns each round's stores, worker by worker. done() returns
+    (True or False, what it saw), for the message if the deadline passes."""
+    seen: list[list[Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        seen.append([(w("success"), w.ask("store"))[1] for w in workers])
+        finished, state = done()
+        if finished:
+            return seen
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:.0f} s: {state}"
+
+
+def followed(group: ClusterGroup, workers: list[Worker], heir: int, slot: int) -> tuple[bool, Any]:
+    """Whether heir serves slot in every node's view and every worker is back on Redis and
+    subscribed there (its channel too), and what was seen."""
+    state: dict[str, Any] = {"owners": group.owners(slot), "heir's role": group.role(heir)}
+    if state["owners"] != {heir} or state["heir's role"] != "master":
+        return False, state
+    state["subscribers"] = shard_numsub(group, heir, "breaker:{pay}:notices")
+    state["stores"] = [w.ask("store") for w in workers]
+    state["listening"] = [w.ask("listening") for w in workers]
+    done = state["subscribers"] == len(workers) and set(state["stores"]) == {"redis"}
+    return done and all(state["listening"]), state
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("target", WORKERS)
+def test_a_manual_failover_is_followed_and_the_boundary_holds_after_it(target):
+    """CLUSTER FAILOVER to the replica of the breaker's master while three worker
+    processes keep calling: the old master, now a replica, unsubscribes them from the
+    breaker's channel (sunsubscribe), they subscribe on the promoted replica, decide from
+    memory again (no command for a calm call) and the boundary is exact: 0 of 200 calls
+    started after another process's tripping call returned are admitted."""
+    with started(ClusterGroup(replicas=1)) as group:
+        team = Team(patient(group))
+        operator = Breakers.from_url(patient(group), listen=False)  # an operator's process
+        try:
+            workers = team.start("pay", TRIP_AT_3, 3, target=target)
+            pay = operator.get("pay", TRIP_AT_3)
+            slot, channel = slot_of("pay"), "breaker:{pay}:notices"
+            old = group.owner(slot)
+            new = group.replica_of(old)
+            assert shard_numsub(group, old, channel) == 3
+            assert boundary_rounds(pay, workers, 10) == 0
+            pay.reset()
+
+            group.failover(new)
+            seen = keep_calling(
+                workers,
+                lambda: followed(group, workers, new, slot),
+                30,
+                "the workers subscribed on the promoted replica",
+            )
+            assert group.role(old) == "slave"
+            # a worker that subscribed again there (its map a moment old) left when it saw
+            # a replica answer (breaker_redis/sharded.py); the node reads the close soon after
+            wait_until(lambda: shard_numsub(group, old, channel) == 0, what="no subscriber on the old master")
+            assert {store for stores in seen for store in stores} <= {"redis", "local"}
+
+            assert boundary_rounds(pay, workers, ROUNDS) == 0
+            assert group.node(new).hget("breaker:{pay}:state", "state") == b"open"
+            pay.reset()
+            sent = calm_cost(group, workers)
+            assert sent <= 30, f"{sent} commands for 3,000 healthy calls"  # at most 1 % of a command per call
+        finally:
+            operator.close()
+            team.stop_all()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("target", WORKERS)
+def test_a_killed_master_is_replaced_by_its_replica_and_the_workers_follow(target):
+    """SIGKILL the breaker's master; its replica takes over after the node timeout (the
+    cluster's automatic failover). Meanwhile every call is answered: the workers' calls
+    for that master's breaker go to the local store (their gate), those of a breaker on
+    another master stay on Redis. Once the replica is promoted they go back to Redis,
+    subscribe there, decide from memory, and the boundary is exact again."""
+    with started(ClusterGroup(replicas=1)) as group:
+        for port in group.ports:  # the other masters keep serving while one is down
+            group.node(port).config_set("cluster-require-full-coverage", "no")
+        team = Team(patient(group))
+        operator = Breakers.from_url(patient(group), listen=False)
+        try:
+            slot = slot_of("pay")
+            victim = group.owner(slot)
+            heir = group.replica_of(victim)
+            other = next(name for port, name in spread_over(group).items() if port != victim)
+            workers = team.start("pay", TRIP_AT_3, 3, target=target)
+            (bystander,) = team.start(other, TRIP_AT_3, 1, target=target)
+            pay = operator.get("pay", TRIP_AT_3)
+            assert boundary_rounds(pay, workers, 10) == 0
+            pay.reset()
+
+            group.kill(victim)
+            seen = keep_calling(
+                [*workers, bystander],
+                lambda: followed(group, workers, heir, slot),
+                60,
+                "the workers back on Redis, subscribed on the promoted replica",
+            )
+            assert all(stores[-1] == "redis" for stores in seen)  # the bystander, every time
+            assert any(store == "local" for stores in seen for store in stores[:-1])
+
+            assert boundary_rounds(pay, workers, ROUNDS) == 0
+            assert group.node(heir).hget("breaker:{pay}:state", "state") == b"open"
+            pay.reset()
+            sent = calm_cost(group, workers)
+            assert sent <= 30, f"{sent} commands for 3,000 healthy calls"
+        finally:
+            operator.close()
+            team.stop_all()
+
+
+def stale_maps(monkeypatch: pytest.MonkeyPatch, manager: Any, slot: int, old: str, used: list[bool]) -> None:
+    """The next three slot maps the client reads name old as slot's master, as a node that
+    has not heard of the failover yet answers (CLUSTER SLOTS comes from a startup node
+    picked at random, and gossip takes a moment). used gets an item for each. Three: a
+    subscription sent while the old master was still between roles is refused (MOVED)
+    and made again with the next map."""
+    real = type(manager).initialize
+    node = manager.nodes_cache[old]  # a fresh map may not list the demoted master yet
+
+    def stale(map_: Any) -> None:
+        if map_ is manager and len(used) < 3:
+            used.append(True)
+            map_.nodes_cache.setdefault(old, node)
+            map_.slots_cache[slot] = [map_.nodes_cache[old]]
+
+    if asyncio.iscoroutinefunction(real):
+
+        async def initialize(self: Any, *args: Any, **kwargs: Any) -> None:
+            await real(self, *args, **kwargs)
+            stale(self)
+
+        monkeypatch.setattr(type(manager), "initialize", initialize)
+    else:
+
+        def initialize_sync(self: Any, *args: Any, **kwargs: Any) -> None:
+            real(self, *args, **kwargs)
+            stale(self)
+
+        monkeypatch.setattr(type(manager), "initialize", initialize_sync)
+
+
+@pytest.mark.parametrize("side", ["sync", "asyncio"])
+def test_a_worker_never_trusts_a_subscription_on_the_demoted_master(side, made, monkeypatch):
+    """After a failover the old master unsubscribes the workers; a worker whose next slot
+    map is a moment out of date subscribes again on the old master, now a replica, which
+    accepts (a replica serves sharded pub/sub for its master's slots) but hears the new
+    master's notices over the cluster bus, after the tripping call returned. So the
+    worker trusts a subscription only once its node says it is a master (ROLE): here it
+    leaves the replica, subscribes on the new master, and the boundary is exact."""
+    from breaker_redis.asyncio import Breakers as AsyncBreakers
+
+    with started(ClusterGroup(replicas=1)) as group:
+        made.append(operator := Breakers.from_url(patient(group), listen=False))
+        pay = operator.get("pay", TRIP_AT_3)
+        slot, channel = slot_of("pay"), "breaker:{pay}:notices"
+        old = group.owner(slot)
+        new = group.replica_of(old)
+        used: list[bool] = []
+
+        def moved_to_the_new_master(healthy: Any) -> None:
+            wait_until(lambda: group.promoted(new, slot) and used and healthy(), timeout=20,
+                       what="the worker subscribed again after the failover")
+            assert shard_numsub(group, new, channel) == 1  # not on the replica it tried first
+            wait_until(lambda: shard_numsub(group, old, channel) == 0, what="the replica left")
+
+        if side == "sync":
+            made.append(worker := Breakers.from_url(patient(group)))
+            mine = worker.get("pay", TRIP_AT_3)
+            subscribed([worker])
+            stale_maps(monkeypatch, worker.client.connected().nodes_manager, slot, f"{HOST}:{old}", used)
+            group.failover(new)
+            moved_to_the_new_master(lambda: worker.invalidator.healthy)
+            for _ in range(20):
+                pay.reset()
+                assert admits(mine)
+                fail(pay, 3)
+                assert not admits(mine)  # right after the trip
+            return
+
+        async def main() -> None:
+            worker = AsyncBreakers.from_url(patient(group))
+            try:
+                mine = worker.get("pay", TRIP_AT_3)
+                assert await admitted(mine)
+                deadline = time.monotonic() + 10
+                while not (worker.invalidator is not None and worker.invalidator.healthy):
+                    assert time.monotonic() < deadline, "the subscription did not come up within 10 s"
+                    await asyncio.sleep(0.005)
+                stale_maps(monkeypatch, worker.client.nodes_manager, slot, f"{HOST}:{old}", used)
+                await asyncio.to_thread(group.failover, new)
+                await asyncio.to_thread(moved_to_the_new_master, lambda: worker.invalidator.healthy)
+                for _ in range(20):
+                    pay.reset()
+                    assert await admitted(mine)
+                    fail(pay, 3)
+                    assert not await admitted(mine)
+            finally:
+                await worker.aclose()
+
+        asyncio.run(main())
+
+
+def served(group: ClusterGroup, port: int) -> int:
+    """Script calls and PINGs one node has run or refused (MOVED) so far."""
+    return sum(
+        int(stats.get("calls", 0)) + int(stats.get("rejected_calls", 0))
+        for command, stats in group.node(port).info("commandstats").items()
+        if command in ROUND_TRIPS
+    )
+
+
+def test_a_process_that_does_not_listen_follows_a_failover_at_its_first_call(made):
+    """An operator's process (listen=False) never reads the slot map again by itself:
+    its first call after a failover meets MOVED at the old master, and from then on its
+    scripts and its barrier go to the new master, none to the old one (a replica now,
+    whose subscribers are not the slot's). So a worker refuses the call right after a
+    trip and admits the one right after a reset, both made by such processes."""
+    with started(ClusterGroup(replicas=1)) as group:
+        made.append(operator := Breakers.from_url(patient(group), listen=False))
+        made.append(tripper := Breakers.from_url(patient(group), listen=False))
+        made.append(worker := Breakers.from_url(patient(group)))
+        pay, tripping, mine = (b.get("pay", TRIP_AT_3) for b in (operator, tripper, worker))
+        subscribed([worker])
+        slot, channel = slot_of("pay"), "breaker:{pay}:notices"
+        fail(tripping, 3)
+        pay.reset()
+        old = group.owner(slot)
+        new = group.replica_of(old)
+        group.failover(new)
+        wait_until(
+            lambda: group.promoted(new, slot) and shard_numsub(group, new, channel) == 1
+            and worker.invalidator.healthy,
+            timeout=20,
+            what="the worker subscribed on the promoted replica",
+        )
+        pay.reset()  # the first calls after the failover: MOVED, once each
+        fail(tripping, 1)
+        assert admits(mine)
+        before = served(group, old)
+        for _ in range(20):
+            pay.reset()
+            assert admits(mine)
+            fail(tripping, 3)
+            assert not admits(mine)
+        assert served(group, old) - before == 0

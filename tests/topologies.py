@@ -6,7 +6,8 @@
   signed nothing (a client trusting only it must fail);
 - ``SentinelGroup``: a master, one replica and three sentinels (quorum 2,
   short timeouts);
-- ``ClusterGroup``: three cluster masters joined with ``redis-cli --cluster create``.
+- ``ClusterGroup``: three cluster masters joined with ``redis-cli --cluster create``,
+  with a replica each when asked.
 
 Each keeps its files (configs, certificates, logs) in a temp dir of its own and
 removes it in ``stop()``; ``start()`` either returns a topology that answers
@@ -515,19 +516,38 @@ class SentinelGroup(Topology):
 
 
 class ClusterGroup(Topology):
-    """Three cluster masters (no replicas) holding all 16384 slots."""
+    """Cluster masters (three by default) holding all 16384 slots, each with
+    ``replicas`` replicas of its own (none by default: the quickest start).
+
+    With replicas, ``start()`` returns once every replica is in sync with its
+    master and every node's slot map names each master with its replicas, so
+    that a ``CLUSTER FAILOVER`` or a dead master's automatic failover can
+    happen at once. ``ports`` lists every node started (masters first, as
+    ``redis-cli --cluster create`` takes them); a node killed with ``kill``
+    stays listed there and in ``dead``."""
 
     kind = "cluster"
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 3000) -> None:
         super().__init__()
+        if replicas not in (0, 1):
+            raise ValueError(f"replicas must be 0 or 1 (got {replicas!r})")
         self.size = masters
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
         self.ports: list[int] = []
+        self.dead: set[int] = set()
+        self._child_of: dict[int, Process] = {}
+
+    @property
+    def node_count(self) -> int:
+        return self.size * (1 + self.replicas)
 
     def _start(self) -> None:
         binary = _binary("redis-server")
         cli = _binary("redis-cli")
-        for index in range(self.size):
+        repl = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+        for index in range(self.node_count):
             node_dir = self.dir / f"node{index}"
             node_dir.mkdir()
 
@@ -542,7 +562,8 @@ class ClusterGroup(Topology):
                     "--cluster-config-file",
                     f"nodes-{port}.conf",
                     "--cluster-node-timeout",
-                    "3000",
+                    str(self.node_timeout_ms),
+                    *repl,
                 )
 
             port, child = _start(
@@ -554,6 +575,7 @@ class ClusterGroup(Topology):
             )
             self.children.append(child)
             self.ports.append(port)
+            self._child_of[port] = child
         create = subprocess.run(
             [
                 cli,
@@ -561,7 +583,7 @@ class ClusterGroup(Topology):
                 "create",
                 *(f"{HOST}:{port}" for port in self.ports),
                 "--cluster-replicas",
-                "0",
+                str(self.replicas),
                 "--cluster-yes",
             ],
             capture_output=True,
@@ -575,29 +597,130 @@ class ClusterGroup(Topology):
                 f"\n{create.stderr[-2000:]}\n{self.logs()}"
             )
         self.wait(self._state_ok, 15, "cluster_state:ok on every node")
+        if self.replicas:
+            self.wait(self.replicas_ready, 30, "every replica in sync and known to every node")
 
     def node(self, port: int, timeout: float = 0.5) -> redis.Redis:
         return self.plain(port, timeout)
 
+    def live_ports(self) -> list[int]:
+        return [port for port in self.ports if port not in self.dead]
+
     def _state_ok(self) -> bool:
-        for port in self.ports:
+        for port in self.live_ports():
             try:
                 info = self.node(port).cluster("info")
             except redis.exceptions.RedisError:
                 return False
-            if info.get("cluster_state") != "ok" or int(info.get("cluster_known_nodes", 0)) != self.size:
+            known = int(info.get("cluster_known_nodes", 0))
+            if info.get("cluster_state") != "ok" or known != self.node_count:
                 return False
         return True
 
+    def role(self, port: int) -> str:
+        try:
+            return str(self.node(port).info("replication").get("role"))
+        except redis.exceptions.RedisError:
+            return "unreachable"
+
+    def masters(self) -> list[int]:
+        """The live nodes that say they are masters."""
+        return [port for port in self.live_ports() if self.role(port) == "master"]
+
+    def slot_map(self, port: int) -> list[tuple[int, int, list[int]]]:
+        """CLUSTER SLOTS as one node has it: (first slot, last slot, [master, *replicas] ports)."""
+        return sorted(
+            (int(start), int(end), [int(node[1]) for node in nodes])
+            for start, end, *nodes in self.node(port).execute_command("CLUSTER SLOTS")
+        )
+
+    def _in_sync(self, replica: int) -> bool:
+        try:
+            info = self.node(replica).info("replication")
+        except redis.exceptions.RedisError:
+            return False
+        return (
+            info.get("role") == "slave"
+            and info.get("master_link_status") == "up"
+            and int(info.get("master_sync_in_progress", 1)) == 0
+        )
+
+    def views(self) -> list[dict[int, tuple[str, int | None]]]:
+        """CLUSTER NODES as each live node has it: {port: (role, its master's port)}."""
+        found = []
+        for port in self.live_ports():
+            nodes = self.node(port).cluster("nodes")
+            port_of = {node["node_id"]: int(address.rsplit(":", 1)[1]) for address, node in nodes.items()}
+            view: dict[int, tuple[str, int | None]] = {}
+            for address, node in nodes.items():
+                flags = set(node["flags"].split(","))
+                role = "fail" if flags & {"fail", "fail?"} else "master" if "master" in flags else "replica"
+                view[int(address.rsplit(":", 1)[1])] = (role, port_of.get(node["master_id"]))
+            found.append(view)
+        return found
+
+    def replicas_ready(self) -> bool:
+        """Every live node agrees on who replicates whom (no node flagged failing), each
+        master has its replicas, and every replica is in sync."""
+        try:
+            views = self.views()
+        except redis.exceptions.RedisError:
+            return False
+        if any(view != views[0] for view in views):
+            return False
+        masters = [port for port, (role, _) in views[0].items() if role == "master"]
+        replicas = [(port, master) for port, (role, master) in views[0].items() if role == "replica"]
+        return (
+            len(masters) == self.size
+            and all(sum(master == m for _, master in replicas) == self.replicas for m in masters)
+            and all(self._in_sync(port) for port, _ in replicas)
+        )
+
+    def replica_of(self, master: int) -> int:
+        """A replica of master, as the first live node knows them."""
+        for port, (role, of) in self.views()[0].items():
+            if role == "replica" and of == master:
+                return port
+        raise RuntimeError(f"the master on port {master} has no replica")
+
+    def owners(self, slot: int) -> set[int]:
+        """The master serving slot as each live node names it (one entry when they agree)."""
+        found = set()
+        for port in self.live_ports():
+            try:
+                ranges = self.slot_map(port)
+            except redis.exceptions.RedisError:
+                found.add(-1)
+                continue
+            found.update(nodes[0] for start, end, nodes in ranges if start <= slot <= end)
+        return found
+
     def owner(self, slot: int) -> int:
         """The port of the master serving slot, from CLUSTER SLOTS."""
-        for start, end, master, *_ in self.node(self.ports[0]).execute_command("CLUSTER SLOTS"):
-            if int(start) <= slot <= int(end):
-                return int(master[1])
+        for start, end, nodes in self.slot_map(self.live_ports()[0]):
+            if start <= slot <= end:
+                return nodes[0]
         raise RuntimeError(f"slot {slot} is not served")
 
+    def failover(self, replica: int) -> None:
+        """CLUSTER FAILOVER sent to replica: it takes over its master's slots once it has
+        every write the master acknowledged (Redis coordinates that; no data is lost)."""
+        self.wait(lambda: self._in_sync(replica), 15, f"the replica on port {replica} in sync")
+        answer = self.node(replica).execute_command("CLUSTER", "FAILOVER")
+        if answer not in (True, b"OK", "OK"):
+            raise RuntimeError(f"CLUSTER FAILOVER on port {replica} answered {answer!r}")
+
+    def promoted(self, port: int, slot: int) -> bool:
+        """Whether port says it is a master and every live node names it the owner of slot."""
+        return self.role(port) == "master" and self.owners(slot) == {port}
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on port (a crash); it stays in ``ports``, and in ``dead``."""
+        self.crash(self._child_of[port])
+        self.dead.add(port)
+
     def flushall(self) -> None:
-        for port in self.ports:
+        for port in self.masters():
             self.node(port).flushall()
 
     @property

@@ -44,6 +44,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
         """A new event loop or process: the old connections belong to the old one."""
         self._task = None
         self._subscriptions: dict[str, Subscription] = {}  # by master ('host:port')
+        self._nodes: dict[str, Any] = {}  # the node of each subscription, by the same name
         self._forget_connections()
         self._wake_event: asyncio.Event | None = None
 
@@ -80,6 +81,11 @@ class AsyncShardedInvalidator(Channels[Subscription]):
             wake.clear()
             try:
                 await self._subscribe_wanted()
+                await self._verify()
+                held = self._subscriptions
+                for idle in self._idle(list(held.values())):
+                    self._subscriptions = held = {m: s for m, s in held.items() if s is not idle}
+                    idle.transport.close()
                 delay = 0.1
                 timeout = None if not self._wanted else delay
             except asyncio.CancelledError:
@@ -111,12 +117,29 @@ class AsyncShardedInvalidator(Channels[Subscription]):
                     self._not_done(by_master, master)
                     raise
                 self._subscriptions[master] = subscription
+                self._nodes[master] = node
             for channel in channels:
                 channel.healthy, channel.connection = False, subscription
                 subscription.send("SSUBSCRIBE", channel.channel)  # one each: SSUBSCRIBE takes one slot
         if unserved:  # a slot no master serves (yet): again after a backoff
             self._wanted.update(unserved)
             raise ConnectionError(f"{len(unserved)} breakers' slots served by no master")
+
+    async def _verify(self) -> None:
+        """ROLE to the node of each subscription whose channels were confirmed (the sync
+        side's ShardedInvalidator._verify says why)."""
+        for subscription, channels in self._to_verify():
+            master = next((name for name, held in self._subscriptions.items() if held is subscription), None)
+            if master is None:
+                continue  # lost meanwhile: its channels are wanted again
+            try:
+                role = await self._nodes[master].execute_command("ROLE")
+            except BaseException:
+                self._not_verified(channels)
+                raise
+            if not self._verified(subscription, channels, role):
+                subscription.transport.close()  # finished(): its channels are wanted again
+                raise ConnectionError(f"{master} is no longer a master; reading the slot map again")
 
     # -- what a subscription reports (from the loop's read callback) -------------------------
 
