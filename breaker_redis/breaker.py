@@ -172,16 +172,7 @@ class Breaker(BreakerCore[Permit], Protects):
         if failed is not None and failed(result) is not None:
             return self._settle_returned(self._permit_since(known, started), result, fallback, failed)
         duration_ms = shared.now_ms() - started
-        if listener is not None:
-            listener.drain()  # hear of an arming before choosing to batch
-        now_known = self._memory.known
-        with self._lock:
-            joins = self._join_batch(
-                known.epoch, known.generation, duration_ms, now_known is not None and self._trusted(now_known)
-            )
-        if joins:
-            shared.recorder.schedule(self)
-        else:
+        if not self._batched(known.epoch, known.generation, duration_ms):
             self._send(known.epoch, "success", max(0, duration_ms), "", known.generation)
         return result
 
@@ -221,19 +212,24 @@ class Breaker(BreakerCore[Permit], Protects):
             with self._lock:
                 if self._observed(permit, outcome, duration_ms):
                     return
-        if outcome == "success" and permit.batchable and shared.batch_successes:
-            listener = self._listener
-            if listener is not None:
-                listener.drain()  # hear of an arming before choosing to batch
-            known = self._memory.known
-            with self._lock:
-                joins = self._join_batch(
-                    permit.epoch, permit.generation, duration_ms, known is not None and self._trusted(known)
-                )
-            if joins:
-                shared.recorder.schedule(self)
-                return
+        batchable = outcome == "success" and permit.batchable and shared.batch_successes
+        if batchable and self._batched(permit.epoch, permit.generation, duration_ms):
+            return
         self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease, permit.generation)
+
+    def _batched(self, epoch: int, generation: int, duration_ms: int) -> bool:
+        """A plain success of a call admitted from calm knowledge joins this
+        worker's batch if the breaker is still calm (an arming heard first)."""
+        listener = self._listener
+        if listener is not None:
+            listener.drain()
+        known = self._memory.known
+        trusted = known is not None and self._trusted(known)
+        with self._lock:
+            joins = self._join_batch(epoch, generation, duration_ms, trusted)
+        if joins:
+            self._shared.recorder.schedule(self)
+        return joins
 
     def flush_batch(self) -> None:
         """Send the batched successes and the counts kept in memory, if any
