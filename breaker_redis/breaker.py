@@ -169,8 +169,9 @@ class Breaker(BreakerCore[Permit], Protects):
             result = fn(*args, **kwargs)
         except BaseException as exc:
             return cast(T, self._settle_raised(self._permit_since(known, started), exc, fallback))
-        if failed is not None and failed(result) is not None:
-            return self._settle_returned(self._permit_since(known, started), result, fallback, failed)
+        cause = failed(result) if failed is not None else None
+        if cause is not None:
+            return self._settle_failed_result(self._permit_since(known, started), result, cause, fallback)
         duration_ms = shared.now_ms() - started
         if not self._batched(known.epoch, known.generation, duration_ms):
             self._send(known.epoch, "success", max(0, duration_ms), "", known.generation)

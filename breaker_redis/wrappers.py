@@ -74,7 +74,11 @@ class Protects:
             result = fn(*args, **kwargs)
         except BaseException as exc:
             return cast(T, self._settle_raised(permit, exc, fallback))
-        return self._settle_returned(permit, result, fallback, failed)
+        cause = failed(result) if failed is not None else None
+        if cause is None:
+            permit.success()
+            return result
+        return self._settle_failed_result(permit, result, cause, fallback)
 
     def _settle_raised(self, permit: Permit, exc: BaseException, fallback: Any) -> Any:
         """Record a call that raised: the fallback's answer to a failure, else exc raised again."""
@@ -84,14 +88,9 @@ class Protects:
             return _fall_back(fallback, exc)
         raise exc
 
-    def _settle_returned(
-        self, permit: Permit, result: T, fallback: Any, failed: Callable[[T], BaseException | None] | None
-    ) -> T:
-        """Record a call that returned: a success, unless ``failed(result)`` names a cause."""
-        cause = failed(result) if failed is not None else None
-        if cause is None:
-            permit.success()
-            return result
+    @staticmethod
+    def _settle_failed_result(permit: Permit, result: T, cause: BaseException, fallback: Any) -> T:
+        """Record a call whose result ``failed()`` judged a failure: the result, or the fallback's answer."""
         permit.failure()
         return result if fallback is MISSING else cast(T, _fall_back(fallback, cause))
 

@@ -11,6 +11,7 @@ import pytest
 
 from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers, State
 from tests.redis_server import wait_until
+from tests.workers import subscribed
 
 
 class Upstream(Exception):
@@ -46,6 +47,26 @@ def test_call_counts_a_failure_and_reraises(make_breakers):
     with pytest.raises(Upstream):
         b.call(boom)
     assert b.snapshot()["failures"] == 1
+
+
+def test_guard_judges_each_result_once(make_breakers):
+    """guard()'s failed(result) runs once per call, on the healthy path (admitted
+    from memory) as on the general one: a judge may read a response's body."""
+    breakers = make_breakers(listen=True, batch_successes=True)
+    b = breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=10))
+    subscribed([breakers])  # so that memory decides and successes are batched
+    judged: list[str] = []
+
+    def failed(result: str) -> BaseException | None:
+        judged.append(result)
+        return Upstream(result) if result == "bad" else None
+
+    results = ["ok", "ok", "bad", "ok", "bad"]
+    for result in results:
+        assert b.guard(lambda r=result: r, (), {}, failed=failed) == result
+    assert judged == results
+    snapshot = b.snapshot()
+    assert (snapshot["successes"], snapshot["failures"]) == (3, 2)
 
 
 def test_call_raises_breaker_open_without_calling(make_breakers):
