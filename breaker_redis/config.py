@@ -391,5 +391,18 @@ def parse_overrides(overrides: Mapping[str, str]) -> dict[str, Any]:
     return parsed
 
 
+def checked_changes(base: BreakerConfig, changes: Mapping[str, object]) -> dict[str, str]:
+    """Live-config changes as configure.lua writes them (field -> text, '' removing
+    the override; None removes one too), checked before anything is written: a
+    field removed must be a live one, the values set must make a valid config
+    with ``base``. ValueError (or TypeError) naming the field otherwise."""
+    as_text = {key: "" if value is None else str(value) for key, value in changes.items()}
+    for key, value in as_text.items():
+        if value == "":
+            live_field(key)
+    base.with_overrides({key: value for key, value in as_text.items() if value != ""})
+    return as_text
+
+
 def config_field_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(BreakerConfig))
