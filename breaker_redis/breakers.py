@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from .breaker import Breaker
 from .cluster import notices_channel
-from .config import BreakerConfig
+from .config import BreakerConfig, checked_changes
 from .core import BreakerCore
 from .failover import SentinelFollower
 from .invalidation import Invalidator
@@ -170,14 +170,9 @@ class Breakers(Forgetting):
 
     def configure(self, name: str, **overrides: Any) -> dict[str, str]:
         """Write live overrides for a breaker; None removes one. Validated first."""
-        from .config import parse_overrides
-
         validate_name(name)
-        as_text = {key: "" if value is None else str(value) for key, value in overrides.items()}
         base = self._breakers[name].config if name in self._breakers else self.defaults
-        setting = {key: value for key, value in as_text.items() if value != ""}
-        parse_overrides({key: "1" for key in as_text if key not in setting})  # removals: names only
-        base.with_overrides(setting)
+        as_text = checked_changes(base, overrides)
         args: list[str] = ["", "0"]
         for key, value in as_text.items():
             args += [key, value]

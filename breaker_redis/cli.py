@@ -33,7 +33,7 @@ from typing import Any
 import click
 import redis
 
-from .config import LUA_FIELDS, BreakerConfig, live_value, parse_overrides
+from .config import LUA_FIELDS, BreakerConfig, checked_changes, live_value
 from .reader import Reader
 from .scripts import text, validate_name, validate_prefix
 from .store import StoreUnavailable
@@ -605,8 +605,7 @@ def config_command(
     setting = {key: value for key, value in changes.items() if value is not None}
     try:  # before anything reaches Redis
         validate_name(name)
-        parse_overrides({key: "1" for key, value in changes.items() if value is None})
-        BreakerConfig().with_overrides(setting)
+        checked_changes(BreakerConfig(), changes)
     except (ValueError, TypeError) as exc:
         raise Invalid(str(exc)) from None
     target.require(name, create)

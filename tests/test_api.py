@@ -338,13 +338,16 @@ def test_live_config_applies_at_the_next_call(make_breakers):
         ({"failure_threshold": "two"}, "failure_threshold"),
         ({"open_seconds": -1}, "open_seconds"),
         ({"colour": 1}, "unknown config field"),
+        ({"colour": None}, "unknown config field 'colour'"),  # a removal: the name is checked too
+        ({"colour": ""}, "unknown config field 'colour'"),
         ({"trip": "sometimes"}, "trip"),
     ],
 )
-def test_live_config_refuses_bad_values(make_breakers, overrides, message):
+def test_live_config_refuses_bad_values(make_breakers, store, overrides, message):
     breakers = make_breakers()
     with pytest.raises(ValueError, match=message):
         breakers.configure("pay", **overrides)
+    assert store.keys("*") == []  # refused before anything reached Redis
 
 
 def test_names_lists_breakers_used_by_any_worker(make_breakers):
