@@ -283,9 +283,10 @@ class Breakers(Forgetting):
                 breaker.flush_batch()
 
     def close(self) -> None:
-        """Send pending batches and stop the background threads (a worker may simply exit)."""
+        """Send pending batches and stop the background threads (a worker may simply exit).
+        When it returns no batch is being sent: the caller may close the client."""
+        self.recorder.close()  # first: its send under way ends before the flush of the rest
         self.flush()
-        self.recorder.close()
         self.gate.close()
         if self.invalidator is not None:
             self.invalidator.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -444,6 +445,34 @@ def test_batched_successes_reach_redis_by_themselves(realtime, store):
         what="the recorder thread to send the batch",
     )
     assert int(store.hget("breaker:{pay}:window", "tc")) == 50
+
+
+def test_close_waits_for_the_batch_the_recorder_is_sending(realtime, store, monkeypatch):
+    """When Breakers.close() returns, no send is under way, so the app may close its
+    client (one the recorder thread had under way was cut: 'could not record an
+    outcome', Bad file descriptor, seen in bench/eviction.py)."""
+    b = realtime.get("pay")
+    runner = realtime.gate.remote
+    real_run = runner.run
+    entered, done = threading.Event(), threading.Event()
+
+    def slow_record(operation, *args):
+        if operation != "record" or threading.current_thread().name != "breaker-redis-recorder":
+            return real_run(operation, *args)
+        entered.set()
+        time.sleep(0.3)  # the send under way, as a busy Redis answers
+        try:
+            return real_run(operation, *args)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(runner, "run", slow_record)
+    for _ in range(5):
+        b.call(lambda: None)
+    wait_until(entered.is_set, timeout=5, what="the recorder thread's send")
+    realtime.close()
+    assert done.is_set()
+    assert int(store.hget("breaker:{pay}:stats", "successes")) == 5
 
 
 def test_a_failure_carries_the_batch_so_redis_sees_the_order(realtime):
