@@ -285,11 +285,11 @@ class Breakers(Forgetting):
     def close(self) -> None:
         """Send pending batches and stop the background threads (a worker may simply exit).
         When it returns no batch is being sent: the caller may close the client."""
-        self.recorder.close()  # first: its send under way ends before the flush of the rest
+        if self.invalidator is not None:  # first: no notice starts a send from here on
+            self.invalidator.close()
+        self.recorder.close()  # its send under way ends before the flush of the rest
         self.flush()
         self.gate.close()
-        if self.invalidator is not None:
-            self.invalidator.close()
         if self.follower is not None:
             self.follower.close()
 
