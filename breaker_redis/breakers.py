@@ -278,12 +278,13 @@ class Breakers(Forgetting):
                 breaker.flush_batch()
 
     def close(self) -> None:
-        """Send pending batches and stop the background threads (a worker may simply exit)."""
-        self.flush()
-        self.recorder.close()
-        self.gate.close()
-        if self.invalidator is not None:
+        """Send pending batches and stop the background threads (a worker may simply exit).
+        When it returns no batch is being sent: the caller may close the client."""
+        if self.invalidator is not None:  # first: no notice starts a send from here on
             self.invalidator.close()
+        self.recorder.close()  # its send under way ends before the flush of the rest
+        self.flush()
+        self.gate.close()
         if self.follower is not None:
             self.follower.close()
 

@@ -180,7 +180,15 @@ class Invalidator:
         self.healthy = False
 
     def close(self) -> None:
+        """Stop listening. When it returns no message is being handled (a notice can
+        make the listener thread send a breaker's batch), so the caller may close the
+        client: the read lock is waited for, and the link closed under it, so the
+        thread's next read returns at once."""
         self._listener.close()
+        with self._read_lock:
+            link = self._link
+            if link is not None:
+                link.closed, link.readable = True, _never
 
     def resubscribe(self) -> None:
         """Leave the current subscription (its server stopped being the master).

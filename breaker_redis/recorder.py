@@ -22,6 +22,7 @@ from typing import Protocol
 # gunicorn worker sees requests milliseconds apart; sending each success alone
 # would cost a record call per request after all.
 BATCH_SECONDS = 0.05
+JOIN_SECONDS = 5.0  # close() waits this long at most for a send under way
 
 
 class Batched(Protocol):
@@ -78,6 +79,13 @@ class Recorder:
         self._thread = None
 
     def close(self) -> None:
+        """Stop the thread, and wait for a send it has under way (it took the due list,
+        so Breakers.close()'s own flush would find nothing to wait for and the caller
+        could close the client under that send); a send is bounded by the client's
+        socket timeout, JOIN_SECONDS by ours."""
         self._stop.set()
         self._wake.set()
         self._hurry.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_SECONDS)

@@ -245,7 +245,7 @@ class Scripts:
         for node in nodes:
             problem = eviction_problem(text(node.get("maxmemory_policy")), int(node.get("maxmemory") or 0))
             if problem is not None:
-                log.warning("the breakers' Redis has %s (see README: Redis memory and permissions; "
+                log.warning("the breakers' Redis: %s (see README: Redis memory and permissions; "
                             "breaker-redis doctor checks it)", problem)
                 return
 

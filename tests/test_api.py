@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -447,6 +448,72 @@ def test_batched_successes_reach_redis_by_themselves(realtime, store):
         what="the recorder thread to send the batch",
     )
     assert int(store.hget("breaker:{pay}:window", "tc")) == 50
+
+
+def test_close_waits_for_the_batch_the_recorder_is_sending(realtime, store, monkeypatch):
+    """When Breakers.close() returns, no send is under way, so the app may close its
+    client (one the recorder thread had under way was cut: 'could not record an
+    outcome', Bad file descriptor, seen in bench/eviction.py)."""
+    b = realtime.get("pay")
+    runner = realtime.gate.remote
+    real_run = runner.run
+    entered, done = threading.Event(), threading.Event()
+
+    def slow_record(operation, *args):
+        if operation != "record" or threading.current_thread().name != "breaker-redis-recorder":
+            return real_run(operation, *args)
+        entered.set()
+        time.sleep(0.3)  # the send under way, as a busy Redis answers
+        try:
+            return real_run(operation, *args)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(runner, "run", slow_record)
+    for _ in range(5):
+        b.call(lambda: None)
+    wait_until(entered.is_set, timeout=5, what="the recorder thread's send")
+    realtime.close()
+    assert done.is_set()
+    assert int(store.hget("breaker:{pay}:stats", "successes")) == 5
+
+
+def test_close_waits_for_the_batch_a_notice_is_sending(redis_server, monkeypatch):
+    """A transition heard makes the listener thread send the batch; close() waits for
+    that send too (the eviction bench logged it cut 8 times in one run)."""
+    redis_server.client().flushall()
+    worker = Breakers.from_url(redis_server.url, batch_successes=True)
+    other = Breakers.from_url(redis_server.url, listen=False)
+    try:
+        b = worker.get("pay")
+        b.call(lambda: None)
+        subscribed([worker])
+        worker.recorder.close()  # the batch stays in memory until the notice sends it
+        for _ in range(4):
+            b.call(lambda: None)
+        runner = worker.gate.remote
+        real_run = runner.run
+        entered, done = threading.Event(), threading.Event()
+
+        def slow_record(operation, *args):
+            if operation != "record" or threading.current_thread().name != "breaker-redis-events":
+                return real_run(operation, *args)
+            entered.set()
+            time.sleep(0.3)
+            try:
+                return real_run(operation, *args)
+            finally:
+                done.set()
+
+        monkeypatch.setattr(runner, "run", slow_record)
+        other.get("pay").force_open()  # its transition reaches the worker's listener
+        wait_until(entered.is_set, timeout=5, what="the listener thread's send")
+        worker.close()
+        assert done.is_set()
+        assert int(redis_server.client().hget("breaker:{pay}:stats", "successes")) == 5
+    finally:
+        worker.close()
+        other.close()
 
 
 def test_a_failure_carries_the_batch_so_redis_sees_the_order(realtime):
