@@ -164,7 +164,8 @@ class Breaker(BreakerCore[Permit], Protects):
             except BreakerOpen as refused:
                 return cast(T, self._answer_refusal(refused, fallback))
             return self._run_admitted(permit, fn, args, kwargs, fallback, failed)
-        started = shared.now_ms()
+        timed = known.slow_ms != 0  # a duration matters only to the slow-call rule
+        started = shared.now_ms() if timed else 0
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
@@ -172,7 +173,7 @@ class Breaker(BreakerCore[Permit], Protects):
         cause = failed(result) if failed is not None else None
         if cause is not None:
             return self._settle_failed_result(self._permit_since(known, started), result, cause, fallback)
-        duration_ms = shared.now_ms() - started
+        duration_ms = shared.now_ms() - started if timed else 0
         if not self._batched(known.epoch, known.generation, duration_ms):
             self._send(known.epoch, "success", max(0, duration_ms), "", known.generation)
         return result
@@ -180,7 +181,8 @@ class Breaker(BreakerCore[Permit], Protects):
     def _permit_since(self, known: Knowledge, started: int) -> Permit:
         """The permit guard()'s healthy path did without, for an outcome it does not handle."""
         permit = Permit(self, known.epoch, "", known.generation, known.calm)
-        permit.started = started
+        if started:  # (0: not timed, no slow-call rule; the permit's own start stands)
+            permit.started = started
         return permit
 
     def _drain(self) -> None:

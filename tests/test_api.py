@@ -70,6 +70,23 @@ def test_guard_judges_each_result_once(make_breakers):
     assert (snapshot["successes"], snapshot["failures"]) == (3, 2)
 
 
+def test_the_healthy_path_counts_a_slow_call_under_a_slow_call_rule(make_breakers, clock):
+    """guard()'s healthy path reads the clock only when the knowledge it admits from
+    has a slow-call rule: with one, a slow call is counted as slow (it fails when the
+    healthy path never times); without, a long call is a plain success."""
+    breakers = make_breakers(listen=True, batch_successes=True)
+    slow_rule = BreakerConfig(trip="consecutive", failure_threshold=99, slow_call_seconds=1.0,
+                              slow_call_rate=0.9, minimum_calls=50)
+    timed, untimed = breakers.get("timed", slow_rule), breakers.get("untimed", BreakerConfig())
+    subscribed([breakers])
+    for b in (timed, untimed):
+        b.call(lambda: None)  # learns the config from the reply
+        assert b.known is not None and b.known.calm
+        b.call(clock.advance, 1500)
+    assert timed.snapshot()["window_slow"] == 1
+    assert untimed.snapshot()["window_slow"] == 0
+
+
 def test_call_raises_breaker_open_without_calling(make_breakers):
     b = tripped(make_breakers())
     called = []
