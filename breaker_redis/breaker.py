@@ -119,7 +119,7 @@ class Breaker(BreakerCore[Permit], Protects):
         """acquire() once the notices received were delivered; known: what memory held then."""
         if known is not None and known.admits and self._trusted(known):
             # the healthy call: admitted from memory, nothing counted (core.py _from_memory)
-            return Permit(self, known.epoch, "", known.generation, known.calm)
+            return Permit(self, known.epoch, "", known.generation, known.calm, timed=known.slow_ms != 0)
         with self._lock:
             if known is not None and self._trusted(known):
                 permit = self._from_memory(known)

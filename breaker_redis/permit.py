@@ -41,6 +41,7 @@ class Permit:
         batchable: bool = False,
         *,
         observing: bool = False,
+        timed: bool = True,
     ) -> None:
         self._breaker = breaker
         self.epoch = epoch
@@ -51,7 +52,10 @@ class Permit:
         self.batchable = batchable
         # admitted in observe mode while known open: the outcome only feeds the counters
         self.observing = observing
-        self.started = breaker.now_ms()
+        # timed=False: admitted under no slow-call rule, so the call's duration
+        # matters to nothing (lua/record.lua reads it only for that rule) and the
+        # clock is not read; 0 then stands for 'not timed'
+        self.started = breaker.now_ms() if timed else 0
         # emptied by the first record(): list.pop is atomic, so exactly one of
         # several threads recording at once goes on, without a lock per permit
         self._unrecorded = [True]
@@ -73,7 +77,8 @@ class Permit:
         except IndexError:
             return  # recorded already
         breaker = self._breaker
-        breaker._record(self, outcome, breaker.now_ms() - self.started)
+        started = self.started
+        breaker._record(self, outcome, breaker.now_ms() - started if started else 0)
 
     @property
     def recorded(self) -> bool:

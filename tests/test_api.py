@@ -70,10 +70,11 @@ def test_guard_judges_each_result_once(make_breakers):
     assert (snapshot["successes"], snapshot["failures"]) == (3, 2)
 
 
-def test_the_healthy_path_counts_a_slow_call_under_a_slow_call_rule(make_breakers, clock):
-    """guard()'s healthy path reads the clock only when the knowledge it admits from
-    has a slow-call rule: with one, a slow call is counted as slow (it fails when the
-    healthy path never times); without, a long call is a plain success."""
+def test_a_call_admitted_from_memory_is_timed_under_a_slow_call_rule(make_breakers, clock):
+    """guard()'s healthy path and a permit admitted from memory read the clock only
+    when the knowledge they admit from has a slow-call rule: with one, a slow call is
+    counted as slow (this fails when they never time); without, a long call is a
+    plain success."""
     breakers = make_breakers(listen=True, batch_successes=True)
     slow_rule = BreakerConfig(trip="consecutive", failure_threshold=99, slow_call_seconds=1.0,
                               slow_call_rate=0.9, minimum_calls=50)
@@ -83,7 +84,10 @@ def test_the_healthy_path_counts_a_slow_call_under_a_slow_call_rule(make_breaker
         b.call(lambda: None)  # learns the config from the reply
         assert b.known is not None and b.known.calm
         b.call(clock.advance, 1500)
-    assert timed.snapshot()["window_slow"] == 1
+        permit = b.acquire()  # the permit of a call admitted from memory, timed the same way
+        clock.advance(1500)
+        permit.success()
+    assert timed.snapshot()["window_slow"] == 2
     assert untimed.snapshot()["window_slow"] == 0
 
 
