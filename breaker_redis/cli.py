@@ -37,7 +37,7 @@ from .config import LUA_FIELDS, BreakerConfig, live_value, parse_overrides
 from .reader import Reader
 from .scripts import text, validate_name, validate_prefix
 from .store import StoreUnavailable
-from .urls import client_from_url
+from .urls import client_from_url, describe
 from .urls import parse as parse_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -65,21 +65,6 @@ class Invalid(click.ClickException):
     """Exit 2: a bad argument or config value; nothing was written."""
 
     exit_code = 2
-
-
-def describe(client: Any) -> str:
-    """Where a client points, for messages (never its password)."""
-    nodes = getattr(client, "get_nodes", None)
-    if callable(nodes):  # Redis Cluster
-        return "cluster " + ",".join(sorted(f"{n.host}:{n.port}" for n in nodes()))
-    pool = getattr(client, "connection_pool", None)
-    service = getattr(pool, "service_name", None)
-    if service:  # a Sentinel master
-        return f"sentinel service {service!r}"
-    kwargs = getattr(pool, "connection_kwargs", {}) or {}
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
-    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
 
 
 class Target(Reader):

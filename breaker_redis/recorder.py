@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+from .background import BackgroundThread
+
 # How long a first success waits for others to share its record call. A sync
 # gunicorn worker sees requests milliseconds apart; sending each success alone
 # would cost a record call per request after all.
@@ -26,12 +28,11 @@ class Batched(Protocol):
 
 
 class Recorder:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._due: dict[int, Batched] = {}
-        self._thread: threading.Thread | None = None
+    _due: dict[int, Batched]
+
+    def __init__(self, name: str = "breaker-redis-recorder") -> None:
+        self.thread = BackgroundThread(self._loop, name, wake=self._rouse)
+        self.after_fork()
 
     def schedule(self, breaker: Batched) -> None:
         # Already due: the flush that sends it reads the breaker's count after
@@ -42,9 +43,7 @@ class Recorder:
             return
         with self._lock:
             self._due[id(breaker)] = breaker
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="breaker-redis-recorder", daemon=True)
-                self._thread.start()
+            self.thread.start()
         self._wake.set()
 
     def flush(self) -> None:
@@ -55,18 +54,18 @@ class Recorder:
             breaker.flush_batch()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        thread = self.thread
+        while not thread.stopped():
             self._wake.wait(1.0)
-            self._stop.wait(BATCH_SECONDS)  # let the next few successes join this batch
+            thread.wait(BATCH_SECONDS)  # let the next few successes join this batch
             self._wake.clear()
             self.flush()
+
+    def _rouse(self) -> None:
+        self._wake.set()
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._due = {}
-        self._thread = None
-
-    def close(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self.thread.after_fork()
