@@ -52,8 +52,6 @@ TRANSITIONS_SHOWN = 10  # by `show`
 HIGHLIGHT_SECONDS = 10.0  # `watch` keeps a state change highlighted this long
 STATE_COLOURS = {"closed": "green", "open": "red", "half_open": "yellow"}
 
-_sleep = time.sleep  # the tests replace it to act between two refreshes of `watch`
-
 
 class Failed(click.ClickException):
     """Exit 1: Redis unreachable, a Redis error, an unknown breaker."""
@@ -73,7 +71,9 @@ class Target(Reader):
     ``declared``: the breakers an app declares (``flask breakers``), known
     before their first call as the app's admin endpoints know them; the
     ``breaker-redis`` command knows only what Redis knows. ``timeout``: the
-    seconds its client waits for an answer, when the CLI made it.
+    seconds its client waits for an answer, when the CLI made it. ``sleep``:
+    how ``watch`` waits between refreshes and ``metrics --port`` while it
+    serves (a test acts there instead).
     """
 
     def __init__(
@@ -84,11 +84,13 @@ class Target(Reader):
         owns_client: bool = True,
         declared: Iterable[str] = (),
         timeout: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(client, prefix, owns_client=owns_client)
         self.where = describe(client)
         self.declared = frozenset(declared)
         self.timeout = timeout
+        self.sleep = sleep
 
     def require(self, name: str, create: bool = False) -> str:
         """The name, if it is valid and known, to Redis or as declared by the app
@@ -385,7 +387,7 @@ def watch(target: Target, interval: float, count: int | None) -> None:
             refreshes += 1
             if count is not None and refreshes >= count:
                 return
-            _sleep(interval)
+            target.sleep(interval)
     except KeyboardInterrupt:
         return
 
@@ -771,7 +773,7 @@ def metrics(target: Target, port: int | None, host: str) -> None:
     click.echo(f"serving http://{host}:{port}/metrics (Ctrl-C stops)")
     try:
         while True:
-            _sleep(3600)
+            target.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
