@@ -32,7 +32,7 @@ log = logging.getLogger("breaker_redis")
 # How long close() waits for its threads to end. Each is woken at once and ends
 # within milliseconds unless a Redis command of its own is under way (bounded by
 # the client's socket timeout); past this, a daemon thread is left to end alone.
-STOP_SECONDS = 2.0
+STOP_SECONDS = 5.0
 
 
 class BackgroundThread:

@@ -164,7 +164,8 @@ class Breaker(BreakerCore[Permit], Protects):
             except BreakerOpen as refused:
                 return cast(T, self._answer_refusal(refused, fallback))
             return self._run_admitted(permit, fn, args, kwargs, fallback, failed)
-        started = shared.now_ms()
+        timed = known.slow_ms != 0  # a duration matters only to the slow-call rule
+        started = shared.now_ms() if timed else 0
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
@@ -172,7 +173,7 @@ class Breaker(BreakerCore[Permit], Protects):
         cause = failed(result) if failed is not None else None
         if cause is not None:
             return self._settle_failed_result(self._permit_since(known, started), result, cause, fallback)
-        duration_ms = shared.now_ms() - started
+        duration_ms = shared.now_ms() - started if timed else 0
         if not self._batched(known.epoch, known.generation, duration_ms):
             self._send(known.epoch, "success", max(0, duration_ms), "", known.generation)
         return result
@@ -180,7 +181,8 @@ class Breaker(BreakerCore[Permit], Protects):
     def _permit_since(self, known: Knowledge, started: int) -> Permit:
         """The permit guard()'s healthy path did without, for an outcome it does not handle."""
         permit = Permit(self, known.epoch, "", known.generation, known.calm)
-        permit.started = started
+        if started:  # (0: not timed, no slow-call rule; the permit's own start stands)
+            permit.started = started
         return permit
 
     def _drain(self) -> None:
@@ -213,23 +215,28 @@ class Breaker(BreakerCore[Permit], Protects):
             with self._lock:
                 if self._observed(permit, outcome, duration_ms):
                     return
-        batchable = outcome == "success" and permit.batchable and shared.batch_successes
-        if batchable and self._batched(permit.epoch, permit.generation, duration_ms):
+        batchable = outcome != "ignored" and permit.batchable and shared.batch_successes
+        if batchable and self._batched(permit.epoch, permit.generation, duration_ms, outcome == "failure"):
             return
         self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease, permit.generation)
 
-    def _batched(self, epoch: int, generation: int, duration_ms: int) -> bool:
+    def _batched(self, epoch: int, generation: int, duration_ms: int, failed: bool = False) -> bool:
         """A plain success of a call admitted from calm knowledge joins this
-        worker's batch if the breaker is still calm (an arming heard first)."""
+        worker's batch if the breaker is still calm (an arming heard first); so
+        does a plain failure under the rate rule, one at a time, and the recorder
+        sends it at once: its caller does not wait for the round trip."""
         listener = self._listener
         if listener is not None:
             listener.drain()
         known = self._memory.known
         trusted = known is not None and self._trusted(known)
         with self._lock:
-            joins = self._join_batch(epoch, generation, duration_ms, trusted)
+            joins = self._join_batch(epoch, generation, duration_ms, trusted, failed)
         if joins:
-            self._shared.recorder.schedule(self)
+            recorder = self._shared.recorder
+            recorder.schedule(self)
+            if failed:
+                recorder.hurry()
         return joins
 
     def flush_batch(self) -> None:
@@ -250,7 +257,7 @@ class Breaker(BreakerCore[Permit], Protects):
                 pending, batch = self._take_for_send(self._gate.live)
             if outcome and not self._gate.live(generation):
                 outcome = ""
-            if not outcome and not batch[1] and not any(pending):
+            if not outcome and not batch[1] and not batch[2] and not any(pending):
                 return
             try:
                 reply, generation, stamp = self._run(

@@ -16,7 +16,7 @@ from typing import Any, cast
 from .background import BackgroundThread, process_hooks, stop_all, thread_name
 from .breaker import Breaker
 from .cluster import notices_channel
-from .config import BreakerConfig
+from .config import BreakerConfig, checked_changes
 from .core import BreakerCore
 from .failover import SentinelFollower
 from .invalidation import Invalidator
@@ -178,14 +178,9 @@ class Breakers(Forgetting):
 
     def configure(self, name: str, **overrides: Any) -> dict[str, str]:
         """Write live overrides for a breaker; None removes one. Validated first."""
-        from .config import parse_overrides
-
         validate_name(name)
-        as_text = {key: "" if value is None else str(value) for key, value in overrides.items()}
         base = self._breakers[name].config if name in self._breakers else self.defaults
-        setting = {key: value for key, value in as_text.items() if value != ""}
-        parse_overrides({key: "1" for key in as_text if key not in setting})  # removals: names only
-        base.with_overrides(setting)
+        as_text = checked_changes(base, overrides)
         args: list[str] = ["", "0"]
         for key, value in as_text.items():
             args += [key, value]
@@ -298,10 +293,12 @@ class Breakers(Forgetting):
         return threads
 
     def close(self) -> None:
-        """Send pending batches and stop the background threads, waiting for them up to
-        background.STOP_SECONDS (a worker may simply exit: its batches are sent at exit).
-        This process's fork and exit hooks forget it."""
-        self.flush()
+        """Stop the background threads, then send pending batches (a worker may simply
+        exit: its batches are sent at exit). The threads are woken and joined together,
+        for background.STOP_SECONDS at most: when it returns no notice is being handled
+        (one can make the listener send a batch) and no batch is being sent, so the
+        caller may close the client. This process's fork and exit hooks forget it."""
         process_hooks.discard(self)
         stop_all(self.threads())
+        self.flush()
 

@@ -1,6 +1,6 @@
 """breaker-redis: every breaker in one Redis at a glance, and an operator's switches.
 
-    breaker-redis [--url URL] [--prefix P] COMMAND [ARGS]...
+    breaker-redis [--url URL] [--prefix P] COMMAND [ARGS]...   (the options may follow COMMAND too)
     flask breakers COMMAND [ARGS]...     (the same commands, on the app's Redis and prefix)
 
 Reads go through the snapshot script (for many breakers its twin
@@ -33,7 +33,7 @@ from typing import Any
 import click
 import redis
 
-from .config import LUA_FIELDS, BreakerConfig, live_value, parse_overrides
+from .config import LUA_FIELDS, BreakerConfig, checked_changes, live_value
 from .reader import Reader
 from .scripts import text, validate_name, validate_prefix
 from .store import StoreUnavailable
@@ -127,6 +127,39 @@ class OperationsGroup(click.Group):
             raise Failed(f"Redis at {_where(ctx)} answered with an error: {exc}") from None
 
 
+class MainGroup(OperationsGroup):
+    """``breaker-redis``: its own options (--url, --prefix, --timeout) may also follow
+    the command, as operators type them (``breaker-redis doctor --url ...``); a
+    subcommand has no option of those names, so none is taken from it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, group_options_first(args, self.params))
+
+
+def group_options_first(args: list[str], params: Iterable[click.Parameter]) -> list[str]:
+    """``args`` with each of the group's options that have a value (``--url X``,
+    ``--url=X``) moved before the command, in their order; nothing after ``--``."""
+    names = {name for p in params if isinstance(p, click.Option) and not p.is_flag for name in p.opts}
+    moved: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if arg in names and i + 1 < len(args):
+            moved += args[i : i + 2]
+            i += 2
+            continue
+        if arg.split("=", 1)[0] in names and "=" in arg:
+            moved.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return moved + rest
+
+
 def _where(ctx: click.Context) -> str:
     target = ctx.find_object(Target)
     return target.where if target is not None else "?"
@@ -141,7 +174,7 @@ def _waited(ctx: click.Context, cause: BaseException) -> str:
     return f" (no answer within {timeout:g} s; --timeout waits longer)"
 
 
-@click.group(cls=OperationsGroup, name="breaker-redis")
+@click.group(cls=MainGroup, name="breaker-redis")
 @click.option(
     "--url",
     envvar="BREAKER_REDIS_URL",
@@ -168,6 +201,8 @@ def _waited(ctx: click.Context, cause: BaseException) -> str:
 @click.pass_context
 def main(ctx: click.Context, url: str, prefix: str, timeout: float | None) -> None:
     """Show and switch the circuit breakers kept in one Redis, for every worker at once.
+
+    The options may also follow the command (breaker-redis doctor --url URL).
 
     Exit codes: 0 done; 1 Redis unreachable, a Redis error or an unknown
     breaker; 2 a usage or validation error (nothing was written).
@@ -592,8 +627,7 @@ def config_command(
     setting = {key: value for key, value in changes.items() if value is not None}
     try:  # before anything reaches Redis
         validate_name(name)
-        parse_overrides({key: "1" for key, value in changes.items() if value is None})
-        BreakerConfig().with_overrides(setting)
+        checked_changes(BreakerConfig(), changes)
     except (ValueError, TypeError) as exc:
         raise Invalid(str(exc)) from None
     target.require(name, create)

@@ -190,7 +190,10 @@ class Invalidator:
 
     def _interrupt(self) -> None:
         """Wake the listener from its wait on the subscription (close): from now on
-        workers ask Redis, and the listener thread closes the connection as it ends."""
+        workers ask Redis; the link is closed under the read lock, so a message being
+        handled (a notice can make the listener send a breaker's batch) is done first,
+        and the listener's wait returns at once; the thread closes the connection as it
+        ends."""
         self.healthy = False
         link = self._link
         if link is not None:

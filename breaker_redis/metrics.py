@@ -42,6 +42,8 @@ class BreakerCollector(Collector):
         up = GaugeMetricFamily("breaker_redis_up", "1 if the breakers' Redis could be read by this scrape")
         try:
             snapshots = self._reader.snapshots()
+            if not snapshots:  # none listed: maybe the workers' scripts are refused a permission too
+                self._reader.check_readable()
             groups = self._reader.groups(snapshots)
         except Exception as exc:
             # a permission Redis refuses is an error of its own, logged once with the ACL rule

@@ -196,6 +196,14 @@ class Reader:
         self._learn([parts])
         return self._snapshot(name, parts)
 
+    def check_readable(self) -> None:
+        """Raise what a read of a breaker would meet (a permission Redis refuses:
+        the script, TIME, a breaker's keys), reading nothing: for a reader that
+        found no breaker listed, which would otherwise say all is well while
+        workers refused the same permission have listed none (lua/read.lua's
+        'encode' call of an unused name, one round trip)."""
+        self._runner.run("read", "-", self._now_ms(), [BreakerConfig().to_lua(), 0, "encode"])
+
     def snapshots(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The snapshots of ``names`` (every listed breaker by default), in their
         order, each as ``snapshot(name)`` reads it.

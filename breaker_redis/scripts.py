@@ -37,6 +37,7 @@ import redis
 import redis.asyncio
 
 from .cluster import Slots, is_cluster, notices_channel
+from .lua_rules import with_live_rules
 
 log = logging.getLogger("breaker_redis")
 
@@ -129,11 +130,17 @@ def _read(name: str) -> str:
 
 
 @cache
+def prelude() -> str:
+    """lua/_lib.lua as the scripts run it: BreakerConfig's live rules written in (lua_rules.py)."""
+    return with_live_rules(_read("_lib"))
+
+
+@cache
 def script_source(operation: str) -> str:
     """One script as EVAL runs it: the prelude, then the script's own file."""
     if operation not in OPERATIONS:
         raise ValueError(f"unknown script {operation!r}")
-    return _read("_lib") + "\nbegin(KEYS, ARGV)\n" + _read(operation)
+    return prelude() + "\nbegin(KEYS, ARGV)\n" + _read(operation)
 
 
 @cache
@@ -144,7 +151,7 @@ def library() -> tuple[str, dict[str, str]]:
     call. Names carry a hash of the code, so two versions of breaker_redis can
     share a server (a rolling deploy), each calling its own functions.
     """
-    body = _read("_lib") + "\n" + "".join(
+    body = prelude() + "\n" + "".join(
         f"redis.register_function('@@_{op}', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{_read(op)}\nend)\n"
         for op in OPERATIONS
     )
@@ -238,7 +245,7 @@ class Scripts:
         for node in nodes:
             problem = eviction_problem(text(node.get("maxmemory_policy")), int(node.get("maxmemory") or 0))
             if problem is not None:
-                log.warning("the breakers' Redis has %s (see README: Redis memory and permissions; "
+                log.warning("the breakers' Redis: %s (see README: Redis memory and permissions; "
                             "breaker-redis doctor checks it)", problem)
                 return
 

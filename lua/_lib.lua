@@ -162,33 +162,23 @@ local function repaired(key)
 end
 
 -- Live overrides: the config hash, in BreakerConfig names and units, written
--- by configure.lua or by hand (redis-cli HSET). Each value is checked against
--- BreakerConfig's own bounds (breaker_redis/config.py BOUNDS; a test keeps the
--- two equal): one that does not parse, is not an integer where one is due, or
--- is below the lowest allowed is skipped (the caller's value stays); one above
--- the highest allowed is clamped to it. Never fatal, never unbounded.
---   field = {config key, unit, lowest, lowest excluded, highest, integer}
-local BOUNDS  -- built when first needed: under EVAL this prelude runs every call
-local function bounds()
-  if BOUNDS then return BOUNDS end
-  BOUNDS = {
-    failure_threshold = {'threshold', 1, 1, false, 1000000, true},
-    failure_rate = {'rate', 1, 0, true, 1, false},
-    minimum_calls = {'min_calls', 1, 1, false, 1000000, true},
-    slow_call_seconds = {'slow_ms', 1000, 0, true, 3600, false},
-    slow_call_rate = {'slow_rate', 1, 0, true, 1, false},
-    window_seconds = {'window_ms', 1000, 0, true, 86400, false},
-    window_buckets = {'buckets', 1, 1, false, 100, true},
-    open_seconds = {'open_ms', 1000, 0, true, 86400, false},
-    open_backoff = {'backoff', 1, 1, false, 100, false},
-    max_open_seconds = {'max_open_ms', 1000, 0, true, 86400, false},
-    half_open_max_calls = {'ho_max', 1, 1, false, 10000, true},
-    half_open_successes = {'ho_successes', 1, 1, false, 10000, true},
-    probe_timeout_seconds = {'probe_ms', 1000, 0, true, 3600, false},
-    max_concurrent_calls = {'max_conc', 1, 1, false, 1000000, true},
-    min_reporters = {'min_rep', 1, 1, false, 1000, true},
-  }
-  return BOUNDS
+-- by configure.lua or by hand (redis-cli HSET). Each value is held to
+-- BreakerConfig's own rules: one that does not parse, is not an integer where
+-- one is due, or is below the lowest allowed is skipped (the caller's value
+-- stays); one above the highest allowed is clamped to it. Never fatal, never
+-- unbounded. The rules are written once, where BreakerConfig declares its
+-- fields (breaker_redis/config.py LIVE_FIELDS); breaker_redis/lua_rules.py writes
+-- them into rules() below, in place of its LIVE_RULES line, when it builds
+-- the scripts' text, so the two cannot differ:
+--   BOUNDS[field] = {config key, unit (1000: seconds, the config's ms), lowest,
+--                    lowest excluded, highest, integer, can be off (0)}
+--   WORDS[field]  = {word = true, ...}: the words a field of words takes
+--   OFF           = {value = true, ...}: the values that turn a field off
+--   OPEN_MS, CAP_FLOOR_MS: the open period and the cap's floor when unset (apply_overrides)
+local BOUNDS, WORDS, OFF, OPEN_MS, CAP_FLOOR_MS
+local function rules()  -- when first needed: under EVAL this prelude runs every call
+  if BOUNDS then return end
+  --@LIVE_RULES@ (BreakerConfig's fields, written here by breaker_redis/lua_rules.py)
 end
 
 -- A live value within bounds (in the field's own unit), or nil to skip it.
@@ -203,17 +193,15 @@ local function bounded(b, v)
 end
 
 local function apply_overrides(c, o)
-  local BOUNDS = bounds()
-  local ENUMS = {trip = {consecutive = true, count = true, rate = true}, mode = {enforce = true, observe = true}}
-  local OFF = {[''] = true, none = true, off = true}  -- turns off slow_call_seconds, max_concurrent_calls
+  rules()
   local window_ms = c.bucket_ms * c.buckets
   local open_set, cap_set = c.open_set == 1, c.cap_set == 1
   for i = 1, #o, 2 do
     local f, v = o[i], o[i + 1]
     local b = BOUNDS[f]
-    if ENUMS[f] then
-      if ENUMS[f][v] then c[f] = v end
-    elseif b and OFF[v] and (f == 'slow_call_seconds' or f == 'max_concurrent_calls') then
+    if WORDS[f] then
+      if WORDS[f][v] then c[f] = v end
+    elseif b and b[7] and OFF[v] then
       c[b[1]] = 0
     elseif b then
       local n = bounded(b, v)
@@ -226,8 +214,8 @@ local function apply_overrides(c, o)
   end
   -- the one of open_seconds / max_open_seconds left unset follows the other
   -- (breaker_redis/config.py): cap = max(300 s, open), open = min(30 s, cap)
-  if open_set and not cap_set then c.max_open_ms = math.max(300000, c.open_ms) end
-  if cap_set and not open_set then c.open_ms = math.min(30000, c.max_open_ms) end
+  if open_set and not cap_set then c.max_open_ms = math.max(CAP_FLOOR_MS, c.open_ms) end
+  if cap_set and not open_set then c.open_ms = math.min(OPEN_MS, c.max_open_ms) end
   c.bucket_ms = math.max(1, math.floor(window_ms / c.buckets))
   c.max_open_ms = math.max(c.max_open_ms, c.open_ms)
   if c.min_rep == 1 then c.min_rep = nil end  -- absent unless above 1 (see "One sick host")
@@ -715,9 +703,9 @@ local function slide_may_arm(c, w, k)
     or (c.slow_ms > 0 and w.ts + k >= c.slow_rate * (tc_slow + k))
 end
 
-local function update_armed(s, c, w)
-  local armed = false
-  if s.state == 'closed' and s.forced == '' then
+local function update_armed(s, c, w, held)
+  local armed = held or false  -- held: a trip the rules call for waits for an outcome sent at once
+  if not armed and s.state == 'closed' and s.forced == '' then
     if c.trip == 'consecutive' and s.consec > 0 then
       armed = true
     elseif c.trip == 'rate' or c.slow_ms > 0 then
@@ -778,13 +766,14 @@ end
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
 -- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
 --  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated),
---  lost ('', 'restored' or 'lost': see restore_lost), and only when the calling reporter is
---  isolated (min_reporters > 1): until when (ms)}
+--  lost ('', 'restored' or 'lost': see restore_lost), until when (ms) the calling reporter is
+--  isolated (min_reporters > 1; 0: it is not), unwaited (1: the rate rule with min_reporters 1,
+--  so a calm worker may send a plain failure without its caller waiting; see record.lua)}
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
-    s.born, REPAIRED, LOST, ISO}
+    s.born, REPAIRED, LOST, ISO or 0, c and c.trip == 'rate' and not c.min_rep and 1 or 0}
 end
 
 -- Breaker groups: a pool of replica hosts of which at most a share may be open at

@@ -4,7 +4,7 @@
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override).
---         The caller validated them (breaker_redis.config.parse_overrides).
+--         The caller validated them (breaker_redis.config.checked_changes).
 -- Reads : config.  Writes: config, and drops the window when its shape is set; publishes {"kind":"config"}. A value written with
 --         redis-cli instead holds as well, from the next script (unannounced).
 -- Returns the overrides now in force as a flat field, value list.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -67,6 +68,23 @@ def test_guard_judges_each_result_once(make_breakers):
     assert judged == results
     snapshot = b.snapshot()
     assert (snapshot["successes"], snapshot["failures"]) == (3, 2)
+
+
+def test_the_healthy_path_counts_a_slow_call_under_a_slow_call_rule(make_breakers, clock):
+    """guard()'s healthy path reads the clock only when the knowledge it admits from
+    has a slow-call rule: with one, a slow call is counted as slow (it fails when the
+    healthy path never times); without, a long call is a plain success."""
+    breakers = make_breakers(listen=True, batch_successes=True)
+    slow_rule = BreakerConfig(trip="consecutive", failure_threshold=99, slow_call_seconds=1.0,
+                              slow_call_rate=0.9, minimum_calls=50)
+    timed, untimed = breakers.get("timed", slow_rule), breakers.get("untimed", BreakerConfig())
+    subscribed([breakers])
+    for b in (timed, untimed):
+        b.call(lambda: None)  # learns the config from the reply
+        assert b.known is not None and b.known.calm
+        b.call(clock.advance, 1500)
+    assert timed.snapshot()["window_slow"] == 1
+    assert untimed.snapshot()["window_slow"] == 0
 
 
 def test_call_raises_breaker_open_without_calling(make_breakers):
@@ -338,13 +356,16 @@ def test_live_config_applies_at_the_next_call(make_breakers):
         ({"failure_threshold": "two"}, "failure_threshold"),
         ({"open_seconds": -1}, "open_seconds"),
         ({"colour": 1}, "unknown config field"),
+        ({"colour": None}, "unknown config field 'colour'"),  # a removal: the name is checked too
+        ({"colour": ""}, "unknown config field 'colour'"),
         ({"trip": "sometimes"}, "trip"),
     ],
 )
-def test_live_config_refuses_bad_values(make_breakers, overrides, message):
+def test_live_config_refuses_bad_values(make_breakers, store, overrides, message):
     breakers = make_breakers()
     with pytest.raises(ValueError, match=message):
         breakers.configure("pay", **overrides)
+    assert store.keys("*") == []  # refused before anything reached Redis
 
 
 def test_names_lists_breakers_used_by_any_worker(make_breakers):
@@ -444,6 +465,73 @@ def test_batched_successes_reach_redis_by_themselves(realtime, store):
         what="the recorder thread to send the batch",
     )
     assert int(store.hget("breaker:{pay}:window", "tc")) == 50
+
+
+def test_close_waits_for_the_batch_the_recorder_is_sending(realtime, store, monkeypatch):
+    """When Breakers.close() returns, no send is under way, so the app may close its
+    client (one the recorder thread had under way was cut: 'could not record an
+    outcome', Bad file descriptor, seen in bench/eviction.py)."""
+    b = realtime.get("pay")
+    runner = realtime.gate.remote
+    real_run = runner.run
+    entered, done = threading.Event(), threading.Event()
+
+    def slow_record(operation, *args):
+        if operation != "record" or threading.current_thread().name != realtime.recorder.thread.name:
+            return real_run(operation, *args)
+        entered.set()
+        time.sleep(0.3)  # the send under way, as a busy Redis answers
+        try:
+            return real_run(operation, *args)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(runner, "run", slow_record)
+    for _ in range(5):
+        b.call(lambda: None)
+    wait_until(entered.is_set, timeout=5, what="the recorder thread's send")
+    realtime.close()
+    assert done.is_set()
+    assert int(store.hget("breaker:{pay}:stats", "successes")) == 5
+
+
+def test_close_waits_for_the_batch_a_notice_is_sending(redis_server, monkeypatch):
+    """A transition heard makes the listener thread send the batch; close() waits for
+    that send too (the eviction bench logged it cut 8 times in one run)."""
+    redis_server.client().flushall()
+    worker = Breakers.from_url(redis_server.url, batch_successes=True)
+    other = Breakers.from_url(redis_server.url, listen=False)
+    try:
+        b = worker.get("pay")
+        b.call(lambda: None)
+        subscribed([worker])
+        # the batch stays in memory until the notice sends it
+        worker.recorder.schedule = [].append  # type: ignore[method-assign]
+        for _ in range(4):
+            b.call(lambda: None)
+        runner = worker.gate.remote
+        real_run = runner.run
+        entered, done = threading.Event(), threading.Event()
+
+        def slow_record(operation, *args):
+            if operation != "record" or threading.current_thread().name != worker.invalidator.thread.name:
+                return real_run(operation, *args)
+            entered.set()
+            time.sleep(0.3)
+            try:
+                return real_run(operation, *args)
+            finally:
+                done.set()
+
+        monkeypatch.setattr(runner, "run", slow_record)
+        other.get("pay").force_open()  # its transition reaches the worker's listener
+        wait_until(entered.is_set, timeout=5, what="the listener thread's send")
+        worker.close()
+        assert done.is_set()
+        assert int(redis_server.client().hget("breaker:{pay}:stats", "successes")) == 5
+    finally:
+        worker.close()
+        other.close()
 
 
 def test_a_failure_carries_the_batch_so_redis_sees_the_order(realtime):

@@ -213,6 +213,8 @@ def test_admin_live_config_and_names(connect, clock):
         assert await breakers.names() == ["pay"]
         with pytest.raises(ValueError, match="failure_threshold"):
             await breakers.configure("pay", failure_threshold=0)
+        with pytest.raises(ValueError, match="unknown config field 'colour'"):  # a removal's name too
+            await breakers.configure("pay", colour=None)
         with pytest.raises(ValueError, match="already exists"):
             breakers.get("pay", BreakerConfig(failure_threshold=9))
         await breakers.aclose()

@@ -259,6 +259,23 @@ def test_switching_an_unknown_breaker_exits_1_unless_created(url, prefix):
     assert rows(run(url, prefix, "status").stdout)["later"][0] == "open (forced)"
 
 
+def test_the_options_may_follow_the_command(url, prefix):
+    """`breaker-redis doctor --url ...`, as operators type it: the same as before the command."""
+    assert run(url, prefix, "open", "pay", "--create").exit_code == 0
+    before = run(url, prefix, "show", "pay")
+    args = ["show", "pay", "--url", url, f"--prefix={prefix}", "--timeout", "3"]
+    after = CliRunner().invoke(cli.main, args)
+    assert (after.exit_code, after.stdout) == (0, before.stdout)
+    assert "open (forced)" in after.stdout
+    bad = CliRunner().invoke(cli.main, ["status", "--url", "nope://127.0.0.1"])
+    assert bad.exit_code == 2 and "--url" in bad.stderr
+    # a command's own options and arguments stay where they are, and nothing after --
+    args = ["config", "pay", "--unset", "open_seconds", "--url", "u", "--", "--prefix", "p"]
+    assert cli.group_options_first(args, cli.main.params) == [
+        "--url", "u", "config", "pay", "--unset", "open_seconds", "--", "--prefix", "p"
+    ]
+
+
 # -- config -----------------------------------------------------------------------
 
 

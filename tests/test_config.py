@@ -7,11 +7,13 @@ import dataclasses
 import json
 import pickle
 import re
+from pathlib import Path
 
 import fakeredis
 import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+from breaker_redis.config import config_field_names
 from breaker_redis.scripts import MAX_NAME_LENGTH, validate_name
 
 
@@ -105,6 +107,28 @@ def test_a_live_long_open_period_is_accepted_and_applied(make_breakers):
     with pytest.raises(BreakerOpen) as info:
         b.acquire()
     assert info.value.retry_after == 600.0
+
+
+# -- the docs name every field ----------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_configuration_table_has_a_row_for_every_field():
+    """README, "Configuration": each BreakerConfig field in the first column of a row,
+    and no name there that is not a field (a field added or renamed fails here)."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    section = readme.split("\n### Configuration\n", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    documented = [name for row in rows for name in re.findall(r"`(\w+)`", row.split(" | ", 1)[0])]
+    assert sorted(documented) == sorted(config_field_names())
+
+
+def test_the_design_doc_names_every_field():
+    """docs/design.md lists BreakerConfig's fields in its public API."""
+    design = (ROOT / "docs" / "design.md").read_text("utf-8")
+    listed = design.split("- `BreakerConfig`: a frozen dataclass", 1)[1].split("\n- ", 1)[0]
+    assert set(config_field_names()) <= set(re.findall(r"`(\w+)`", listed))
 
 
 # -- names ----------------------------------------------------------------------------------

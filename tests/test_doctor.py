@@ -22,7 +22,7 @@ from breaker_redis import Breakers, acl, cli
 from breaker_redis.doctor import CHECKS, eviction_problem
 from breaker_redis.doctor.checkup import Checkup
 from breaker_redis.doctor.permissions import PROBE_MEMBER, tries
-from breaker_redis.doctor.timing import ORDERING_ENOUGH_LATE, ORDERING_ROUNDS
+from breaker_redis.doctor.timing import LATENCY_WARN_MS, ORDERING_ENOUGH_LATE, ORDERING_ROUNDS
 from breaker_redis.flask import FlaskBreakers
 from tests.redis_server import RedisServer
 from tests.test_acl import rules_of
@@ -350,8 +350,9 @@ class DelayingProxy:
     other byte passes at once. What a worker's subscription meets behind a
     proxy or on a server whose I/O threads write a subscriber's message late."""
 
-    def __init__(self, target_port: int, delay: float) -> None:
-        self.target_port, self.delay = target_port, delay
+    def __init__(self, target_port: int, delay: float, everyone: bool = False) -> None:
+        self.target_port, self.delay, self.everyone = target_port, delay, everyone  # everyone: every
+        # connection's bytes late, as a Redis far from the workers
         self.loop = asyncio.new_event_loop()
         self.port = 0
         self._thread = threading.Thread(target=self.loop.run_forever, name="doctor-proxy", daemon=True)
@@ -395,7 +396,8 @@ class DelayingProxy:
 
         async def from_server() -> None:
             while data := await up_reader.read(65536):
-                due.put_nowait((self.loop.time() + (self.delay if subscriber else 0.0), data))
+                late = subscriber or self.everyone
+                due.put_nowait((self.loop.time() + (self.delay if late else 0.0), data))
             due.put_nowait((0.0, b""))
 
         async def to_client() -> None:
@@ -430,6 +432,20 @@ def test_a_subscriber_served_late_fails_the_ordering_check_and_a_direct_one_pass
         "and Redis"
     )
     assert problems(result) == [f"ordering: {line}"]
+
+
+def test_a_far_redis_is_a_latency_warning(server: RedisServer, prefix: str) -> None:
+    """Every answer 5 ms late (the proxy): the median PING is above LATENCY_WARN_MS."""
+    with DelayingProxy(server.port, delay=0.005, everyone=True) as proxy:
+        result = doctor(f"redis://127.0.0.1:{proxy.port}/0", prefix)
+    assert statuses(result)["latency"] == ["WARN"], result.output
+    median = float(re.match(r"100 PINGs: median (\d+\.\d\d) ms", only(result, "latency"))[1])
+    assert median >= 5.0
+    assert only(result, "latency").endswith(
+        f": above {LATENCY_WARN_MS:g} ms, and every armed outcome and every barrier waits one round trip; "
+        "run Redis closer to the workers"
+    )
+    assert "warning" in result.stdout.splitlines()[-1]
 
 
 # -- topologies -------------------------------------------------------------------------

@@ -27,8 +27,10 @@ import redis
 
 from breaker_redis import BreakerConfig, Breakers
 from breaker_redis import core as core_module
+from breaker_redis.metrics import exposition
 from breaker_redis.reader import Reader
 from tests.redis_server import RedisServer, wait_until
+from tests.test_metrics import of, samples
 from tests.workers import admits, fail
 
 pytestmark = pytest.mark.real
@@ -148,6 +150,7 @@ def test_allkeys_lru_a_worker_that_knew_restores_the_open_state(
     assert not admits(newcomer.get("pay", CONFIG))
     snap = newcomer.get("pay", CONFIG).snapshot()
     assert (snap["state"], snap["state_lost"]) == ("open", 1)
+    assert of(samples(exposition(admin).decode()), "breaker_redis_state_lost_total", "pay") == 1
     lines = [r.getMessage() for r in caplog.records if "lost its state" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "restored" in lines[0] and "allkeys-lru" in lines[0] and "noeviction or volatile-*" in lines[0]
@@ -228,7 +231,9 @@ def test_a_worker_warns_at_start_up_when_the_policy_can_evict_its_keys(
     if policy == "volatile-lru":
         assert lines == []
     else:
-        assert len(lines) == 1 and "allkeys-lru" in lines[0] and "noeviction or volatile-*" in lines[0]
+        assert len(lines) == 1 and "noeviction or volatile-*" in lines[0]
+        assert lines[0].startswith("the breakers' Redis: maxmemory-policy allkeys-lru (maxmemory 2.0 MB) can "
+                                   "evict a breaker's state"), lines[0]
 
 
 # -- what is never restored ----------------------------------------------------------------------

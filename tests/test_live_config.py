@@ -7,7 +7,8 @@ fields, keys that must outlive a short TTL.
   they do not parse, are not integers where one is due or are below the
   lowest, clamped when above the highest. The Python reading of a value
   (config.live_value, used by the CLI) and the Lua one agree on any string
-  (hypothesis), and the two bound tables are equal.
+  (hypothesis); the scripts' rules are written from BreakerConfig's fields, and
+  hold each field to its declared bounds.
 - A field that does not parse in the state, stats or window hash is repaired by
   the call that finds it, with one log line naming the key; the breaker keeps
   deciding; reset repairs a counter too.
@@ -17,7 +18,7 @@ fields, keys that must outlive a short TTL.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import math
 
@@ -26,8 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, BreakerOpen
-from breaker_redis.config import BOUNDS, LUA_FIELDS, live_value
-from breaker_redis.scripts import script_source
+from breaker_redis.config import LIVE_FIELDS, LUA_FIELDS, OFF_VALUES, LiveField, live_value
+from breaker_redis.lua_rules import live_rules
+from breaker_redis.scripts import OPERATIONS, ScriptRunner, library, prelude, script_source
+from breaker_redis.snapshot import snapshot_dict
 from tests.workers import admits, fail
 
 COUNT_5 = BreakerConfig(trip="count", failure_threshold=5, window_seconds=60, open_seconds=30)
@@ -39,13 +42,70 @@ def in_force(breaker) -> dict:
     return breaker.snapshot()["config"]
 
 
-def test_the_lua_bounds_are_breakerconfigs_bounds(store):
-    prelude = script_source("snapshot").split("\nlocal s = load_state()")[0]
-    source = prelude + "\nreturn cjson.encode(bounds())"
-    lua = json.loads(store.eval(source, 7, *[f"k{i}" for i in range(7)], "n", "c", "", 1000, "", 0))
-    assert set(lua) == set(BOUNDS) == set(LUA_FIELDS) - {"trip", "mode"}
-    for field, (low, low_open, high, integer) in BOUNDS.items():
-        assert lua[field][2:] == [low, low_open, high, integer], field
+# A config away from every bound, so that a live value skipped, applied or clamped shows
+AWAY = BreakerConfig(
+    trip="count", failure_threshold=5, failure_rate=0.3, minimum_calls=20, slow_call_seconds=2,
+    slow_call_rate=0.5, window_seconds=10, window_buckets=10, open_seconds=20, open_backoff=2,
+    max_open_seconds=600, half_open_max_calls=2, half_open_successes=2, probe_timeout_seconds=30,
+    max_concurrent_calls=5, mode="observe", min_reporters=2,
+)
+SKIPPED = object()  # the scripts keep the worker's own value
+
+
+def probes(rule: LiveField) -> list[tuple[str, object]]:
+    """Live values at and around a field's rules as BreakerConfig declares them
+    (config.LIVE_FIELDS), each with what the scripts must put in force: the value,
+    None (off) or SKIPPED."""
+    own = getattr(AWAY, rule.name)
+    if rule.words:
+        return [*((word, word) for word in rule.words if word != own), ("sometimes", SKIPPED)]
+    low, high = rule.low, rule.high
+    found: list[tuple[str, object]] = [
+        (f"{high * 10:g}", high), ("1e999", high), (f"{high:g}", high),
+        (f"{low:g}", SKIPPED if rule.low_open else low), (f"{low - 1:g}", SKIPPED), ("nan", SKIPPED),
+    ]
+    if rule.integer:
+        found.append((f"{low + 1.5:g}", SKIPPED))
+    found += [(value, None) for value in OFF_VALUES] if rule.off else [("off", SKIPPED)]
+    return found
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["FCALL", "EVALSHA"])
+@pytest.mark.parametrize("rule", LIVE_FIELDS, ids=[rule.name for rule in LIVE_FIELDS])
+def test_the_scripts_hold_live_values_to_each_fields_declared_rules(redis_server, rule, functions):
+    """The rules the scripts apply are written into them from BreakerConfig's fields
+    (lua_rules.py): on a real server, as a library of functions and as EVALSHA
+    scripts, a value above a field's highest is clamped to it, one below its lowest,
+    or not an integer where one is due, is skipped, and an off value turns it off."""
+    client = redis_server.client()
+    client.flushall()
+    client.config_resetstat()
+    runner = ScriptRunner(client, "breaker", 60_000, functions=functions)
+    own = getattr(AWAY, rule.name)
+    for raw, expected in probes(rule):
+        assert expected != own, (rule.name, raw)  # else a skipped value would pass for an applied one
+        client.hset(CONFIG, rule.name, raw)
+        reply = runner.run("snapshot", "pay", None, [AWAY.to_lua(), 0, 0, 0, 0, 0, 0, 0])
+        in_force = snapshot_dict("pay", reply, "redis")["config"][rule.name]
+        assert in_force == (own if expected is SKIPPED else expected), (rule.name, raw)
+        applied, _ = live_value(rule.name, raw)  # the CLI's reading of it
+        assert applied == {SKIPPED: None, None: "off"}.get(expected, expected), (rule.name, raw)  # type: ignore[call-overload]
+    sent, unsent = ("cmdstat_fcall", "cmdstat_evalsha") if functions else ("cmdstat_evalsha", "cmdstat_fcall")
+    stats = client.info("commandstats")
+    assert stats[sent]["calls"] >= len(probes(rule)) and unsent not in stats
+
+
+def test_the_scripts_text_is_written_from_the_declared_rules(monkeypatch):
+    """The prelude's rules come from config.LIVE_FIELDS when the scripts' text is built:
+    none is left out, and a changed bound changes the text (and so the scripts' SHA1)."""
+    assert all("--@LIVE_RULES@" not in script_source(op) for op in OPERATIONS)
+    assert "--@LIVE_RULES@" not in library()[0]
+    assert live_rules() in prelude()
+    for rule in LIVE_FIELDS:
+        assert f"    {rule.name} = {{" in live_rules()
+    widened = [dataclasses.replace(f, high=2000) if f.name == "window_buckets" else f for f in LIVE_FIELDS]
+    monkeypatch.setattr("breaker_redis.lua_rules.LIVE_FIELDS", widened)
+    assert "window_buckets = {'buckets', 1, 1, false, 2000, true, false}," in live_rules()
 
 
 def test_a_value_written_with_redis_cli_holds_from_the_next_call(make_breakers, store):

@@ -120,6 +120,34 @@ def test_a_scrape_refused_a_permission_names_it(redis_server, caplog):
         admin.execute_command("ACL", "DELUSER", "scraper")
 
 
+def test_a_scrape_with_no_breaker_listed_still_names_a_missing_permission(redis_server):
+    """The workers of a user without +time list no breaker (their scripts are refused
+    before they could): the scrape must not say up 1 over an empty list."""
+    from breaker_redis import acl
+
+    admin = redis_server.client()
+    admin.flushall()
+    rules = acl.setuser_line().split(" ", 3)[3].replace(">PASSWORD", ">secret").replace(" +time", "")
+    admin.execute_command("ACL", "SETUSER", "lister", "reset", *rules.split())
+    url = f"redis://lister:secret@127.0.0.1:{redis_server.port}/0"
+    worker = Breakers.from_url(url, listen=False)
+    scraper = redis_server.client(username="lister", password="secret")
+    try:
+        with pytest.raises(ZeroDivisionError):
+            worker.get("pay").call(lambda: 1 / 0)  # refused by Redis: decided on the local store
+        assert admin.smembers("breaker:names") == set()
+        found = samples(exposition(scraper).decode())
+        assert found == {("breaker_redis_up", ()): 0.0,
+                         ("breaker_redis_up_error", (("missing", "+time"), ("reason", "permission"))): 1.0}
+        admin.execute_command("ACL", "SETUSER", "lister", "+time")
+        assert samples(exposition(scraper).decode()) == {("breaker_redis_up", ()): 1.0}
+    finally:
+        worker.close()
+        scraper.close()
+        admin.execute_command("ACL", "DELUSER", "lister")
+        admin.close()
+
+
 def test_cli_prints_the_exposition_and_fails_without_redis(redis_server):
     redis_server.client().flushall()
     breakers = Breakers.from_url(redis_server.url, listen=False)

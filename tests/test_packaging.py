@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,28 @@ def test_the_core_never_imports_flask():
         "assert 'requests' not in sys.modules and 'httpx' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)
+
+
+LOG_CALLS = {"debug", "info", "warning", "error", "exception", "critical", "_warn_once"}
+
+
+def _leading_text(node: ast.expr) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values:
+        return _leading_text(node.values[0])
+    return ""
+
+
+def test_no_log_message_repeats_the_loggers_name():
+    """Every logger is breaker_redis or below it, so under the usual '%(name)s: %(message)s'
+    a message beginning 'breaker_redis...:' shows the name twice."""
+    found = []
+    for path in sorted((ROOT / "breaker_redis").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in LOG_CALLS and any(_leading_text(a).startswith("breaker_redis") for a in node.args):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []

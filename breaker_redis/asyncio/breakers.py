@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from ..breakers import DEFAULT_TTL_SECONDS, Forgetting
 from ..cluster import notices_channel
-from ..config import BreakerConfig, parse_overrides
+from ..config import BreakerConfig, checked_changes
 from ..recorder import BATCH_SECONDS
 from ..reporters import reporter_or_default
 from ..scripts import flat_pairs, text, validate_name
@@ -145,11 +145,8 @@ class Breakers(Forgetting):
         """Write live overrides for a breaker; None removes one. Validated first."""
         validate_name(name)
         self.ensure_loop()
-        as_text = {key: "" if value is None else str(value) for key, value in overrides.items()}
         base = self._breakers[name].config if name in self._breakers else self.defaults
-        setting = {key: value for key, value in as_text.items() if value != ""}
-        parse_overrides({key: "1" for key in as_text if key not in setting})
-        base.with_overrides(setting)
+        as_text = checked_changes(base, overrides)
         args: list[str] = ["", "0"]
         for key, value in as_text.items():
             args += [key, value]

@@ -71,7 +71,8 @@ __all__ = (
     "CircuitRedisStorage",
 )
 
-log = logging.getLogger("breaker_redis")
+# its own logger under breaker_redis: its name says where a line comes from
+log = logging.getLogger("breaker_redis.compat.pybreaker")
 
 STATE_OPEN = "open"
 STATE_CLOSED = "closed"
@@ -411,7 +412,7 @@ def _default_breakers() -> Breakers:
             return breakers
         _warn_once(
             "unconfigured",
-            "breaker_redis.compat.pybreaker: no Redis configured (pybreaker.configure(url) or "
+            "no Redis configured (pybreaker.configure(url) or "
             "BREAKER_REDIS_URL): named CircuitBreakers keep their state in this process only",
         )
         return _memory_breakers()
@@ -535,7 +536,7 @@ def _on_transition(breakers: Breakers, transition: Transition) -> None:
         try:
             cb._apply([transition])
         except Exception:
-            log.exception("breaker_redis.compat.pybreaker: a state_change listener of %r failed", cb)
+            log.exception("a state_change listener of %r failed", cb)
 
 
 # pybreaker's fail_counter counts failures since the last success or close, across
@@ -560,7 +561,7 @@ def _fail_counter_op(binding: _Binding, op: str, value: int = 0) -> None:
             breakers.client.incr(key)
             breakers.client.pexpire(key, ttl)
     except Exception as exc:  # a lost count must not fail the call
-        log.debug("breaker_redis.compat.pybreaker: fail_counter of %r not kept (%s)", binding.breaker.name,
+        log.debug("fail_counter of %r not kept (%s)", binding.breaker.name,
                   exc)
 
 
@@ -678,7 +679,7 @@ class CircuitBreaker:
                 if _redis_configured():
                     _warn_once(
                         "unnamed",
-                        "breaker_redis.compat.pybreaker: a CircuitBreaker without a name keeps its "
+                        "a CircuitBreaker without a name keeps its "
                         "state in this process; give it name= to share it through Redis",
                     )
                 state_storage = CircuitMemoryStorage(STATE_CLOSED)
@@ -716,7 +717,7 @@ class CircuitBreaker:
             if op is not None:
                 _run_op(binding, op)
         except (redis.exceptions.RedisError, OSError) as exc:  # as pybreaker, start anyway
-            log.warning("breaker_redis.compat.pybreaker: breaker %r not put in its initial state (%s: %s)",
+            log.warning("breaker %r not put in its initial state (%s: %s)",
                         name, type(exc).__name__, exc)
         state, epoch = self._read_state(binding)
         self._seen_epoch = max(epoch, 0)
@@ -920,7 +921,7 @@ class CircuitBreaker:
                 try:
                     other._apply(transitions)
                 except Exception:
-                    log.exception("breaker_redis.compat.pybreaker: a listener of %r failed", other)
+                    log.exception("a listener of %r failed", other)
 
     # -- exclusions and listeners ---------------------------------------------
 
