@@ -231,7 +231,7 @@ class ProcessHooks:
             try:
                 bound()
             except Exception:
-                log.exception("breaker_redis: the %s hook of %r failed", hook, held.ref())
+                log.exception("the %s hook of %r failed", hook, held.ref())
 
 
 process_hooks = ProcessHooks()
