@@ -1,19 +1,19 @@
 """Breakers: the breakers of one app on one Redis, and the per-process machinery
 they share: the store-health gate, the pub/sub listener, the success recorder,
-and what happens at fork and at exit."""
+and what happens at fork and at exit (background.py: the threads and the
+process's hooks)."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from .background import BackgroundThread, process_hooks, stop_all, thread_name
 from .breaker import Breaker
 from .cluster import notices_channel
 from .config import BreakerConfig, checked_changes
@@ -26,6 +26,7 @@ from .scripts import ScriptRunner, flat_pairs, text, validate_name
 from .sharded import Channel, ShardedInvalidator
 from .store import ClusterStoreGate, MasterGates, StoreGate
 from .transitions import TransitionCallback, TransitionHooks
+from .urls import describe
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 
@@ -85,7 +86,8 @@ class Breakers(Forgetting):
         # batches are stamped with the time they reach Redis: exact with the
         # real clock (50 ms late at most, see recorder.py), not with a test clock
         self.batch_successes = clock is None if batch_successes is None else batch_successes
-        self.recorder = Recorder()
+        where = describe(client)
+        self.recorder = Recorder(thread_name("recorder", prefix, where))
         self._clock_offset_ms = 0.0
         self._runner = runner = ScriptRunner(client, prefix, int(key_ttl_seconds * 1000))
         self._breakers: dict[str, Breaker] = {}
@@ -96,7 +98,10 @@ class Breakers(Forgetting):
         self.gate: StoreGate | ClusterStoreGate
         if runner.slots is None:
             self.gate = StoreGate(runner, on_store_error, on_switch=self._forget_all)
+            self.gate.thread.name = thread_name("probe", prefix, where)
             self.follower = SentinelFollower.for_client(client, self._master_moved)
+            if self.follower is not None:
+                self.follower.thread.name = thread_name("sentinel", prefix, where)
             if listen:
                 self.invalidator = Invalidator(client, runner.channel, self._on_event, self._forget_all)
         else:
@@ -104,18 +109,21 @@ class Breakers(Forgetting):
             # sharded.py), and each breaker's notices on its own sharded channel.
             def master_gate(master: str) -> StoreGate:
                 forget = functools.partial(self._forget_master, master)
-                return StoreGate(runner, on_store_error, on_switch=forget, per_master=True)
+                gate = StoreGate(runner, on_store_error, on_switch=forget, per_master=True)
+                gate.thread.name = thread_name("probe", prefix, f"{where}, master {master or '?'}")
+                return gate
 
             self.gate = ClusterStoreGate(runner, on_store_error, master_gate)
             if listen:
                 self.invalidator = ShardedInvalidator(
                     client, runner.slots, prefix, runner.route_key, self._on_event, self._forget_names
                 )
+        if self.invalidator is not None:
+            self.invalidator.thread.name = thread_name("events", prefix, where)
         self._listen = listen
         self.pid = os.getpid()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _after_fork(ref))
-        atexit.register(_flush_at_exit, ref)
+        # a forked child resets what it inherited; at exit the batches are sent (until close())
+        process_hooks.add(self, after_fork=self._after_fork, at_exit=self.flush)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "breaker", **kwargs: Any) -> Breakers:
@@ -277,26 +285,20 @@ class Breakers(Forgetting):
             if breaker.store_healthy:  # what was counted under Redis cannot be replayed elsewhere
                 breaker.flush_batch()
 
+    def threads(self) -> list[BackgroundThread]:
+        """The background threads this Breakers may run (each started at need)."""
+        gate = self.gate
+        threads = [self.recorder.thread, *([gate.thread] if isinstance(gate, StoreGate) else gate.threads())]
+        threads += [part.thread for part in (self.invalidator, self.follower) if part is not None]
+        return threads
+
     def close(self) -> None:
-        """Send pending batches and stop the background threads (a worker may simply exit).
-        When it returns no batch is being sent: the caller may close the client."""
-        if self.invalidator is not None:  # first: no notice starts a send from here on
-            self.invalidator.close()
-        self.recorder.close()  # its send under way ends before the flush of the rest
+        """Stop the background threads, then send pending batches (a worker may simply
+        exit: its batches are sent at exit). The threads are woken and joined together,
+        for background.STOP_SECONDS at most: when it returns no notice is being handled
+        (one can make the listener send a batch) and no batch is being sent, so the
+        caller may close the client. This process's fork and exit hooks forget it."""
+        process_hooks.discard(self)
+        stop_all(self.threads())
         self.flush()
-        self.gate.close()
-        if self.follower is not None:
-            self.follower.close()
-
-
-def _flush_at_exit(ref: weakref.ReferenceType[Breakers]) -> None:
-    breakers = ref()
-    if breakers is not None:
-        breakers.flush()
-
-
-def _after_fork(ref: weakref.ReferenceType[Breakers]) -> None:
-    breakers = ref()
-    if breakers is not None:
-        breakers._after_fork()
 

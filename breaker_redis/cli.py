@@ -37,7 +37,7 @@ from .config import LUA_FIELDS, BreakerConfig, checked_changes, live_value
 from .reader import Reader
 from .scripts import text, validate_name, validate_prefix
 from .store import StoreUnavailable
-from .urls import client_from_url
+from .urls import client_from_url, describe
 from .urls import parse as parse_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -52,8 +52,6 @@ TRANSITIONS_SHOWN = 10  # by `show`
 HIGHLIGHT_SECONDS = 10.0  # `watch` keeps a state change highlighted this long
 STATE_COLOURS = {"closed": "green", "open": "red", "half_open": "yellow"}
 
-_sleep = time.sleep  # the tests replace it to act between two refreshes of `watch`
-
 
 class Failed(click.ClickException):
     """Exit 1: Redis unreachable, a Redis error, an unknown breaker."""
@@ -67,28 +65,15 @@ class Invalid(click.ClickException):
     exit_code = 2
 
 
-def describe(client: Any) -> str:
-    """Where a client points, for messages (never its password)."""
-    nodes = getattr(client, "get_nodes", None)
-    if callable(nodes):  # Redis Cluster
-        return "cluster " + ",".join(sorted(f"{n.host}:{n.port}" for n in nodes()))
-    pool = getattr(client, "connection_pool", None)
-    service = getattr(pool, "service_name", None)
-    if service:  # a Sentinel master
-        return f"sentinel service {service!r}"
-    kwargs = getattr(pool, "connection_kwargs", {}) or {}
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
-    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
-
-
 class Target(Reader):
     """The Redis and key prefix the commands act on (a Reader), for messages too.
 
     ``declared``: the breakers an app declares (``flask breakers``), known
     before their first call as the app's admin endpoints know them; the
     ``breaker-redis`` command knows only what Redis knows. ``timeout``: the
-    seconds its client waits for an answer, when the CLI made it.
+    seconds its client waits for an answer, when the CLI made it. ``sleep``:
+    how ``watch`` waits between refreshes and ``metrics --port`` while it
+    serves (a test acts there instead).
     """
 
     def __init__(
@@ -99,11 +84,13 @@ class Target(Reader):
         owns_client: bool = True,
         declared: Iterable[str] = (),
         timeout: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(client, prefix, owns_client=owns_client)
         self.where = describe(client)
         self.declared = frozenset(declared)
         self.timeout = timeout
+        self.sleep = sleep
 
     def require(self, name: str, create: bool = False) -> str:
         """The name, if it is valid and known, to Redis or as declared by the app
@@ -435,7 +422,7 @@ def watch(target: Target, interval: float, count: int | None) -> None:
             refreshes += 1
             if count is not None and refreshes >= count:
                 return
-            _sleep(interval)
+            target.sleep(interval)
     except KeyboardInterrupt:
         return
 
@@ -820,7 +807,7 @@ def metrics(target: Target, port: int | None, host: str) -> None:
     click.echo(f"serving http://{host}:{port}/metrics (Ctrl-C stops)")
     try:
         while True:
-            _sleep(3600)
+            target.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:

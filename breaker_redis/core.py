@@ -21,7 +21,6 @@ from .knowledge import Knowledge, Memory, Reply, Verdict
 from .snapshot import OUTCOME_COUNTERS
 
 log = logging.getLogger("breaker_redis")
-_listing_clock = time.monotonic  # the tests replace it to step past a quarter of the TTL
 
 # Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
 FLUSH_SECONDS = 1.0
@@ -57,7 +56,7 @@ class BreakerCore(Generic[P]):
     _batch_failures: int
     _batch_generation: int
     _listed_pid: int
-    _listed_at: float
+    _listed_at: int  # ms, on the side's clock (Breakers.now_ms)
     _reporter: str  # who this worker reports as (reporters.py): the last argument of acquire and record
     # the permit class of the side (sync or asyncio): Permit(breaker, epoch, lease, generation, ...)
     _permit: Callable[..., P]
@@ -65,7 +64,7 @@ class BreakerCore(Generic[P]):
     def __init__(self, name: str, config: BreakerConfig) -> None:
         self.name = name
         self.reconfigure(config)
-        self._listed_pid, self._listed_at = 0, 0.0
+        self._listed_pid, self._listed_at = 0, 0
         self._losses, self._lost_logged_at = 0, -1e18
 
     def reconfigure(self, config: BreakerConfig) -> None:
@@ -263,9 +262,10 @@ class BreakerCore(Generic[P]):
     def _listing_due(self, pid: int, ttl_ms: int) -> bool:
         """The names set (CLI, metrics, dashboard) keeps this breaker while it is
         in use: listed again every quarter of the key TTL, as the scripts renew
-        the breaker's own keys, and once by each new process."""
-        now = _listing_clock()
-        if self._listed_pid == pid and now - self._listed_at < ttl_ms / 4000:
+        the breaker's own keys, and once by each new process. Timed by the Breakers'
+        clock: Redis time as this process estimates it, or the test clock."""
+        now = self._shared.now_ms()
+        if self._listed_pid == pid and now - self._listed_at < ttl_ms / 4:
             return False
         self._listed_pid, self._listed_at = pid, now
         return True

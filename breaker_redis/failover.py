@@ -27,7 +27,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .background import ProcessThread
+from .background import BackgroundThread
+from .invalidation import shut_down
 from .scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -44,8 +45,8 @@ class SentinelFollower:
         self._service = str(pool.service_name)
         self._sentinels: list[Any] = pool.sentinel_manager.sentinels
         self._on_switch = on_switch
-        self._follower = ProcessThread(self._loop, "breaker-redis-sentinel")
-        self._stop = self._follower.stop
+        self._pubsub: Any = None  # the subscription being read, shut down by close() to wake the thread
+        self.thread = BackgroundThread(self._loop, "breaker-redis-sentinel", wake=self._interrupt)
 
     @classmethod
     def for_client(cls, client: Any, on_switch: Callable[[], None]) -> SentinelFollower | None:
@@ -56,30 +57,35 @@ class SentinelFollower:
         return cls(pool, on_switch) if isinstance(pool, SentinelConnectionPool) else None
 
     def ensure_running(self) -> None:
-        self._follower.ensure_running()
+        self.thread.start()
 
     def after_fork(self) -> None:
-        self._follower.after_fork()
+        self.thread.after_fork()
+        self._pubsub = None  # the parent's
 
-    def close(self) -> None:
-        self._follower.close()
+    def _interrupt(self) -> None:
+        pubsub = self._pubsub
+        if pubsub is not None:
+            shut_down(getattr(pubsub.connection, "_sock", None))
 
     def _loop(self) -> None:
+        thread = self.thread
         turn = 0
-        while not self._stop.is_set():
+        while not thread.stopped():
             sentinel = self._sentinels[turn % len(self._sentinels)]
             pubsub = None
             try:
-                pubsub = sentinel.pubsub()
+                pubsub = self._pubsub = sentinel.pubsub()
                 pubsub.subscribe(CHANNEL)
-                while not self._stop.is_set():
+                while not thread.stopped():
                     message = pubsub.get_message(timeout=RETRY_SECONDS)
                     if message is not None and text(message.get("type")) == "message":
                         self.switched(sentinel, text(message.get("data")))
-            except Exception:  # that sentinel is gone: listen to the next one
+            except Exception:  # that sentinel is gone (or close() woke us): listen to the next one
                 turn += 1
-                self._stop.wait(RETRY_SECONDS)
+                thread.wait(RETRY_SECONDS)
             finally:
+                self._pubsub = None
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()

@@ -33,11 +33,11 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .background import process_hooks
 from .clients import member_name
 from .config import BreakerConfig
 from .knowledge import Reply
@@ -153,8 +153,7 @@ class _Group:
             breaker.on_events = self._on_events
             self._breakers[member] = breaker
         self._lock = threading.Lock()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+        process_hooks.add(self, after_fork=self._after_fork)
         self._pending: dict[str, str] = {}
         self._pid = 0  # the process that joined the group in Redis
         self._reclaimed_at = -1e18
@@ -221,6 +220,12 @@ class _Group:
             if granted:
                 yield ("member", name, "grant", token)
 
+    def _after_fork(self) -> None:
+        """A forked child starts with a lock of its own (another thread of the parent may
+        have held it at the fork) and without the parent's marks."""
+        self._lock = threading.Lock()
+        self._pending = {}
+
     def _reclaim_due(self) -> bool:
         now = time.monotonic()
         with self._lock:
@@ -235,15 +240,6 @@ class _Group:
     def _status(self, raw: Any, states: dict[str, str]) -> dict[str, Any]:
         return group_status(self.name, raw, states, members=self.members, cap=self.cap,
                             fraction=self.max_open_fraction)
-
-
-def _after_fork(ref: weakref.ReferenceType[_Group]) -> None:
-    """A forked child starts with a lock of its own (another thread of the parent may
-    have held it at the fork) and without the parent's marks."""
-    group = ref()
-    if group is not None:
-        group._lock = threading.Lock()
-        group._pending = {}
 
 
 def _asked(answer: Any) -> tuple[bool, str, list[tuple[str, str]]]:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import redis
 
 from . import acl
-from .background import ProcessThread
+from .background import BackgroundThread
 from .scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -109,6 +109,16 @@ class Link:
         except Exception as exc:
             self.owner.lost(self, exc)
 
+    def interrupt(self) -> None:
+        """Stop reading it and wake a thread waiting for it to be readable: its socket
+        is shut down, which ends the wait, but not closed (closing it under an epoll
+        wait would leave the wait asleep); the waiting thread closes it."""
+        with self.lock:
+            self.closed = True
+            self.readable = _never
+            sock = self.socket
+        shut_down(sock)
+
     def close(self) -> None:
         """Stop reading it (drain returns at once) and close the connection."""
         self.closed = True
@@ -147,8 +157,7 @@ class Invalidator:
         self._channel = channel
         self._on_message = on_message
         self._on_subscribed = on_subscribed
-        self._listener = ProcessThread(self._loop, "breaker-redis-events")
-        self._stop = self._listener.stop
+        self.thread = BackgroundThread(self._loop, "breaker-redis-events", wake=self._interrupt)
         # Held by whoever reads the subscription (Link): the same lock for every
         # connection this process subscribes on in turn.
         self._read_lock = threading.Lock()
@@ -163,7 +172,7 @@ class Invalidator:
 
     def ensure_running(self) -> None:
         """Start the listener once per process, whatever the concurrency of first calls."""
-        self._listener.ensure_running()
+        self.thread.start()
 
     def drain(self) -> None:
         """Deliver, in this thread, every message received so far: Link.drain, written
@@ -174,21 +183,21 @@ class Invalidator:
                 link.read_all()
 
     def after_fork(self) -> None:
-        self._listener.after_fork()
+        self.thread.after_fork()
         self._read_lock = threading.Lock()
         self._link = None  # the parent's connection is the parent's
         self.healthy = False
 
-    def close(self) -> None:
-        """Stop listening. When it returns no message is being handled (a notice can
-        make the listener thread send a breaker's batch), so the caller may close the
-        client: the read lock is waited for, and the link closed under it, so the
-        thread's next read returns at once."""
-        self._listener.close()
-        with self._read_lock:
-            link = self._link
-            if link is not None:
-                link.closed, link.readable = True, _never
+    def _interrupt(self) -> None:
+        """Wake the listener from its wait on the subscription (close): from now on
+        workers ask Redis; the link is closed under the read lock, so a message being
+        handled (a notice can make the listener send a breaker's batch) is done first,
+        and the listener's wait returns at once; the thread closes the connection as it
+        ends."""
+        self.healthy = False
+        link = self._link
+        if link is not None:
+            link.interrupt()
 
     def resubscribe(self) -> None:
         """Leave the current subscription (its server stopped being the master).
@@ -207,8 +216,9 @@ class Invalidator:
     # -- the listener thread --------------------------------------------------
 
     def _loop(self) -> None:
+        thread = self.thread
         delay = 0.1
-        while not self._stop.is_set():
+        while not thread.stopped():
             link = None
             try:
                 with self._read_lock:
@@ -218,7 +228,7 @@ class Invalidator:
                     pubsub.subscribe(self._channel)
                     link.attach()
                     link.read_all()
-                while not self._stop.is_set() and self._link is link:
+                while not thread.stopped() and self._link is link:
                     if link.readable(1.0):
                         with self._read_lock:
                             link.read_all()
@@ -228,7 +238,7 @@ class Invalidator:
                     delay = 0.05
             except Exception as exc:
                 self._lost(link, exc)
-            self._stop.wait(delay)
+            thread.wait(delay)
             delay = min(delay * 2, 5.0)
         self._lost(self._link, None)
 
@@ -264,6 +274,14 @@ class Invalidator:
             if link is self._link:
                 self._link = None
             link.close()
+
+
+def shut_down(sock: Any) -> None:
+    """Shut a subscription's socket down (a thread blocked reading or polling it wakes
+    and sees it closed); nothing for a transport without one (an in-process fake)."""
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _buffered(pubsub: Any) -> bool:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+from .background import BackgroundThread
+
 # How long a first success waits for others to share its record call. A sync
 # gunicorn worker sees requests milliseconds apart; sending each success alone
 # would cost a record call per request after all.
 BATCH_SECONDS = 0.05
-JOIN_SECONDS = 5.0  # close() waits this long at most for a send under way
 
 
 class Batched(Protocol):
@@ -30,13 +31,15 @@ class Batched(Protocol):
 
 
 class Recorder:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._hurry = threading.Event()  # a failure is held: send without waiting for more
-        self._due: dict[int, Batched] = {}
-        self._thread: threading.Thread | None = None
+    """The thread and the due list. Breakers.close() stops the thread and waits for a
+    send it has under way (it took the due list, so close()'s own flush would find
+    nothing to wait for and the caller could close the client under that send)."""
+
+    _due: dict[int, Batched]
+
+    def __init__(self, name: str = "breaker-redis-recorder") -> None:
+        self.thread = BackgroundThread(self._loop, name, wake=self._rouse)
+        self.after_fork()
 
     def schedule(self, breaker: Batched) -> None:
         # Already due: the flush that sends it reads the breaker's count after
@@ -46,10 +49,7 @@ class Recorder:
         if id(breaker) not in self._due:
             with self._lock:
                 self._due[id(breaker)] = breaker
-                if self._thread is None or not self._thread.is_alive():
-                    thread = threading.Thread(target=self._loop, name="breaker-redis-recorder", daemon=True)
-                    self._thread = thread
-                    thread.start()
+                self.thread.start()
             self._wake.set()
 
     def hurry(self) -> None:
@@ -64,28 +64,22 @@ class Recorder:
             breaker.flush_batch()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        thread = self.thread
+        while not thread.stopped():
             self._wake.wait(1.0)
             self._hurry.wait(BATCH_SECONDS)  # let the next few successes join this batch
             self._wake.clear()
             self._hurry.clear()
             self.flush()
 
+    def _rouse(self) -> None:
+        """Told to stop: both waits end at once (the loop's last round sends what is due)."""
+        self._wake.set()
+        self._hurry.set()
+
     def after_fork(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._hurry = threading.Event()
+        self._hurry = threading.Event()  # a failure is held: send without waiting for more
         self._due = {}
-        self._thread = None
-
-    def close(self) -> None:
-        """Stop the thread, and wait for a send it has under way (it took the due list,
-        so Breakers.close()'s own flush would find nothing to wait for and the caller
-        could close the client under that send); a send is bounded by the client's
-        socket timeout, JOIN_SECONDS by ours."""
-        self._stop.set()
-        self._wake.set()
-        self._hurry.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(JOIN_SECONDS)
+        self.thread.after_fork()

@@ -55,7 +55,7 @@ from typing import Any, Generic, TypeVar
 import redis
 
 from . import acl
-from .background import ProcessThread
+from .background import BackgroundThread
 from .cluster import Slots, notices_channel
 from .invalidation import Link, parse_payload
 from .scripts import text
@@ -282,15 +282,14 @@ class Channels(Generic[X]):
 
 class ShardedInvalidator(Channels[Link]):
     def _started(self) -> None:
-        self._listener = ProcessThread(self._loop, "breaker-redis-events")
-        self._stop = self._listener.stop
+        self.thread = BackgroundThread(self._loop, "breaker-redis-events", wake=self._wake)
         self._permission = acl.PermissionLog(self._client, self._prefix, "the event subscription")
         self.after_fork()
 
     def after_fork(self) -> None:
         """A new process: the parent's connections are the parent's; every channel is
         subscribed again by this process's listener."""
-        self._listener.after_fork()
+        self.thread.after_fork()
         self._lock = threading.Lock()  # the bookkeeping; never held while a socket is read
         self._links: dict[str, Link] = {}  # by master ('host:port')
         self._nodes: dict[str, Any] = {}  # the node of each link, by the same name
@@ -301,21 +300,17 @@ class ShardedInvalidator(Channels[Link]):
         self._wake_w.setblocking(False)
 
     def ensure_running(self) -> None:
-        self._listener.ensure_running()
+        self.thread.start()
 
     def drain(self) -> None:
         """Deliver what every connection holds (Channel.drain is one breaker's)."""
         for link in list(self._links.values()):
             link.drain()
 
-    def close(self) -> None:
-        self._listener.close()
-        self._wake()
-
     # -- the listener thread ---------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while not self.thread.stopped():
             try:
                 self._subscribe_wanted()
                 self._verify()

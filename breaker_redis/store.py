@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 import redis
 
 from . import acl
+from .background import BackgroundThread
 from .scripts import ScriptRunner, Scripts
 
 log = logging.getLogger("breaker_redis")
@@ -206,8 +207,7 @@ class StoreGate(GateHealth):
         self._init_health(policy, min_backoff, max_backoff, per_master)
         self._on_switch = on_switch
         self._lock = threading.Lock()
-        self._prober: threading.Thread | None = None
-        self._stop = threading.Event()
+        self.thread = BackgroundThread(self._probe_loop, "breaker-redis-probe")  # while Redis is down
 
     def run(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
@@ -244,15 +244,9 @@ class StoreGate(GateHealth):
         with self._lock:
             if not self._went_down(exc, seen_generation):
                 return
-            self._start_prober()
+            self.thread.start()
         if self._on_switch:
             self._on_switch()
-
-    def _start_prober(self) -> None:
-        if self._prober is not None and self._prober.is_alive():
-            return
-        self._prober = threading.Thread(target=self._probe_loop, name="breaker-redis-probe", daemon=True)
-        self._prober.start()
 
     def _probe(self) -> None:
         """Raises unless Redis runs a script that writes and calls every command the
@@ -262,7 +256,7 @@ class StoreGate(GateHealth):
         self.remote.run("health", self.probe_name, None, ())
 
     def _probe_loop(self) -> None:
-        while not self._stop.wait(self._delay):
+        while not self.thread.wait(self._delay):
             try:
                 self._probe()
             except Exception as exc:
@@ -277,13 +271,10 @@ class StoreGate(GateHealth):
     def after_fork(self) -> None:
         """A child process starts with no thread and no local store of its own."""
         self._lock = threading.Lock()
-        self._prober = None
+        self.thread.after_fork()
         self._local = None
         if self._down_since is not None:
-            self._start_prober()
-
-    def close(self) -> None:
-        self._stop.set()
+            self.thread.start()
 
 
 G = TypeVar("G", bound=GateHealth)
@@ -394,6 +385,5 @@ class ClusterStoreGate(MasterGates[StoreGate]):
         for gate in self.gates():
             gate.after_fork()
 
-    def close(self) -> None:
-        for gate in self.gates():
-            gate.close()
+    def threads(self) -> list[BackgroundThread]:
+        return [gate.thread for gate in self.gates()]

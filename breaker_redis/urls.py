@@ -427,3 +427,24 @@ def _option(parsed: ParsedURL, key: str, value: str, shown: str) -> dict[str, An
     if parsed.tls:
         known.extend(TLS_OPTIONS)
     raise ValueError(f"unknown option {key!r} in {shown}: {parsed.scheme}:// takes {', '.join(known)}")
+
+
+def describe(client: Any) -> str:
+    """Where a client points, for messages and thread names (never its password; no
+    I/O: a cluster client not made yet is named by its startup nodes)."""
+    if isinstance(client, LazyCluster):
+        if client.built() is None:
+            startup = client._kwargs["startup_nodes"]
+            return "cluster " + ",".join(sorted(f"{n.host}:{n.port}" for n in startup))
+        client = client.built()
+    nodes = getattr(client, "get_nodes", None)
+    if callable(nodes):  # Redis Cluster
+        return "cluster " + ",".join(sorted(f"{n.host}:{n.port}" for n in nodes()))
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service:  # a Sentinel master
+        return f"sentinel service {service!r}"
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"

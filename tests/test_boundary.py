@@ -16,6 +16,7 @@ import fakeredis
 import pytest
 
 from breaker_redis import BreakerConfig, Breakers, State
+from breaker_redis.urls import describe
 from tests.redis_server import wait_until
 from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, WatchedLock, admits, fail, subscribed
 
@@ -245,8 +246,7 @@ def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, conn
 
 
 def test_one_listener_per_process_whatever_the_concurrency_of_first_calls(connect):
-    breakers = Breakers(connect())
-    before = set(threading.enumerate())  # listeners of closed Breakers may still be winding down
+    breakers = Breakers(connect(), "one-listener")
     try:
         b = breakers.get("pay", TRIP_AT_3)
         start = threading.Barrier(16)
@@ -260,10 +260,12 @@ def test_one_listener_per_process_whatever_the_concurrency_of_first_calls(connec
             t.start()
         for t in threads:
             t.join()
-        listeners = [t for t in threading.enumerate() if t.name == "breaker-redis-events" and t not in before]
+        name = f"breaker-redis-events 'one-listener' at {describe(breakers.client)}"
+        listeners = [t for t in threading.enumerate() if t.name == name]
         assert len(listeners) == 1
     finally:
         breakers.close()
+    assert not listeners[0].is_alive()  # close() woke it and waited for it
 
 
 def test_a_failure_never_overtakes_the_batch_being_sent(workers):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from flask import Flask
 
 from breaker_redis import BreakerConfig, Breakers, cli
 from breaker_redis.flask import FlaskBreakers
+from breaker_redis.urls import client_from_url
 from tests.redis_server import RedisServer, free_port, wait_until
 from tests.workers import admits, subscribed
 
@@ -57,6 +58,17 @@ def app_breakers(url, prefix) -> Iterator[Breakers]:
 
 def run(url: str, prefix: str, *args: str) -> Result:
     return CliRunner().invoke(cli.main, ["--url", url, "--prefix", prefix, *args])
+
+
+def run_sleeping(
+    url: str, prefix: str, sleep: Callable[[float], None], *args: str, color: bool = False
+) -> Result:
+    """The commands on url and prefix, waiting with sleep (``watch`` between refreshes)
+    instead of time.sleep: a test acts there."""
+    commands = cli.command_group(
+        "breaker-redis", lambda: cli.Target(client_from_url(url), prefix, sleep=sleep)
+    )
+    return CliRunner().invoke(commands, list(args), color=color)
 
 
 def outcomes(breaker, successes: int = 0, failures: int = 0) -> None:
@@ -469,7 +481,7 @@ def test_the_url_and_prefix_come_from_the_environment(url, prefix, app_breakers)
 # -- watch ------------------------------------------------------------------------
 
 
-def test_watch_refreshes_and_highlights_a_state_change(url, prefix, app_breakers, monkeypatch):
+def test_watch_refreshes_and_highlights_a_state_change(url, prefix, app_breakers):
     pay = app_breakers.get("pay", COUNT_3)
     outcomes(pay, successes=1)
     outcomes(app_breakers.get("other"), successes=1)
@@ -480,10 +492,8 @@ def test_watch_refreshes_and_highlights_a_state_change(url, prefix, app_breakers
         if len(sleeps) == 1:
             outcomes(pay, failures=3)  # trips between the first and the second refresh
 
-    monkeypatch.setattr(cli, "_sleep", between_refreshes)
-    result = CliRunner().invoke(
-        cli.main, ["--url", url, "--prefix", prefix, "watch", "--interval", "0.5", "--count", "3"], color=True
-    )
+    args = ("watch", "--interval", "0.5", "--count", "3")
+    result = run_sleeping(url, prefix, between_refreshes, *args, color=True)
     assert result.exit_code == 0, result.output
     assert sleeps == [0.5, 0.5]
     frames = result.stdout.split("breaker-redis watch: ")[1:]
@@ -496,26 +506,24 @@ def test_watch_refreshes_and_highlights_a_state_change(url, prefix, app_breakers
         assert not any(line.startswith("\x1b[7mother") for line in frame.splitlines())
 
 
-def test_watch_stops_on_ctrl_c_with_exit_0(url, prefix, app_breakers, monkeypatch):
+def test_watch_stops_on_ctrl_c_with_exit_0(url, prefix, app_breakers):
     outcomes(app_breakers.get("pay", COUNT_3), successes=1)
 
     def interrupted(seconds: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_sleep", interrupted)
-    result = run(url, prefix, "watch")
+    result = run_sleeping(url, prefix, interrupted, "watch")
     assert result.exit_code == 0
     assert "pay" in result.stdout
 
 
-def test_watch_goes_on_when_redis_stops_answering_after_the_first_refresh(monkeypatch, prefix):
+def test_watch_goes_on_when_redis_stops_answering_after_the_first_refresh(prefix):
     server = RedisServer().start()
     try:
         workers = Breakers.from_url(server.url, prefix, listen=False, batch_successes=False)
         outcomes(workers.get("pay", COUNT_3), successes=1)
         workers.close()
-        monkeypatch.setattr(cli, "_sleep", lambda seconds: server.stop())
-        result = run(server.url, prefix, "watch", "--count", "3")
+        result = run_sleeping(server.url, prefix, lambda seconds: server.stop(), "watch", "--count", "3")
     finally:
         server.stop()
     assert result.exit_code == 0, result.output

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
 from pathlib import Path
@@ -473,6 +474,81 @@ def test_generators_contexts_and_coroutines_are_recorded_when_they_finish(worker
     with pytest.raises(Down):
         asyncio.run(pending)
     assert cb.fail_counter == 3
+
+
+class HeldCommand(redis.Redis):
+    """A client of the session's redis-server that, once armed, holds its next
+    command until released (a Redis round trip as long as the test wants), and
+    notes the thread that sent it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.armed = False
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.held_in: int | None = None
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            self.held_in = threading.get_ident()
+            self.held.set()
+            self.release.wait(5)  # on the event loop (the bug), the loop waits all of it
+        return super().execute_command(*args, **options)
+
+
+class ArmsAtAdmission(pybreaker.CircuitBreakerListener):
+    """Arms the hold once a call is admitted: the next command is its record."""
+
+    def __init__(self, client: HeldCommand) -> None:
+        self.client = client
+
+    def before_call(self, cb: Any, func: Any, *args: Any, **kwargs: Any) -> None:
+        self.client.armed = True
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("entry", ["call", "decorated", "call_async"])
+def test_a_coroutines_outcome_is_recorded_off_the_event_loop(redis_server, entry: str) -> None:
+    """While the record of a coroutine's failure waits on Redis, the event loop runs
+    on (before, the sync record ran on the loop: every task waited for Redis)."""
+    redis_server.client().flushall()
+    client = HeldCommand(host="127.0.0.1", port=redis_server.port)
+    breakers = Breakers(client, listen=False, batch_successes=False)
+    cb = pybreaker.CircuitBreaker(
+        fail_max=5, name="pay", breakers=breakers, listeners=[ArmsAtAdmission(client)]
+    )
+
+    async def remote() -> str:
+        await asyncio.sleep(0)
+        raise Down("async")
+
+    calls = {
+        "call": lambda: cb.call(remote),
+        "decorated": cb(remote),
+        "call_async": lambda: cb.call_async(remote),
+    }
+
+    async def main() -> tuple[int, bool]:
+        call = asyncio.ensure_future(calls[entry]())
+        deadline = time.monotonic() + 10
+        while not client.held.is_set():  # this task runs only while the loop is free
+            assert time.monotonic() < deadline, "the record was never sent"
+            await asyncio.sleep(0.005)
+        running = not call.done()
+        client.release.set()
+        with pytest.raises(Down):
+            await call
+        return threading.get_ident(), running
+
+    try:
+        loop_thread, ran_while_held = asyncio.run(main())
+        assert client.held_in is not None and client.held_in != loop_thread
+        assert ran_while_held
+        assert cb.fail_counter == 1
+    finally:
+        breakers.close()
+        client.close()
 
 
 def test_listeners_are_called_one_at_a_time(workers) -> None:

@@ -325,19 +325,16 @@ def test_a_process_with_a_shorter_key_ttl_does_not_sweep_what_others_use(make_br
     assert store.exists(STATE)
 
 
-def test_running_workers_keep_the_names_set(make_breakers, store, monkeypatch):
-    import breaker_redis.core as breaker_module
-
-    now = [1000.0]
-    monkeypatch.setattr(breaker_module, "_listing_clock", lambda: now[0])
+def test_running_workers_keep_the_names_set(make_breakers, store, clock):
+    """Listed again every quarter of the key TTL, timed by the Breakers' clock."""
     pay = make_breakers(key_ttl_seconds=8).get("pay", COUNT_5)
     pay.acquire().success()
     assert store.smembers("breaker:names") == {b"pay"}
     store.delete("breaker:names")  # expired while the worker ran on
-    now[0] += 1.9
+    clock.advance(1_900)
     pay.acquire().failure()
     assert store.smembers("breaker:names") == set()  # listed again only every quarter TTL
-    now[0] += 0.1
+    clock.advance(100)
     pay.acquire().failure()
     assert store.smembers("breaker:names") == {b"pay"}
 

@@ -32,6 +32,7 @@ change made elsewhere), ``Breaker.reconfigure`` (the ``fail_max`` setters),
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import importlib.util
@@ -605,6 +606,14 @@ def _pybreaker_state(state: str, forced: str | None) -> str:
     return _FROM_REDIS.get(state, STATE_CLOSED)
 
 
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _calling_block() -> None:
     """The body of ``with cb.calling():``, as listeners' before_call receive it."""
 
@@ -976,7 +985,7 @@ class CircuitBreaker:
         try:
             result = func(*args, **kwargs)
         except BaseException as exc:
-            error = self._settle_error(permit, exc)
+            error = self._settle(permit, exc)
             if error is not None:
                 raise error.with_traceback(exc.__traceback__) from exc
             raise
@@ -984,7 +993,7 @@ class CircuitBreaker:
             return cast(T, self._generator(permit, result))
         if inspect.iscoroutine(result):
             return cast(T, self._coroutine(permit, result))
-        self._settle_success(permit)
+        self._settle(permit)
         return result
 
     def _admit(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Permit:
@@ -1012,31 +1021,62 @@ class CircuitBreaker:
             raise _error(message, refused.reason, refused.retry_after)
         return permit
 
-    def _settle_success(self, permit: Permit) -> None:
-        binding = self._bind()
-        with _Capture(binding.key) as transitions:
-            permit.success()
-        if permit.probe:
-            _fail_counter_op(binding, "set", 0)  # pybreaker: a success resets the failure count
-        self._after(binding, transitions)
-        self._dispatch("success")
+    def _settle(self, permit: Permit, exc: BaseException | None = None) -> CircuitBreakerError | None:
+        """Record a call's outcome (exc: what it raised, None for a return) and tell
+        the listeners; the CircuitBreakerError to raise instead, if any. All in the
+        calling thread (a coroutine's: ``_settle_off_loop``)."""
+        outcome = self._outcome(exc)
+        return self._tell(outcome, exc, self._record(permit, outcome))
 
-    def _settle_error(self, permit: Permit, exc: BaseException) -> CircuitBreakerError | None:
-        """Record a call that raised; the CircuitBreakerError to raise instead, if any.
+    async def _settle_off_loop(self, permit: Permit, exc: BaseException | None) -> CircuitBreakerError | None:
+        """_settle for a coroutine: the record, which may wait on Redis, runs in a
+        worker thread, never on the event loop; the exclusions and the listeners run
+        in the loop's thread, as a sync call's run in its caller's. Recorded here
+        instead: a GeneratorExit (the coroutine closed unfinished: it cannot wait), a
+        KeyboardInterrupt or SystemExit (the process is going away), and a coroutine
+        not run by asyncio (no loop to hand the thread's result back to)."""
+        outcome = self._outcome(exc)
+        if (exc is None or isinstance(exc, (Exception, asyncio.CancelledError))) and _on_asyncio():
+            transitions = await asyncio.to_thread(self._record, permit, outcome)
+        else:
+            transitions = self._record(permit, outcome)
+        return self._tell(outcome, exc, transitions)
 
-        An excluded exception is a success, as in pybreaker. A BaseException that
+    def _outcome(self, exc: BaseException | None) -> str:
+        """An excluded exception is a success, as in pybreaker. A BaseException that
         is not an Exception (KeyboardInterrupt, GeneratorExit, cancellation) is
-        neither: it says nothing about the service.
-        """
+        neither: it says nothing about the service."""
+        if exc is None:
+            return "success"
         if not isinstance(exc, Exception):
+            return "ignored"
+        return "failure" if self.is_system_error(exc) else "success"
+
+    def _record(self, permit: Permit, outcome: str) -> list[Transition]:
+        """Record the permit's outcome (the script call, and pybreaker's failure count
+        after a trial call): the transitions it made, for the listeners."""
+        if outcome == "ignored":
             permit.ignore()
-            return None
-        if not self.is_system_error(exc):
-            self._settle_success(permit)
-            return None
+            return []
         binding = self._bind()
         with _Capture(binding.key) as transitions:
-            permit.failure()
+            permit.record(outcome)
+        if outcome == "success" and permit.probe:
+            _fail_counter_op(binding, "set", 0)  # pybreaker: a success resets the failure count
+        return transitions
+
+    def _tell(
+        self, outcome: str, exc: BaseException | None, transitions: list[Transition]
+    ) -> CircuitBreakerError | None:
+        """The listeners hear of a recorded outcome in pybreaker's order; the
+        CircuitBreakerError to raise for the call that tripped the breaker, if any."""
+        if outcome == "ignored":
+            return None
+        binding = self._bind()
+        if outcome == "success":
+            self._after(binding, transitions)
+            self._dispatch("success")
+            return None
         self._dispatch("failure", exc)
         self._after(binding, transitions)
         tripped = next((t for t in transitions if t.new == "open" and t.old in ("closed", "half_open")), None)
@@ -1050,22 +1090,22 @@ class CircuitBreaker:
         try:
             result = yield from generator
         except BaseException as exc:
-            error = self._settle_error(permit, exc)
+            error = self._settle(permit, exc)
             if error is not None:
                 raise error.with_traceback(exc.__traceback__) from exc
             raise
-        self._settle_success(permit)
+        self._settle(permit)
         return result
 
     async def _coroutine(self, permit: Permit, coroutine: Coroutine[Any, Any, T]) -> T:
         try:
             result = await coroutine
         except BaseException as exc:
-            error = self._settle_error(permit, exc)
+            error = await self._settle_off_loop(permit, exc)
             if error is not None:
                 raise error.with_traceback(exc.__traceback__) from exc
             raise
-        self._settle_success(permit)
+        await self._settle_off_loop(permit, None)
         return result
 
     @contextlib.contextmanager
@@ -1075,17 +1115,18 @@ class CircuitBreaker:
         try:
             yield
         except BaseException as exc:
-            error = self._settle_error(permit, exc)
+            error = self._settle(permit, exc)
             if error is not None:
                 raise error.with_traceback(exc.__traceback__) from exc
             raise
-        self._settle_success(permit)
+        self._settle(permit)
 
     def call_async(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call a tornado coroutine behind the breaker (pybreaker's; a tornado Future).
 
-        The decision may ask Redis synchronously, as pybreaker's storage does;
-        asyncio code has breaker_redis.asyncio.
+        The decision may ask Redis synchronously, as pybreaker's storage does; the
+        outcome is recorded off the event loop (``_settle_off_loop``). asyncio code
+        has breaker_redis.asyncio.
         """
         if not HAS_TORNADO_SUPPORT:
             raise ImportError("No module named tornado")
@@ -1095,12 +1136,15 @@ class CircuitBreaker:
             permit = self._admit(func, args, kwargs)
             try:
                 result = yield func(*args, **kwargs)
+            except GeneratorExit as exc:  # closed unfinished: nothing may be yielded any more
+                self._settle(permit, exc)
+                raise
             except BaseException as exc:
-                error = self._settle_error(permit, exc)
+                error = yield self._settle_off_loop(permit, exc)
                 if error is not None:
                     raise error.with_traceback(exc.__traceback__) from exc
                 raise
-            self._settle_success(permit)
+            yield self._settle_off_loop(permit, None)
             return result
 
         return gen.coroutine(wrapped)()
