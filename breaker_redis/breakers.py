@@ -20,6 +20,7 @@ from .config import BreakerConfig, checked_changes
 from .core import BreakerCore
 from .failover import SentinelFollower
 from .invalidation import Invalidator
+from .knowledge import about_another_database
 from .recorder import Recorder
 from .reporters import reporter_or_default
 from .scripts import ScriptRunner, flat_pairs, text, validate_name
@@ -254,6 +255,8 @@ class Breakers(Forgetting):
         self._hooks.report(name, events, epoch, at_ms)
 
     def _on_event(self, payload: dict[str, Any]) -> None:
+        if about_another_database(payload, self._runner.database):
+            return
         breaker = self._breakers.get(str(payload.get("name", "")))
         if breaker is not None:
             breaker.hint(payload)

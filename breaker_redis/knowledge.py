@@ -266,9 +266,10 @@ class Memory:
         self.epoch_seen = 0  # the floor for a state hash created anew (lua/_lib.lua)
         self._invalidations = self._opaque_at = 0
         self._announced: Announcement | None = None
-        # (state, epoch, born, open_until, forced) of the last transition message, and when;
-        # and of the last knowledge learned from Redis (not from the local store), and when
-        self._heard: tuple[_State, float] | None = None
+        # (state, epoch, born, open_until, forced) of the last transition message, when, and
+        # whether it named its database; and of the last knowledge learned from Redis (not
+        # from the local store), and when
+        self._heard: tuple[_State, float, bool] | None = None
         self._remembered: tuple[_State, float] | None = None
 
     def floor_arg(self) -> str:
@@ -279,22 +280,32 @@ class Memory:
         empty, or the local store while Redis is away, gets the open state
         back), or what a transition message announced since (a worker that
         heard of a trip and has not asked since knows the breaker is open), if
-        it is about the incarnation Redis last told it of.
+        it is about the incarnation Redis last told it of or, when the message
+        names this worker's database, a later one (the keys were lost and
+        created anew, and that incarnation tripped: on an evicting Redis the
+        usual way a worker learns of a trip). The latter goes marked ' heard',
+        and the scripts restore it only over a still later incarnation.
         Nothing older than RESTORE_SECONDS is offered: it may be what an idle
         breaker swept long ago was."""
-        # the newer of the last thing Redis said and the last message heard about that same
-        # incarnation of the keys: never what the local store said (its state is this
-        # process's own, and a local trip must not overwrite a breaker on Redis), nor a
-        # message about another incarnation (another database's breaker of the same name,
-        # or a forged message: the channel is not the keys)
+        # the newer of the last thing Redis said and the last message heard: never what the
+        # local store said (its state is this process's own, and a local trip must not
+        # overwrite a breaker on Redis). A message about another incarnation than Redis's
+        # last reply only if it names the database (Breakers._on_event dropped any naming
+        # another: pub/sub ignores the database, and another database may have a breaker
+        # of the same name) and is about a later one; one naming none is from an older
+        # breaker_redis, or forged (the channel is not the keys)
         remembered, heard = self._remembered, self._heard
-        if heard is not None and (remembered is None or heard[0][2] != remembered[0][2]):
-            heard = None
+        later = False
+        if heard is not None:
+            born = heard[0][2]
+            later = remembered is not None and heard[2] and born > remembered[0][2]
+            if remembered is None or (born != remembered[0][2] and not later):
+                heard = None
         offered = max((x for x in (remembered, heard) if x is not None), key=lambda x: x[1], default=None)
         if offered is None or time.monotonic() - offered[1] > RESTORE_SECONDS:
             return str(self.epoch_seen)
-        state = offered[0]
-        return f"{self.epoch_seen} {state[0]} {state[1]} {state[2]} {state[3]} {state[4] or '-'}"
+        state, tail = offered[0], " heard" if later and offered is heard else ""
+        return f"{self.epoch_seen} {state[0]} {state[1]} {state[2]} {state[3]} {state[4] or '-'}{tail}"
 
     def stamp(self) -> int:
         """Taken before a script is sent, handed back to learn() with its reply."""
@@ -358,7 +369,17 @@ def _state_of(known: Knowledge) -> _State:
     return (known.state, known.epoch, known.born, known.open_until, known.forced)
 
 
-def _transition_heard(payload: dict[str, Any]) -> tuple[_State, float] | None:
+def about_another_database(payload: dict[str, Any], database: int) -> bool:
+    """Whether a message names another database than ``database``, the worker's.
+    Pub/sub ignores the database (SELECT), so a worker hears the breakers of its
+    prefix on every database of the server: one of the same name on another
+    database is another app's breaker, and its message is dropped. A message
+    naming none (from an older breaker_redis) may be about either."""
+    db = payload.get("db")
+    return db is not None and db != database
+
+
+def _transition_heard(payload: dict[str, Any]) -> tuple[_State, float, bool] | None:
     """What a transition message announced, for restoring a lost state (Memory.floor_arg)."""
     if payload.get("kind") != "transition":
         return None
@@ -369,4 +390,4 @@ def _transition_heard(payload: dict[str, Any]) -> tuple[_State, float] | None:
         return None
     if state not in ("closed", "open", "half_open") or forced not in ("", "open", "closed"):
         return None
-    return heard, time.monotonic()
+    return heard, time.monotonic(), "db" in payload

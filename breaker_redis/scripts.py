@@ -175,6 +175,16 @@ def flat_pairs(values: Sequence[Any]) -> dict[str, Any]:
     return {text(values[i]): values[i + 1] for i in range(0, len(values) - 1, 2)}
 
 
+def database_of(client: Any) -> int:
+    """The number of the database the client's connections SELECT: 0 on a cluster,
+    which has only that one (asked without I/O: a LazyCluster connects at its first use)."""
+    if is_cluster(client):
+        return 0
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    return int(kwargs.get("db") or 0)
+
+
 class Scripts:
     """The scripts and keys of one key prefix, and the arguments of a call:
     what the sync runner and the asyncio one (breaker_redis/asyncio/store.py) share."""
@@ -183,6 +193,10 @@ class Scripts:
         self.client = client
         self.prefix = validate_prefix(prefix)
         self.channel = f"{prefix}:events"
+        # pub/sub ignores the database: every message names it (lua/_lib.lua ARGV 2), and a
+        # worker drops those about another database's breakers (Breakers._on_event)
+        self.database = database_of(client)
+        self._publish_to = f"{self.channel} {self.database}"
         self.names_key = f"{prefix}:names"
         self.health_key = f"{prefix}:health"  # lua/health.lua's, outside every breaker's hash tag
         self.groups_key = f"{prefix}:groups"  # the names of the breaker groups (breaker_redis/groups.py)
@@ -254,8 +268,8 @@ class Scripts:
     ) -> tuple[str, str, list[str], list[Any]]:
         """(sha, source, keys, argv) of one script call."""
         keys = self.script_keys(operation, name)
-        channel = self.channel
-        if self.slots is not None:  # ARGV 2: '<prefix>:events <sharded channel>' (lua/_lib.lua)
+        channel = self._publish_to
+        if self.slots is not None:  # ARGV 2: '<prefix>:events 0 <sharded channel>' (lua/_lib.lua)
             channel = self._argv2.get(keys[0]) or self._argv2.setdefault(keys[0], self.argv2(keys[0], name))
         argv: list[Any] = [name, channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
         argv.extend(args)
@@ -290,7 +304,7 @@ class Scripts:
         the slot of the script's keys (a breaker's notices; else the first key's own name)."""
         breaker = first_key == self.route_key(name)
         shard = notices_channel(self.prefix, name) if breaker else first_key
-        return f"{self.channel} {shard}"
+        return f"{self._publish_to} {shard}"
 
     def route_key(self, name: str) -> str:
         """A key of the breaker (its state): on a cluster, its slot is the breaker's."""

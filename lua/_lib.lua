@@ -30,9 +30,13 @@
 -- evicts them (under allkeys-* it may: see load_state for what a worker does
 -- about it); breakers idle longer than the key TTL are removed by sweep.lua.
 -- ARGV (every script):
---   1 name  2 pub/sub channel: <prefix>:events, and on Redis Cluster, after a space, the
---     breaker's sharded channel <prefix>:{NAME}:notices (in the breaker's slot), which the
---     scripts SPUBLISH to as well (notify)  3 now_ms ('' = Redis TIME; tests only)
+--   1 name  2 pub/sub channel and database: '<prefix>:events <db>', db the number of the
+--     database the caller SELECTs (0 on a cluster), which every message carries (publish,
+--     configure.lua): pub/sub ignores the database, so a worker hears the breakers of the
+--     same name on every database of the server and drops those of another
+--     (Breakers._on_event); on Redis Cluster followed, after a space, by the breaker's sharded channel
+--     <prefix>:{NAME}:notices (in the breaker's slot), which the scripts SPUBLISH to as
+--     well (notify)  3 now_ms ('' = Redis TIME; tests only)
 --   4 key TTL ms: a breaker unused this long is idle (sweep.lua)
 --   5 config: JSON from breaker_redis/config.py (to_lua_json), times in ms:
 --     trip, mode, threshold, rate, min_calls, slow_ms, slow_rate, bucket_ms, buckets,
@@ -42,7 +46,9 @@
 --     the Redis time in ms, so epochs never go backwards; followed, when the caller
 --     knows the breaker's state now, by that state: 'floor state epoch born
 --     open_until forced' (forced '-' for none), which acquire and record restore
---     when they find it lost (load_state)
+--     when they find it lost (load_state), and ' heard' when the caller only heard
+--     of it, in a message about a later incarnation of the keys than any Redis
+--     replied to it about (restore_lost)
 
 -- This call's keys and arguments and what is derived from them: set by begin(),
 -- which every script calls first. Upvalues rather than the KEYS and ARGV
@@ -51,7 +57,7 @@
 -- gets its keys and arguments as parameters).
 local KEY_LIST, ARGS
 local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG
-local NAME, CHANNEL, SHARD, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
+local NAME, CHANNEL, DB, SHARD, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
 -- Keys found corrupted (a field that does not parse) and repaired by this call,
 -- for the reply: the worker logs them, once each. EVENTS: the transitions of this call.
 -- LOST: '' or what this call found of a state the caller knew and Redis had lost
@@ -96,7 +102,8 @@ local function memo(kind, text, derive)
 end
 
 local function channels(argv2)
-  return {string.match(argv2, '^(%S+) ?(%S*)$')}
+  local channel, db, shard = string.match(argv2, '^(%S+) (%d+) ?(%S*)$')
+  return {channel, tonumber(db), shard}
 end
 
 -- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
@@ -124,7 +131,7 @@ local function begin(keys, argv)
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
   NAME = argv[1]
   local c, t = memo(2, argv[2], channels), memo(4, argv[4], ttls)
-  CHANNEL, SHARD, TTL, TTL_REFRESH_MS = c[1], c[2], t[1], t[2]
+  CHANNEL, DB, SHARD, TTL, TTL_REFRESH_MS = c[1], c[2], c[3], t[1], t[2]
   FLOOR, KNOWN = nil, nil  -- ARGV 6, read by caller_knows() when a call needs it (rarely)
   if argv[3] ~= '' then
     NOW = tonumber(argv[3])
@@ -140,11 +147,11 @@ end
 -- of the state (KNOWN, or nil). Parsed only by the calls that need it: a state
 -- hash created anew, or one nothing has happened to since (restore_lost).
 local function parse_knows(argv6)
-  local floor, state, epoch, born, open_until, forced =
-    string.match(argv6, '^(%d+) ([a-z_]+) (%d+) (%d+) (%d+) ([a-z-]+)$')
+  local floor, state, epoch, born, open_until, forced, heard =
+    string.match(argv6, '^(%d+) ([a-z_]+) (%d+) (%d+) (%d+) ([a-z-]+) ?(%l*)$')
   if floor then
     return {tonumber(floor), {state = state, epoch = tonumber(epoch), born = tonumber(born),
-      open_until = tonumber(open_until), forced = forced == '-' and '' or forced}}
+      open_until = tonumber(open_until), forced = forced == '-' and '' or forced, heard = heard == 'heard'}}
   end
   return {tonumber(argv6) or 0, false}
 end
@@ -287,6 +294,13 @@ end
 -- knew it closed can restore nothing (the window's counts are gone). A loss
 -- is counted once per new incarnation (stats state_lost) and the reply says
 -- so, for the worker to log it.
+-- What a caller only heard of (ARGV 6 ' heard': a transition message naming this
+-- database, about a later incarnation than the one Redis last replied to it
+-- about) is restored only over an incarnation created after the one the message
+-- is about. So the incarnation has changed since the caller's last reply: the
+-- keys were lost. A message (forged, say) about a later incarnation than the
+-- current one restores nothing, and one about an earlier incarnation than the
+-- caller's last reply is not offered (knowledge.Memory.floor_arg).
 local function restore_lost(s, created)  -- true when it restored a state
   -- the common case, decided on the state alone: a breaker that made a transition since
   -- its hash was created, is not closed, or is held by an operator restores nothing
@@ -298,7 +312,8 @@ local function restore_lost(s, created)  -- true when it restored a state
     if line and (was == nil or line.epoch > was.epoch) then was = line end
   end
   if was == nil or s.epoch ~= s.born or was.born == s.born or s.state ~= 'closed' or s.forced ~= ''
-    or s.held == s.born then  -- an operator has acted on this incarnation: theirs is the last word
+    or s.held == s.born  -- an operator has acted on this incarnation: theirs is the last word
+    or (was.heard and was.born > s.born) then
     return false
   end
   local repair = s.lost == s.born  -- created by a repair (logged as one), not counted as a loss
@@ -467,7 +482,7 @@ end
 -- Every transition: epoch+1, one line in the events list, one pub/sub message. Messages
 -- are hints: a worker that hears one asks Redis again before trusting memory.
 local function publish(s, kind, extra)
-  local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, born = s.born, at = NOW}
+  local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, born = s.born, db = DB, at = NOW}
   for k, v in pairs(extra or {}) do msg[k] = v end
   notify(cjson.encode(msg))
 end

@@ -17,25 +17,33 @@ already has:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
+import fakeredis
 import pytest
 import redis
 
 from breaker_redis import BreakerConfig, Breakers
 from breaker_redis import core as core_module
+from breaker_redis.asyncio import Breakers as AsyncBreakers
 from breaker_redis.metrics import exposition
 from breaker_redis.reader import Reader
+from breaker_redis.scripts import database_of
+from breaker_redis.urls import async_client_from_url, client_from_url
 from tests.redis_server import RedisServer, wait_until
 from tests.test_metrics import of, samples
-from tests.workers import admits, fail
+from tests.workers import admits, admitted, fail
 
 pytestmark = pytest.mark.real
 
 CONFIG = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
+T = TypeVar("T")
 STATE = "breaker:{pay}:state"
 
 
@@ -239,29 +247,174 @@ def test_a_worker_warns_at_start_up_when_the_policy_can_evict_its_keys(
 # -- what is never restored ----------------------------------------------------------------------
 
 
-def test_a_message_about_another_incarnation_restores_nothing(redis_server: RedisServer, clock) -> None:
-    """Pub/sub ignores the database number: another app on db 1 with the same prefix
-    trips its own 'pay', and anyone may PUBLISH. Neither opens this app's breaker."""
+class SyncWorker:
+    """A worker with its event subscription, asking for one breaker ('pay')."""
+
+    def __init__(self, url: str, clock: Any) -> None:
+        self.breakers = subscribed(Breakers.from_url(url, clock=clock))
+
+    def admits(self) -> bool:
+        return admits(self.breakers.get("pay", CONFIG))
+
+    def close(self) -> None:
+        self.breakers.close()
+
+
+class AsyncWorker:
+    """The same on asyncio: an event loop of its own, run by the test's thread for each call."""
+
+    def __init__(self, url: str, clock: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.breakers = AsyncBreakers.from_url(url, clock=clock)
+        self.pay = self.breakers.get("pay", CONFIG)
+        self._run(self._subscribe())
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(asyncio.wait_for(work, 10))
+
+    async def _subscribe(self) -> None:
+        await admitted(self.pay)
+        while self.breakers.invalidator is None or not self.breakers.invalidator.healthy:
+            await asyncio.sleep(0.005)
+
+    def admits(self) -> bool:
+        async def settled() -> bool:  # what was published before is delivered first
+            while self.breakers.invalidator is not None and self.breakers.invalidator.pending():
+                await asyncio.sleep(0.001)
+            return await admitted(self.pay)
+
+        return self._run(settled())
+
+    def close(self) -> None:
+        self._run(self.breakers.aclose())
+        self.loop.close()
+
+
+@pytest.mark.parametrize(("ours", "theirs", "side"), [(0, 1, "sync"), (1, 0, "sync"), (0, 1, "asyncio")])
+def test_a_breaker_of_the_same_name_on_another_database_is_never_restored_here(
+    redis_server: RedisServer, clock: Any, ours: int, theirs: int, side: str
+) -> None:
+    url = redis_server.url.removesuffix("/0")
+    redis_server.client().flushall()
+    try:
+        never_restores_another_databases_breaker(f"{url}/{ours}", f"{url}/{theirs}", clock, side)
+    finally:
+        redis_server.client().flushall()
+
+
+def never_restores_another_databases_breaker(ours: str, theirs: str, clock: Any, side: str = "sync") -> None:
+    """Pub/sub ignores the database (SELECT): the app on one database hears every message
+    of the app on another, whose breaker has the same name. Their trip, of an incarnation
+    later than the one ours last heard of from Redis, makes ours neither refuse nor, once
+    our keys are lost, restore their open state: the message names its database, and a
+    worker drops those naming another (Breakers._on_event). ``ours``, ``theirs``: URLs of
+    two databases of one server, empty."""
+    admin, their_admin = client_from_url(ours), client_from_url(theirs)
+    worker = (SyncWorker if side == "sync" else AsyncWorker)(ours, clock)
+    other = Breakers.from_url(theirs, listen=False, clock=clock)
+    try:
+        born = int(admin.hget(STATE, "born"))
+        clock.advance(1000)
+        fail(other.get("pay", CONFIG), 5)  # their 'pay', created after ours, trips
+        assert int(their_admin.hget(STATE, "born")) > born
+        admin.delete(STATE, "breaker:{pay}:events")  # ours is lost before our next call
+        clock.advance(1000)
+        for _ in range(3):
+            assert worker.admits()
+        assert (admin.hget(STATE, "state"), admin.hget(STATE, "forced")) == (b"closed", b"")
+        assert not admits(other.get("pay", CONFIG))  # theirs is open
+    finally:
+        worker.close()
+        other.close()
+        admin.close()
+        their_admin.close()
+
+
+def test_the_database_a_worker_names_is_its_clients(redis_server: RedisServer) -> None:
+    """What the scripts publish with every message (lua/_lib.lua ARGV 2), for each kind of
+    client; a cluster's is 0, known without connecting (a LazyCluster connects at first use)."""
+    clients = {
+        "redis://127.0.0.1:1/3": 3,
+        "rediss://127.0.0.1:1/5": 5,
+        "unix:///tmp/no-such.sock?db=4": 4,
+        "redis+sentinel://127.0.0.1:1/mymaster/2": 2,
+        "redis+cluster://127.0.0.1:1": 0,
+    }
+    for url, db in clients.items():
+        assert database_of(client_from_url(url)) == db, url
+        assert database_of(async_client_from_url(url)) == db, url
+    assert database_of(redis.Redis(port=redis_server.port, db=7)) == 7
+    assert database_of(fakeredis.FakeRedis(db=6)) == 6
+
+
+def test_a_forged_message_restores_nothing(redis_server: RedisServer, clock: Any) -> None:
+    """Anyone may PUBLISH on the channel. A forged trip naming no database, or this one and
+    an incarnation later than the current one or earlier than the worker's last reply,
+    opens nothing: the breaker's keys were not lost (knowledge.Memory.floor_arg, and
+    restore_lost in lua/_lib.lua)."""
     admin = redis_server.client()
     admin.flushall()
-    ours = subscribed(Breakers.from_url(redis_server.url.replace("/0", "/0"), clock=clock))
-    theirs = Breakers.from_url(redis_server.url.replace("/0", "/1"), listen=False, clock=clock)
+    ours = subscribed(Breakers.from_url(redis_server.url, clock=clock))
     try:
         pay = ours.get("pay", CONFIG)
         assert admits(pay)
-        clock.advance(1)
-        fail(theirs.get("pay", CONFIG), 5)  # db 1's pay opens: its message reaches us too
-        admin.publish("breaker:events", '{"name": "pay", "kind": "transition", "to": "open", '
-                      '"forced": "open", "born": 1, "epoch": 1, "arms": 0, "open_until": 0, "at": 0}')
-        for _ in range(3):
-            assert admits(pay)
-        snap = pay.snapshot()
-        assert (snap["state"], snap["forced"], snap["state_lost"]) == ("closed", None, 0)
+        born = int(admin.hget(STATE, "born"))
+        for db, forged_born in ((None, 1), (0, born + 10**6), (0, born - 1)):
+            forged = {"name": "pay", "kind": "transition", "to": "open", "forced": "open",
+                      "born": forged_born, "epoch": forged_born + 1, "arms": 0, "open_until": 0, "at": 0}
+            if db is not None:
+                forged["db"] = db
+            admin.publish("breaker:events", json.dumps(forged))
+            for _ in range(3):
+                assert admits(pay), forged
+            snap = pay.snapshot()
+            assert (snap["state"], snap["forced"], snap["state_lost"]) == ("closed", None, 0), forged
     finally:
         ours.close()
-        theirs.close()
         admin.flushall()
         admin.close()
+
+
+@pytest.fixture(params=["real", "embedded", "cluster"])
+def topology(request: pytest.FixtureRequest) -> Iterator[tuple[str, redis.Redis]]:
+    """(URL, an admin client) of the session's redis-server, embedded server or Redis Cluster, emptied."""
+    if request.param == "cluster":
+        url = request.getfixturevalue("cluster").url
+        admin = client_from_url(url).connected()
+    else:
+        url = request.getfixturevalue("redis_server" if request.param == "real" else "embedded").url
+        admin = redis.Redis.from_url(url)
+    admin.flushall()
+    yield url, admin
+    admin.flushall()
+    admin.close()
+
+
+def test_a_worker_that_heard_of_a_later_incarnations_trip_restores_it(
+    topology: tuple[str, redis.Redis], clock: Any
+) -> None:
+    """An evicting Redis's usual sequence: worker A learned the breaker from Redis; the keys
+    were lost and created anew by worker B, which knew nothing, and B tripped them; A only
+    heard of that trip (a message about a later incarnation than its last reply); the keys
+    were lost again. A's next call restores the trip, for every worker."""
+    url, admin = topology
+    a = subscribed(Breakers.from_url(url, clock=clock))
+    b = Breakers.from_url(url, listen=False, clock=clock)
+    newcomer = Breakers.from_url(url, listen=False, clock=clock)
+    try:
+        admin.delete(STATE, "breaker:{pay}:events")
+        clock.advance(1000)
+        fail(b.get("pay", CONFIG), 5)  # a new incarnation trips; its message is in A's socket
+        open_until = int(admin.hget(STATE, "open_until"))
+        admin.delete(STATE, "breaker:{pay}:events")
+        clock.advance(1000)
+        assert not admits(a.get("pay", CONFIG))
+        assert (admin.hget(STATE, "state"), int(admin.hget(STATE, "open_until"))) == (b"open", open_until)
+        assert not admits(newcomer.get("pay", CONFIG))
+        assert newcomer.get("pay", CONFIG).snapshot()["state_lost"] == 1
+    finally:
+        for breakers in (a, b, newcomer):
+            breakers.close()
 
 
 def test_a_worker_that_knew_less_than_the_history_restores_what_the_history_says(

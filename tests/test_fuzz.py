@@ -1151,7 +1151,7 @@ def check_commands(lines: list[tuple[str, list[bytes]]], prefix: str, names: Seq
             swept = script[1] in _SWEEP_SCRIPTS  # any name of the names set, whose keys it may delete
             if (name not in names and not swept) or keys != own:
                 problems.append(f"{label} declares {keys!r}, not the seven keys of its name {name!r}")
-            if argv[1:2] != [channel]:
+            if argv[1:2] != [channel + b" 0"]:  # and database 0's number (lua/_lib.lua ARGV 2)
                 problems.append(f"{label} was given the channel {argv[1:2]!r}")
         name_given = argv[0].decode("utf-8", "replace") if argv else ""
         touchable = {*keys, *(k.encode() for k in undeclared_keys(prefix, name_given) if keys != [health])}

@@ -25,6 +25,7 @@ from redis.sentinel import SentinelConnectionPool
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
 from tests.redis_server import wait_until
+from tests.test_eviction import never_restores_another_databases_breaker
 from tests.topologies import HOST, SentinelGroup, started
 from tests.workers import TRIP_AT_3, admitted, fail, subscribed
 
@@ -72,6 +73,18 @@ def test_breakers_over_sentinel_trip_a_breaker_and_the_replica_has_it(group, mad
     master = group.data(group.master_port(), timeout=5)
     assert master.execute_command("WAIT", 1, 0) == 1  # the replica has every write so far
     assert group.data(group.replica_port()).hget("breaker:{first}:state", "state") == b"open"
+
+
+def test_a_breaker_of_the_same_name_on_another_database_is_never_restored_over_sentinel(group, clock):
+    """Over Sentinel as on one server (tests/test_eviction.py): messages name the database
+    of the URL, and a worker drops those naming another."""
+    for db in (0, 1):
+        client_from_url(group.url(db=db)).flushdb()
+    try:
+        never_restores_another_databases_breaker(group.url(db=0), group.url(db=1), clock)
+    finally:
+        for db in (0, 1):
+            client_from_url(group.url(db=db)).flushdb()
 
 
 @dataclass

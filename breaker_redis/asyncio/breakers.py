@@ -22,6 +22,7 @@ from typing import Any, cast
 from ..breakers import DEFAULT_TTL_SECONDS, Forgetting
 from ..cluster import notices_channel
 from ..config import BreakerConfig, checked_changes
+from ..knowledge import about_another_database
 from ..recorder import BATCH_SECONDS
 from ..reporters import reporter_or_default
 from ..scripts import flat_pairs, text, validate_name
@@ -250,6 +251,8 @@ class Breakers(Forgetting):
         self._hooks.report(name, events, epoch, at_ms)
 
     def _on_event(self, payload: dict[str, Any]) -> None:
+        if about_another_database(payload, self._runner.database):
+            return
         breaker = self._breakers.get(str(payload.get("name", "")))
         if breaker is not None and breaker.hint(payload):
             self._start_send(breaker.flush_batch())

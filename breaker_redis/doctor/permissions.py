@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from .. import acl
-from ..scripts import text
+from ..scripts import database_of, text
 from .checkup import NOTE, OK, PROBLEM, Checkup, Lines
 from .server import FUNCTIONS_COST
 
@@ -56,10 +56,9 @@ def _read(call: Callable[[], Any]) -> Callable[[], Any]:
 def _select(client: Any) -> list[tuple[str, Callable[[], Any]]]:
     """SELECT of the database the client already uses (what redis-py sends on connect
     for a database other than 0); none on a cluster, which has only database 0."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
+    if getattr(client, "connection_pool", None) is None:
         return []
-    db = int(pool.connection_kwargs.get("db") or 0)
+    db = database_of(client)
     return [("select", lambda: client.execute_command("SELECT", db))]
 
 
