@@ -13,7 +13,10 @@ the next 500 on their way while these are decoded):
 
 - ``Reader.snapshots()``: what ``status``, ``metrics`` and the dashboard read;
 - ``breaker-redis status`` and ``status --json``, whole commands in process;
-- one Prometheus scrape (``metrics.exposition``);
+- one Prometheus scrape (``metrics.exposition``: the Flask endpoint, ``breaker-redis
+  metrics``), and the same through a registry (``BreakerCollector`` registered on one,
+  written by prometheus-client's ``generate_latest``: ``metrics --port``, an app's own
+  registry);
 - the last 5 transitions of every breaker (the dashboard's frame, ``events``).
 
 Each is timed as wall time, and as the CPU this process and the redis-server
@@ -43,10 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis
 from click.testing import CliRunner
 from overhead import Boom, fail, noop, redis_server_process
+from prometheus_client import CollectorRegistry, generate_latest
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, cli
 from breaker_redis.config import BreakerConfig as Config
-from breaker_redis.metrics import exposition
+from breaker_redis.metrics import BreakerCollector, exposition
 from breaker_redis.reader import Reader
 
 BREAKERS = 2000
@@ -159,6 +163,12 @@ def reads(url: str) -> dict[str, Callable[[], object]]:
         with contextlib.closing(redis.Redis.from_url(url)) as client:
             return exposition(client, PREFIX)
 
+    def registry_scrape() -> object:
+        with contextlib.closing(redis.Redis.from_url(url)) as client:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(BreakerCollector(client, PREFIX))
+            return generate_latest(registry)
+
     def history() -> object:
         with contextlib.closing(Reader(redis.Redis.from_url(url), PREFIX)) as reader:
             return Reader.histories(reader, reader.names(), 5)
@@ -168,6 +178,7 @@ def reads(url: str) -> dict[str, Callable[[], object]]:
         "breaker-redis status": command("status"),
         "breaker-redis status --json": command("status", "--json"),
         "one metrics scrape (exposition)": scrape,
+        "one metrics scrape through a registry (generate_latest)": registry_scrape,
         "last 5 transitions of each (dashboard, events)": history,
     }
 

@@ -325,6 +325,27 @@ def _evalsha(client: Any, sha: str, source: str, keys: list[str], argv: list[Any
         return client.eval(source, len(keys), *keys, *argv)
 
 
+def _packed(encoder: Any, commands: Iterable[Sequence[Any]]) -> list[bytes]:
+    """The commands in Redis's protocol, as redis-py's pack_commands writes them, each
+    distinct argument encoded once: the calls of one chunk share most of theirs (the
+    function, the channel, the time, the config), and redis-py encoding each argument
+    of 2,000 read calls anew took about a quarter of a Prometheus scrape's time."""
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    encoded: dict[Any, bytes] = {}  # by the str, or by (type, value): 1 and 1.0 are sent differently
+    out = []
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            text_arg = type(arg) is str
+            key = arg if text_arg else (type(arg), arg)
+            piece = encoded.get(key)
+            if piece is None:
+                data = arg.encode(encoding, errors) if text_arg else encoder.encode(arg)
+                piece = encoded[key] = b"$%d\r\n%s\r\n" % (len(data), data)
+            out.append(piece)
+    return [b"".join(out)]  # (send_packed_command takes a list of buffers)
+
+
 class ScriptRunner(Scripts):
     """The scripts registered on one client, run against one key prefix."""
 
@@ -393,7 +414,7 @@ class ScriptRunner(Scripts):
         drained = False
         try:
             for calls in chunks:
-                conn.send_packed_command(conn.pack_commands(self._commands(operation, calls)), False)
+                conn.send_packed_command(_packed(conn.encoder, self._commands(operation, calls)), False)
                 sent.append(calls)
                 if len(sent) == 2:
                     done = sent.popleft()

@@ -10,19 +10,6 @@ from .config import fields_from_lua
 from .reporters import reporters_of
 from .scripts import flat_pairs, text
 
-_INT_FIELDS = (
-    "epoch",
-    "open_until",
-    "consec",
-    "open_ms",
-    "ho_ok",
-    "window_calls",
-    "window_failures",
-    "window_slow",
-    "probes",
-    "slots",
-    "now",
-)
 # The cumulative counter of each outcome (lua/record.lua counts them the same way).
 OUTCOME_COUNTERS = {"success": "successes", "failure": "failures", "ignored": "ignored"}
 _STAT_FIELDS = (
@@ -55,42 +42,44 @@ def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
 
 
 def snapshot_of(name: str, fields: dict[str, Any], store: str) -> dict[str, Any]:
-    """The snapshot of snapshot.lua's fields by name (lua/read.lua gives them by position)."""
-    values = {key: int(fields.get(key) or 0) for key in _INT_FIELDS}
-    stats = {key: _counter(value) for key, value in flat_pairs(fields.get("stats") or []).items()}
-    overrides = {key: text(value) for key, value in flat_pairs(fields.get("overrides") or []).items()}
-    state = text(fields.get("state"))
-    forced = text(fields.get("forced")) or None
+    """The snapshot of snapshot.lua's fields by name (lua/read.lua gives them by position).
+    Each field is converted once, straight into the snapshot: a reader of 2,000 breakers
+    (status, a scrape) makes 2,000 of these, and dicts in between took a quarter of the time."""
+    get = fields.get
+    state = text(get("state"))
+    forced = text(get("forced")) or None
+    open_until, now = int(get("open_until") or 0), int(get("now") or 0)
     retry_after: float | None = None
     if state == "open" and forced is None:
-        retry_after = max(0, values["open_until"] - values["now"]) / 1000.0
+        retry_after = max(0, open_until - now) / 1000.0
     snapshot: dict[str, Any] = {
         "name": name,
         "state": state,
         "forced": forced,
-        "epoch": values["epoch"],
+        "epoch": int(get("epoch") or 0),
         "retry_after": retry_after,
-        "open_until_ms": values["open_until"] or None,
-        "window_calls": values["window_calls"],
-        "window_failures": values["window_failures"],
-        "window_slow": values["window_slow"],
-        "consecutive_failures": values["consec"],
-        "half_open_successes": values["ho_ok"],
-        "probes_in_flight": values["probes"],
-        "bulkhead_in_use": values["slots"],
-        "mode": text(fields.get("mode")),
-        "overrides": overrides,
+        "open_until_ms": open_until or None,
+        "window_calls": int(get("window_calls") or 0),
+        "window_failures": int(get("window_failures") or 0),
+        "window_slow": int(get("window_slow") or 0),
+        "consecutive_failures": int(get("consec") or 0),
+        "half_open_successes": int(get("ho_ok") or 0),
+        "probes_in_flight": int(get("probes") or 0),
+        "bulkhead_in_use": int(get("slots") or 0),
+        "mode": text(get("mode")),
+        "overrides": {key: text(value) for key, value in flat_pairs(get("overrides") or []).items()},
         "store": store,
     }
     # min_reporters > 1: the reporters failing in the window and the isolated ones (by name:
     # failures in its own window, isolated_until_ms), the isolated ones, how many are failing
-    reporters = reporters_of(fields.get("reporters"))
+    reporters = reporters_of(get("reporters"))
     snapshot["reporters"] = reporters
     snapshot["isolated"] = [name for name, seen in reporters.items() if seen["isolated_until_ms"]]
     snapshot["failing_reporters"] = len(reporters)
-    snapshot["config"] = _config_in_force(fields.get("config"))
+    snapshot["config"] = _config_in_force(get("config"))
+    stats = flat_pairs(get("stats") or [])
     for key in _STAT_FIELDS:
-        snapshot[key] = stats.get(key, 0)
+        snapshot[key] = _counter(stats[key]) if key in stats else 0
     snapshot["calls"] = snapshot["successes"] + snapshot["failures"] + snapshot["ignored"]
     return snapshot
 

@@ -14,11 +14,13 @@ import pytest
 import requests
 from click.testing import CliRunner
 from flask import Flask
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, cli
 from breaker_redis.flask import FlaskBreakers
-from breaker_redis.metrics import exposition
+from breaker_redis.groups import BreakerGroup
+from breaker_redis.metrics import BreakerCollector, Family, exposition, render
 from tests.conftest import Clock
 from tests.redis_server import free_port, wait_until
 from tests.workers import TRIP_AT_3, fail
@@ -92,6 +94,66 @@ def test_a_scrape_with_redis_down_says_so_instead_of_failing():
     found = samples(exposition(client).decode())
     assert found == {("breaker_redis_up", ()): 0.0,
                      ("breaker_redis_up_error", (("missing", ""), ("reason", "unavailable"))): 1.0}
+
+
+def written_by_prometheus_client(collector: BreakerCollector, families: list) -> bytes:
+    """generate_latest of a registry holding the collector, scraping ``families``."""
+    collector.families = lambda: families  # type: ignore[method-assign]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry)
+
+
+def test_the_exposition_is_byte_for_byte_what_prometheus_client_writes(redis_server):
+    """exposition() writes the text format itself (metrics.render), not through
+    generate_latest: for names whose label values need escaping or hold '%', reporters'
+    series, a group, an open breaker's retry_after, a counter written with an exponent,
+    values of every kind of float, and the families of a scrape that cannot read Redis,
+    the bytes are the ones generate_latest writes of the collector's families."""
+    client = redis_server.client()
+    client.flushall()
+    quorum = BreakerConfig(trip="count", failure_threshold=5, open_seconds=30, min_reporters=2)
+    made = [Breakers(client, listen=False, reporter=name) for name in ("web-a", "web-b")]
+    web_a = made[0]
+    names = ['say"hi"', "back\\slash", "ünïcode/v1/pay", "100%s%d"]
+    for name in names:
+        fail(web_a.get(name, TRIP_AT_3), 3)  # open: retry_after just under 30 s
+    for _ in range(5):
+        web_a.get("pay", quorum).acquire().failure()  # web-a isolated, failing
+    made[1].get("pay", quorum).acquire().success()
+    pool = BreakerGroup(web_a, "pool", ["pool-a", "pool-b"])
+    pool.settle()  # joins: the group is listed
+    client.hset('breaker:{say"hi"}:stats', "trips", 123456789)
+    for breakers in made:
+        breakers.close()
+    collector = BreakerCollector(client)
+    floats = [0.1, 2.5e-07, 1e6, 12345678.9, 1e22, -3.0, float("inf"), float("-inf"), float("nan"), 7]
+    families = [*collector.families(), Family(
+        "breaker_redis_floats", "gauge", 'a \\ "help"\nover two lines', ("zz", "breaker", "outcome"),
+        [("z", f"b{i}", "o\n", value) for i, value in enumerate(floats)],
+    )]
+    text = render(families)
+    assert text == written_by_prometheus_client(collector, families)
+    decoded = text.decode()
+    for line in ('breaker_redis_trips_total{breaker="say\\"hi\\""} 1.23456789e+08',
+                 'breaker_redis_trips_total{breaker="back\\\\slash"} 1.0',
+                 'breaker_redis_state{breaker="100%s%d",state="open"} 1.0',
+                 'breaker_redis_reporter_failures{breaker="pay",reporter="web-a"} 5.0',
+                 'breaker_redis_group_members{group="pool"} 2.0',
+                 '# HELP breaker_redis_floats a \\\\ "help"\\nover two lines',
+                 'breaker_redis_floats{breaker="b3",outcome="o\\n",zz="z"} 1.23456789e+07',
+                 'breaker_redis_floats{breaker="b8",outcome="o\\n",zz="z"} NaN'):
+        assert f"\n{line}\n" in decoded
+    retry_after = of(samples(decoded), "breaker_redis_retry_after_seconds", "ünïcode/v1/pay")
+    assert 0 < retry_after <= 30
+    assert samples(exposition(client).decode()).keys() == samples(render(families[:-1]).decode()).keys()
+
+    server = fakeredis.FakeServer()
+    server.connected = False
+    down = BreakerCollector(fakeredis.FakeRedis(server=server))
+    families = down.families()
+    assert [family.name for family in families] == ["breaker_redis_up", "breaker_redis_up_error"]
+    assert render(families) == written_by_prometheus_client(down, families)
 
 
 def test_a_scrape_refused_a_permission_names_it(redis_server, caplog):
