@@ -215,28 +215,23 @@ class Breaker(BreakerCore[Permit], Protects):
             with self._lock:
                 if self._observed(permit, outcome, duration_ms):
                     return
-        batchable = outcome != "ignored" and permit.batchable and shared.batch_successes
-        if batchable and self._batched(permit.epoch, permit.generation, duration_ms, outcome == "failure"):
+        batchable = outcome == "success" and permit.batchable and shared.batch_successes
+        if batchable and self._batched(permit.epoch, permit.generation, duration_ms):
             return
         self._send(permit.epoch, outcome, max(0, duration_ms), permit.lease, permit.generation)
 
-    def _batched(self, epoch: int, generation: int, duration_ms: int, failed: bool = False) -> bool:
+    def _batched(self, epoch: int, generation: int, duration_ms: int) -> bool:
         """A plain success of a call admitted from calm knowledge joins this
-        worker's batch if the breaker is still calm (an arming heard first); so
-        does a plain failure under the rate rule, one at a time, and the recorder
-        sends it at once: its caller does not wait for the round trip."""
+        worker's batch if the breaker is still calm (an arming heard first)."""
         listener = self._listener
         if listener is not None:
             listener.drain()
         known = self._memory.known
         trusted = known is not None and self._trusted(known)
         with self._lock:
-            joins = self._join_batch(epoch, generation, duration_ms, trusted, failed)
+            joins = self._join_batch(epoch, generation, duration_ms, trusted)
         if joins:
-            recorder = self._shared.recorder
-            recorder.schedule(self)
-            if failed:
-                recorder.hurry()
+            self._shared.recorder.schedule(self)
         return joins
 
     def flush_batch(self) -> None:
@@ -257,7 +252,7 @@ class Breaker(BreakerCore[Permit], Protects):
                 pending, batch = self._take_for_send(self._gate.live)
             if outcome and not self._gate.live(generation):
                 outcome = ""
-            if not outcome and not batch[1] and not batch[2] and not any(pending):
+            if not outcome and not batch[1] and not any(pending):
                 return
             try:
                 reply, generation, stamp = self._run(

@@ -53,7 +53,6 @@ class BreakerCore(Generic[P]):
     _last_flush: float
     _batch_epoch: int
     _batch_count: int
-    _batch_failures: int
     _batch_generation: int
     _listed_pid: int
     _listed_at: int  # ms, on the side's clock (Breakers.now_ms)
@@ -78,7 +77,7 @@ class BreakerCore(Generic[P]):
         """No counts, no batch (a new breaker, a forked child)."""
         self._pending = dict.fromkeys(PENDING, 0)
         self._last_flush = time.monotonic()
-        self._batch_epoch = self._batch_count = self._batch_failures = self._batch_generation = 0
+        self._batch_epoch = self._batch_count = self._batch_generation = 0
 
     def now_ms(self) -> int:
         return self._shared.now_ms()
@@ -94,7 +93,7 @@ class BreakerCore(Generic[P]):
     @property
     def holds_counts(self) -> bool:
         """Whether batched successes or counts kept in memory wait to be sent."""
-        return bool(self._batch_count or self._batch_failures or any(self._pending.values()))
+        return bool(self._batch_count or any(self._pending.values()))
 
     def classify(self, exc: BaseException) -> str:
         """success / failure / ignored for an exception; a predicate that raises
@@ -162,11 +161,8 @@ class BreakerCore(Generic[P]):
         """Put back what a script call that failed did not deliver."""
         for key, count in zip(PENDING, pending, strict=True):
             self._pending[key] += count
-        if batch and (batch[1] or batch[2]) and (self._batch_count + self._batch_failures == 0
-                                                  or self._batch_epoch == batch[0]):
-            self._batch_epoch = batch[0]
-            self._batch_count += batch[1]
-            self._batch_failures += batch[2]
+        if batch and batch[1] and (self._batch_count == 0 or self._batch_epoch == batch[0]):
+            self._batch_epoch, self._batch_count = batch[0], self._batch_count + batch[1]
 
     def _observed(self, permit: P, outcome: str, duration_ms: int) -> bool:
         """An outcome of a call admitted in observe mode while open only feeds the
@@ -179,14 +175,10 @@ class BreakerCore(Generic[P]):
         self._pending["slow"] += outcome != "ignored" and known.slow(duration_ms)
         return True
 
-    def _join_batch(
-        self, epoch: int, generation: int, duration_ms: int, trusted: bool, failed: bool = False
-    ) -> bool:
-        """An outcome of a call admitted from calm knowledge under (epoch,
+    def _join_batch(self, epoch: int, generation: int, duration_ms: int, trusted: bool) -> bool:
+        """A plain success of a call admitted from calm knowledge under (epoch,
         generation) joins the batch while the breaker is calm and this worker's
-        knowledge is ``trusted`` (nothing unread could be an arming): a plain
-        success, or with ``failed`` a plain failure under the rate rule, one at
-        a time (lua/record.lua: a failure sent without waiting never trips)."""
+        knowledge is ``trusted`` (nothing unread could be an arming)."""
         known = self._memory.known
         joins = (
             trusted
@@ -195,25 +187,21 @@ class BreakerCore(Generic[P]):
             and known.epoch == epoch
             and known.generation == generation
             and not known.slow(duration_ms)
-            and (self._batch_count + self._batch_failures == 0 or self._batch_epoch == epoch)
-            and (not failed or (known.unwaited and self._batch_failures == 0))
+            and (self._batch_count == 0 or self._batch_epoch == epoch)
         )
         if joins:
             self._batch_epoch, self._batch_generation = epoch, generation
-            if failed:
-                self._batch_failures += 1
-            else:
-                self._batch_count += 1
+            self._batch_count += 1
         return joins
 
     def _take_for_send(self, live: Callable[[int], bool]) -> tuple[list[int], list[int]]:
-        """(pending counts, [batch epoch, successes, failures]) for a record call; a
-        batch counted under a store no longer in use (``live``: the gate's) is dropped."""
+        """(pending counts, [batch epoch, batch count]) for a record call; a batch
+        counted under a store no longer in use (``live``: the gate's) is dropped."""
         pending = self._take_pending()
-        batch = [self._batch_epoch, self._batch_count, self._batch_failures]
-        if (batch[1] or batch[2]) and not live(self._batch_generation):
-            batch[1] = batch[2] = 0
-        self._batch_count = self._batch_failures = 0
+        batch = [self._batch_epoch, self._batch_count]
+        if batch[1] and not live(self._batch_generation):
+            batch[1] = 0
+        self._batch_count = 0
         return pending, batch
 
     # -- learning --------------------------------------------------------------------

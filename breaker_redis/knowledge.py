@@ -66,9 +66,6 @@ class Reply:
     lost: str = ""
     # min_reporters > 1: until when (Redis ms) the calling worker's reporter is isolated, 0 if not
     isolated_until: int = 0
-    # the rate rule with min_reporters 1: while calm, a plain failure may go to Redis
-    # without its caller waiting (lua/record.lua: such a failure never trips)
-    unwaited: bool = False
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
@@ -91,7 +88,6 @@ class Reply:
             text(raw[15]) if len(raw) > 15 else "",
             text(raw[16]) if len(raw) > 16 else "",
             int(raw[17]) if len(raw) > 17 else 0,
-            bool(int(raw[18])) if len(raw) > 18 else False,
         )
 
 
@@ -126,7 +122,6 @@ class Knowledge:
     generation: int  # the store-gate generation it was learned under
     learned_at: float  # time.monotonic()
     isolated_until: int = 0  # this worker's reporter is isolated until then (Redis ms; 0: it is not)
-    unwaited: bool = False  # Reply.unwaited
     # decide() admits whatever the time, with no counting: closed (or forced closed) and no
     # bulkhead. Worked out once, so the healthy call checks one field
     admits: bool = field(init=False, compare=False)
@@ -157,7 +152,6 @@ class Knowledge:
             generation,
             time.monotonic(),
             reply.isolated_until,
-            reply.unwaited,
         )
 
     @property

@@ -5,10 +5,7 @@ exactly, but not before the call returns: a success cannot reopen anything
 the caller is waiting for. So a plain success (no lease, not slow) only bumps
 a per-breaker counter, and this thread sends the count as one record call
 within BATCH_SECONDS (50 ms); all the successes of that moment share it.
-Under the rate rule a plain failure of a calm breaker joins the batch too, one
-at a time, and cuts the wait short: it is sent at once, only its caller does
-not wait for the reply (lua/record.lua: such a failure never trips). Other
-failures, slow calls and probe results are recorded synchronously, and each
+Failures, slow calls and probe results are recorded synchronously, and each
 synchronous record carries the batch with it, so Redis sees one worker's
 outcomes in the order they happened.
 """
@@ -43,7 +40,7 @@ class Recorder:
 
     def schedule(self, breaker: Batched) -> None:
         # Already due: the flush that sends it reads the breaker's count after
-        # taking the due list, so it carries this outcome too (the count was
+        # taking the due list, so it carries this success too (the count was
         # raised before this call). Checked without the lock: every success of
         # a batch but the first costs a dict lookup, not a lock and an Event.set.
         if id(breaker) not in self._due:
@@ -51,10 +48,6 @@ class Recorder:
                 self._due[id(breaker)] = breaker
                 self.thread.start()
             self._wake.set()
-
-    def hurry(self) -> None:
-        """Send what is due now: a failure waits in a batch (cut the 50 ms short)."""
-        self._hurry.set()
 
     def flush(self) -> None:
         """Send every pending batch now (at exit, and from tests)."""
@@ -67,19 +60,17 @@ class Recorder:
         thread = self.thread
         while not thread.stopped():
             self._wake.wait(1.0)
-            self._hurry.wait(BATCH_SECONDS)  # let the next few successes join this batch
+            thread.wait(BATCH_SECONDS)  # let the next few successes join this batch (ends if told to stop)
             self._wake.clear()
-            self._hurry.clear()
             self.flush()
 
     def _rouse(self) -> None:
-        """Told to stop: both waits end at once (the loop's last round sends what is due)."""
+        """Told to stop: the first wait ends at once, the second is the thread's own
+        (the loop's last round sends what is due)."""
         self._wake.set()
-        self._hurry.set()
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._hurry = threading.Event()  # a failure is held: send without waiting for more
         self._due = {}
         self.thread.after_fork()

@@ -718,9 +718,9 @@ local function slide_may_arm(c, w, k)
     or (c.slow_ms > 0 and w.ts + k >= c.slow_rate * (tc_slow + k))
 end
 
-local function update_armed(s, c, w, held)
-  local armed = held or false  -- held: a trip the rules call for waits for an outcome sent at once
-  if not armed and s.state == 'closed' and s.forced == '' then
+local function update_armed(s, c, w)
+  local armed = false
+  if s.state == 'closed' and s.forced == '' then
     if c.trip == 'consecutive' and s.consec > 0 then
       armed = true
     elseif c.trip == 'rate' or c.slow_ms > 0 then
@@ -781,14 +781,13 @@ end
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
 -- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
 --  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated),
---  lost ('', 'restored' or 'lost': see restore_lost), until when (ms) the calling reporter is
---  isolated (min_reporters > 1; 0: it is not), unwaited (1: the rate rule with min_reporters 1,
---  so a calm worker may send a plain failure without its caller waiting; see record.lua)}
+--  lost ('', 'restored' or 'lost': see restore_lost), and only when the calling reporter is
+--  isolated (min_reporters > 1): until when (ms)}
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
-    s.born, REPAIRED, LOST, ISO or 0, c and c.trip == 'rate' and not c.min_rep and 1 or 0}
+    s.born, REPAIRED, LOST, ISO}
 end
 
 -- Breaker groups: a pool of replica hosts of which at most a share may be open at

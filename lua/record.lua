@@ -7,20 +7,14 @@
 -- sees one worker's results in the order they happened. A batch is judged as
 -- a whole, and never resets the consecutive count: its successes happened
 -- before the failure that armed the breaker, or while nothing could trip it.
--- Under the rate rule (min_reporters 1) a calm worker also batches a plain
--- failure, one at a time, which its background thread sends at once without
--- the caller waiting for the reply: such failures count as any other but never
--- trip, because their callers did not wait for the barrier that makes a trip
--- exact. When the rule holds on them the breaker arms instead (held), and the
--- next outcome sent at once trips it.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 epoch the permit was issued under;
 --         8 outcome (success | failure | ignored, or '' for a batch alone);
 --         9 duration ms; 10 lease ids ('' or space-separated, from acquire.lua);
 --         11-16 what the worker counted in memory (see flush_pending);
---         17 epoch of the batched outcomes; 18 how many successes; 19 how many failures;
---         20 the worker's reporter (read only with min_reporters > 1: see "One sick host" in _lib.lua)
+--         17 epoch of the batched successes; 18 how many; 19 the worker's reporter (read
+--         only with min_reporters > 1: see "One sick host" in _lib.lua)
 -- Reads : state, config, window, leases.  Writes: stats (always), window
 --         (closed), state (consecutive count, armed flag, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
@@ -28,36 +22,27 @@ local s = load_state(true)
 local cfg = load_config()
 flush_pending(11)
 local epoch, outcome, duration = num(ARGV[7]), ARGV[8], num(ARGV[9]) or 0
-local batch_epoch, batch, batch_failed = num(ARGV[17]), num(ARGV[18]) or 0, num(ARGV[19]) or 0
+local batch_epoch, batch = num(ARGV[17]), num(ARGV[18]) or 0
 local reporter, own  -- with min_reporters > 1 only
-if cfg.min_rep then reporter, own = reporter_record(ARGV[20], cfg) end
+if cfg.min_rep then reporter, own = reporter_record(ARGV[19], cfg) end
 
 -- Counts outcomes of calls admitted while closed, trips when a rule holds, and
--- arms or calms the breaker. consec: the consecutive count after these outcomes;
--- unwaited: they include failures whose callers did not wait (no trip: held armed).
-local function closed_outcomes(calls, failures, slows, consec, lease, unwaited)
+-- arms or calms the breaker. consec: the consecutive count after these outcomes.
+local function closed_outcomes(calls, failures, slows, consec, lease)
   local w = window_add(cfg, calls, failures, slows)
   if consec ~= s.consec then s.consec, s.dirty = consec, true end
   local cause = s.forced == '' and trip_cause(cfg, w, s.consec) or nil
   if cause and group_holds_back(s, cfg) then cause = nil end  -- a group member without its grant
   if reporter and s.forced == '' then cause = quorum(s, cfg, cause, calls, failures, reporter, lease or '') end
-  if cause and unwaited then
-    update_armed(s, cfg, w, true)
-  elseif cause then
-    trip_open(s, cfg, cause, false)
-  else
-    update_armed(s, cfg, w)
-  end
+  if cause then trip_open(s, cfg, cause, false) else update_armed(s, cfg, w) end
 end
 
-if batch > 0 or batch_failed > 0 then
-  if batch > 0 then stat('successes', batch) end
-  if batch_failed > 0 then stat('failures', batch_failed) end
+if batch > 0 then
+  stat('successes', batch)
   if not current_epoch(s, batch_epoch) then
-    stat('stale', batch + batch_failed)
+    stat('stale', batch)
   elseif s.state == 'closed' then
-    -- batched outcomes are never slow, and their successes never end a run
-    closed_outcomes(batch + batch_failed, batch_failed, 0, s.consec + batch_failed, nil, batch_failed > 0)
+    closed_outcomes(batch, 0, 0, s.consec)  -- batched successes are never slow
   end
 end
 if outcome == '' then return reply(s, 1, '', '', cfg) end

@@ -219,7 +219,7 @@ def emptied_server_url(request: Any) -> str:
     Breakers.from_url(server.url, listen=False).client.flushall()
     # the longest client timeout the product allows: a reply stalled past the default
     # 0.25 s on a busy machine sends a worker to its local store, whose counts Redis
-    # never sees (8 free-running processes on 2 cores keep the embedded server busy)
+    # never sees (8 free-running processes on 2 cores keep a server busy)
     url = str(server.url)
     return url + ("&" if "?" in url else "?") + "socket_timeout=0.9&socket_connect_timeout=0.9"
 

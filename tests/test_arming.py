@@ -11,7 +11,6 @@ after the arming notice, never before.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +18,8 @@ import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.urls import client_from_url
-from tests.redis_server import RedisServer, wait_until
-from tests.workers import WatchedLock, admits, fail, snapshot, subscribed
+from tests.redis_server import RedisServer
+from tests.workers import admits, fail, subscribed
 
 REACH = 20  # lua/_lib.lua
 RATE = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=600, open_seconds=30)
@@ -111,9 +110,7 @@ def test_a_window_about_to_slide_arms_on_what_it_will_hold(clocked):
 
 def test_a_background_error_rate_costs_one_record_per_failure(redis_server: RedisServer):
     """1 % failures against a 50 % rule: calm all along, so every success is batched
-    and every failure is one record carrying the batch, which the worker's recorder
-    sends (the test does it here) without the failing call waiting for it; nothing
-    else is sent."""
+    and every failure is one record carrying the batch; nothing else is sent."""
     client_from_url(redis_server.url).flushall()
     breakers = Breakers.from_url(redis_server.url)
     scheduled: list[object] = []
@@ -123,18 +120,12 @@ def test_a_background_error_rate_costs_one_record_per_failure(redis_server: Redi
     succeed(pay, 300)
     pay.flush_batch()
     commands = _script_calls(redis_server)
-    waited = 0
     for i in range(3000):
         if i % 100 == 99:
-            before = _script_calls(redis_server)
             fail(pay)
-            waited += _script_calls(redis_server) - before
-            assert scheduled[-1] is pay and pay._batch_failures == 1
-            pay.flush_batch()  # what the recorder thread does at once
         else:
             pay.acquire().success()
     sent = _script_calls(redis_server) - commands
-    assert waited == 0
     pay.flush_batch()
     snap = pay.snapshot()
     breakers.close()
@@ -150,8 +141,7 @@ def _script_calls(server: RedisServer) -> int:
 
 @pytest.fixture
 def two(url: str) -> Iterator[tuple[Breakers, Breakers]]:
-    """A, which batches, and B, which sends every outcome at once."""
-    made = (Breakers.from_url(url), Breakers.from_url(url, batch_successes=False))
+    made = (Breakers.from_url(url), Breakers.from_url(url))
     yield made
     for w in made:
         w.close()
@@ -196,79 +186,3 @@ def test_the_guarantee_at_its_edge(two, silent):
         assert admits(a)  # A drains the arming notice, then sends its batch
         assert a._batch_count == 0
         assert trips() == 340
-
-
-# -- failures a calm worker sends without waiting (the rate rule) ------------------------------
-
-
-def _send_unwaited_failure(breaker: Any) -> None:
-    """What a calm worker's recorder sends for a failure its caller did not wait for:
-    a record call with no outcome of its own and one failure in its batch."""
-    epoch = breaker.known.epoch
-    args = breaker._record_args(epoch, "", 0, "", [0] * 6, [epoch, 0, 1])
-    breaker._learn(*breaker._run("record", args, fallback=False))
-
-
-def test_a_failure_its_caller_did_not_wait_for_never_trips_the_next_outcome_sent_at_once_does(clocked):
-    """20 successes and 19 failures: one more failure makes 50 % of 40. Sent without
-    its caller waiting, it arms the breaker and leaves it closed (nobody waited for
-    the barrier that makes a trip exact); the next outcome sent at once trips it if
-    the rule still holds, and a success that makes it no longer hold does not."""
-    breakers, _ = clocked
-    pay, other = breakers.get("pay", RATE), breakers.get("other", RATE)
-    for breaker in (pay, other):
-        succeed(breaker, 20)
-        fail(breaker, 19)
-        assert armed(breaker)
-        _send_unwaited_failure(breaker)
-        assert armed(breaker) and breaker.snapshot()["window_failures"] == 20
-        assert admits(breaker)
-    fail(pay)  # 21 of 41
-    with pytest.raises(BreakerOpen):
-        pay.acquire()
-    snap = pay.snapshot()
-    assert (snap["state"], snap["window_calls"], snap["window_failures"]) == ("open", 41, 21)
-    succeed(other)  # 20 of 41: the rule no longer holds, and the breaker stays armed
-    assert admits(other) and armed(other)
-
-
-def test_a_calm_worker_does_not_wait_for_a_failure_under_the_rate_rule(redis_server: RedisServer):
-    """Its recorder sends the failure at once, with the batch, in one record call."""
-    client_from_url(redis_server.url).flushall()
-    breakers = Breakers.from_url(redis_server.url)
-    pay = breakers.get("pay", RATE)
-    subscribed([breakers])
-    succeed(pay, 100)
-    with pay._send_lock:  # nothing this worker sends can reach Redis until the call returned
-        fail(pay)
-        assert pay._batch_failures == 1
-    wait_until(lambda: snapshot(redis_server.url, "pay", RATE)["window_failures"] == 1,
-               what="the recorder sending the failure")
-    assert (pay._batch_count, pay._batch_failures) == (0, 0)
-    breakers.close()
-    snap = snapshot(redis_server.url, "pay", RATE)
-    assert (snap["window_calls"], snap["window_failures"], snap["state"]) == (101, 1, "closed")
-
-
-@pytest.mark.parametrize("config", [
-    BreakerConfig(trip="consecutive", failure_threshold=5),
-    BreakerConfig(trip="count", failure_threshold=50, window_seconds=600),
-    BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=600, min_reporters=2),
-], ids=["consecutive", "count", "rate-with-a-quorum"])
-def test_other_rules_wait_for_every_failure(redis_server: RedisServer, config: BreakerConfig):
-    """The consecutive and count rules may trip on any failure, and a quorum counts a
-    failure's reporter: their failures are recorded before the call returns."""
-    client_from_url(redis_server.url).flushall()
-    breakers = Breakers.from_url(redis_server.url)
-    pay = breakers.get("pay", config)
-    subscribed([breakers])
-    succeed(pay, 30)
-    pay.flush_batch()
-    pay._send_lock = watched = WatchedLock(pay._send_lock)
-    with watched:
-        failing = threading.Thread(target=fail, args=(pay,))
-        failing.start()
-        assert watched.contended.wait(10), "the failing call returned without sending its failure"
-    failing.join(10)
-    assert snapshot(redis_server.url, "pay", config)["window_failures"] == 1
-    breakers.close()

@@ -18,7 +18,7 @@ import pytest
 from breaker_redis import BreakerConfig, Breakers, State
 from breaker_redis.urls import describe
 from tests.redis_server import wait_until
-from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, WatchedLock, admits, fail, subscribed
+from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, admits, fail, subscribed
 
 
 @pytest.fixture(params=["fake", "embedded", "real"])
@@ -268,6 +268,22 @@ def test_one_listener_per_process_whatever_the_concurrency_of_first_calls(connec
     assert not listeners[0].is_alive()  # close() woke it and waited for it
 
 
+class WatchedLock:
+    """A lock that tells when a thread found it held and has to wait."""
+
+    def __init__(self, lock) -> None:
+        self.lock, self.contended = lock, threading.Event()
+
+    def __enter__(self) -> WatchedLock:
+        if not self.lock.acquire(blocking=False):
+            self.contended.set()
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
 def test_a_failure_never_overtakes_the_batch_being_sent(workers):
     hold_batches(workers[0])
     a = workers[0].get("order", TRIP_AT_5)
@@ -279,7 +295,7 @@ def test_a_failure_never_overtakes_the_batch_being_sent(workers):
 
     def run(operation, name, now_ms, args):
         if operation == "record":
-            outcome, batch = args[3], args[-3]  # (then the batch's failures; the reporter is last)
+            outcome, batch = args[3], args[-2]  # (the reporter is last)
             arrived.append(f"{outcome or 'batch'}:{batch}")
             if not outcome:
                 batch_inside.set()

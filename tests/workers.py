@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
@@ -62,19 +61,3 @@ def trips_at_3(breaker: Any) -> dict[str, Any]:
         breaker.acquire()
     assert info.value.reason == "open"
     return dict(breaker.snapshot())
-
-
-class WatchedLock:
-    """A lock that tells when a thread found it held and has to wait."""
-
-    def __init__(self, lock) -> None:
-        self.lock, self.contended = lock, threading.Event()
-
-    def __enter__(self) -> WatchedLock:
-        if not self.lock.acquire(blocking=False):
-            self.contended.set()
-            self.lock.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release()

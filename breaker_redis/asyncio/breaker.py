@@ -238,7 +238,7 @@ class Breaker(BreakerCore[Permit]):
             pending, batch = self._take_for_send(self._gate.live)
             if outcome and not self._gate.live(generation):
                 outcome = ""
-            if not outcome and not batch[1] and not batch[2] and not any(pending):
+            if not outcome and not batch[1] and not any(pending):
                 return
             try:
                 reply, generation, stamp = await self._run(
