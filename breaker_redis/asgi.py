@@ -55,22 +55,28 @@ it runs in a thread (``asyncio.to_thread``) on the blocking client given as
 ``cache_client``; a route with ``cached()`` and no ``cache_client`` is an
 error at start-up. ``static()`` and ``function()`` (sync or async) run on
 the loop.
+
+What a guarded request's outcome is, and how a fallback's answer is made
+and marked, is breaker_redis/http_policy.py's, the same for every
+integration; this module is ASGI's timing and I/O (see breaker_redis/wsgi.py
+for where the two read alike, and why they stay two).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 from urllib.parse import quote
 from wsgiref.headers import Headers
 
+from . import http_policy
 from .asyncio import Breaker, Breakers, Permit
 from .errors import BreakerOpen
 from .fallbacks import (
+    FALLBACK_HEADER,
     Cached,
     Chain,
     Fallback,
@@ -80,25 +86,19 @@ from .fallbacks import (
     Served,
     Static,
 )
-from .refusal import BREAKER_HEADER, REASON_HEADER, Refusal, wants_json
+from .http_policy import KeptBody, Middleware, judge
+from .refusal import Refusal, wants_json
 from .routes import (
     DEFAULT_FAILURE_STATUSES,
-    FALLBACK_HEADER,
-    MARKERS,
-    NOT_SERVED,
     ROUTE_OPTIONS,
+    RequestGuards,
     RouteSpec,
-    Warnings,
     hold,
-    judge,
     note_refusal,
     parse_routes,
     prefix_matches,
-    refused_inside,
-    remember_limit,
-    route_table,
+    request_guards,
     route_to_ask,
-    status_line,
 )
 
 __all__ = [
@@ -115,29 +115,19 @@ __all__ = [
     "refusal_messages",
 ]
 
-log = logging.getLogger("breaker_redis")
-T = TypeVar("T")
-
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# The header the Flask extension and the WSGI middleware put on a fallback's response.
+
 @dataclass(frozen=True)
-class ResponseInfo:
+class ResponseInfo(http_policy.ResponseInfo):
     """What a route's ``classify`` sees of the app's response: the status and
-    headers of ``http.response.start``, never the body (not sent yet).
+    headers of ``http.response.start`` (breaker_redis.http_policy.ResponseInfo)
+    and the ASGI ``scope``."""
 
-    ``status_code`` and ``headers.get(name)`` (case-insensitive) read as on
-    a Flask response and on ``breaker_redis.wsgi.ResponseInfo``, so one
-    classifier can serve every integration; ``scope`` is the ASGI scope.
-    """
-
-    status_code: int
-    status: str
-    headers: Headers
     scope: Scope
 
 
@@ -171,9 +161,6 @@ def _is_head(scope: Scope) -> bool:
     return str(scope.get("method", "GET")).upper() == "HEAD"
 
 
-
-
-
 def header_value(value: str) -> str:
     """A header value as HTTP can carry it (latin-1): one beyond latin-1 (a
     breaker named in another script) is percent-encoded as UTF-8."""
@@ -200,15 +187,15 @@ def judge_status(
     scope: Scope,
     warn: Callable[[str, str], None],
 ) -> str:
-    """success, failure or ignored, from a status and headers: the route's
-    classify(), else its status lists (5xx a failure by default). A classifier
-    that raises or answers nonsense counts a failure (and is logged)."""
+    """success, failure or ignored, from a status and headers (str pairs), by
+    http_policy.judge: ignored when a guard inside refused the request, else
+    the route's classify() given an ASGI ResponseInfo, else its status lists."""
 
-    def info() -> ResponseInfo:
-        seen = Headers([(str(k), str(v)) for k, v in headers])
-        return ResponseInfo(code, status_line(code), seen, scope)
+    def info(seen: Iterable[tuple[str, str]]) -> ResponseInfo:
+        pairs = Headers([(str(k), str(v)) for k, v in seen])
+        return ResponseInfo(code, http_policy.status_line(code), pairs, scope)
 
-    return judge(spec, code, info, warn)
+    return judge(spec, code, headers, info, warn, request_guards(scope))
 
 
 # -- answers -----------------------------------------------------------------------------
@@ -222,24 +209,12 @@ def refusal_messages(refusal: Refusal, *, head: bool = False) -> tuple[Message, 
     return start, body
 
 
-def _as_response(value: Any) -> FallbackResponse | ASGIApp:
-    """What a function fallback returned, as a complete response (or an ASGI app to run).
-
-    A FallbackResponse as it is; ``(body, status)`` or ``(body, status,
-    headers)``; a response object with ``status_code`` and a bytes ``body``
-    (a Starlette ``Response``; its ``raw_headers`` or ``headers`` are kept);
-    any other callable is an ASGI app (a Starlette ``StreamingResponse``),
-    run on the request; any other value is a body as ``static()`` takes it
-    (bytes, str as text, anything else as JSON).
-    """
-    if isinstance(value, FallbackResponse):
-        return value
-    if isinstance(value, tuple) and len(value) in (2, 3):
-        body, status, *rest = value
-        headers = rest[0] if rest else None
-        if headers is not None and not isinstance(headers, Mapping):
-            headers = dict(headers)
-        return Static(body, int(status), headers).response
+def _read_response(value: Any) -> FallbackResponse | None:
+    """A response object with ``status_code`` and a bytes ``body`` (a Starlette
+    ``Response``; its ``raw_headers`` or ``headers`` are kept) as a
+    FallbackResponse; None for anything else. (http_policy.as_response makes
+    the rest a response, or hands back an ASGI app, such as a Starlette
+    ``StreamingResponse``, to run on the request.)"""
     status_code = getattr(value, "status_code", None)
     body_bytes = getattr(value, "body", None)
     if isinstance(status_code, int) and isinstance(body_bytes, (bytes, bytearray, memoryview)):
@@ -250,9 +225,7 @@ def _as_response(value: Any) -> FallbackResponse | ASGIApp:
             items = getattr(getattr(value, "headers", None), "items", None)
             headers_seen = tuple((str(k), str(v)) for k, v in items()) if callable(items) else ()
         return FallbackResponse(bytes(body_bytes), status_code, headers_seen)
-    if callable(value):
-        return value  # type: ignore[no-any-return]
-    return Static(value).response
+    return None
 
 
 def _needs_blocking_store(fallback: Fallback | None) -> bool:
@@ -266,7 +239,7 @@ def _needs_blocking_store(fallback: Fallback | None) -> bool:
 # -- the middleware --------------------------------------------------------------------------
 
 
-class BreakerMiddleware:
+class BreakerMiddleware(Middleware[Breaker]):
     """Circuit breakers in front of any ASGI app, by path prefix.
 
     ``app``: the ASGI app. ``breakers``: a ``breaker_redis.asyncio.Breakers``
@@ -285,6 +258,8 @@ class BreakerMiddleware:
     request (its service was not asked).
     """
 
+    breakers: Breakers
+
     def __init__(
         self,
         app: ASGIApp,
@@ -301,12 +276,9 @@ class BreakerMiddleware:
                 f"{type(breakers).__module__}.{type(breakers).__name__}); a sync Breakers "
                 "would block the event loop"
             )
+        super().__init__(breakers, routes)
         self.app = app
-        self.breakers = breakers
         self.cache_client = cache_client
-        self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
-        self._resolved: dict[str, Breaker]
-        self._resolved, self._table = route_table(breakers, self.routes, configs)
         # A path that starts with none of these is covered by no route (see __call__).
         self._stems = (*self._table.stems, "//")
         for prefix, spec in self.routes:
@@ -316,16 +288,6 @@ class BreakerMiddleware:
                     "which must not run on the event loop; give BreakerMiddleware(cache_client="
                     "breaker_redis.urls.client_from_url(url)): it is used from a thread"
                 )
-        self._warnings = Warnings()
-
-    def breaker(self, name: str) -> Breaker:
-        """The Breaker a route uses (for ``snapshot()``, ``force_open()``...)."""
-        return self._resolved[name]
-
-    def route_for(self, path: str) -> RouteSpec | None:
-        """The spec of the longest prefix covering path, or None."""
-        route = self._table.match(path)
-        return None if route is None else route.spec
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
@@ -379,8 +341,8 @@ class BreakerMiddleware:
             self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
             return False
         scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
-        hold(scope, route.guard, permit)
-        await _Exchange(self, spec, breaker, permit, scope, receive, send).run()
+        guards = hold(scope, route.guard, permit)
+        await _Exchange(self, spec, breaker, permit, guards, scope, receive, send).run()
         return True
 
     # -- what the middleware answers itself -----------------------------------------------
@@ -388,38 +350,26 @@ class BreakerMiddleware:
     async def send_refusal(
         self, refused: BreakerOpen, scope: Scope, send: Send, spec: RouteSpec | None
     ) -> None:
-        """The 503 every integration answers (breaker_redis.refusal): Retry-After,
-        X-Breaker headers, the route's message or the friendly default, JSON
-        when the client asks for it."""
-        breaker = self._resolved.get(refused.breaker)
-        refusal = Refusal.build(
-            refused,
-            as_json=_wants_json(scope),
-            message=spec.message if spec is not None else None,
-            config=breaker.config if breaker is not None else None,
-        )
+        """The route's refusal (Middleware.refusal) as ASGI messages."""
+        refusal = self.refusal(refused, _wants_json(scope), spec)
         for message in refusal_messages(refusal, head=_is_head(scope)):
             await send(message)
 
     def fallback_context(
         self, name: str, scope: Scope, cause: BaseException | None, store: Any
     ) -> FallbackContext:
-        """The request as a fallback sees it: the cache key is the Flask
-        extension's ("METHOD path?query", HEAD sharing GET's), so a response
-        cached by a Flask or WSGI worker serves here too; ``request`` is the
-        ASGI scope (what ``cached(key=...)`` is given)."""
-        method = str(scope.get("method", "GET")).upper()
-        key_method = "GET" if method == "HEAD" else method
-        query = bytes(scope.get("query_string") or b"").decode("latin-1")
-        return FallbackContext(
-            breaker=name,
-            cause=cause,
-            key=f"{key_method} {request_path(scope)}{'?' + query if query else ''}",
-            method=method,
-            store=store,
-            prefix=self.breakers.prefix,
-            store_healthy=self.breakers.store_healthy,
+        """The request as a fallback sees it (http_policy.fallback_context), so a
+        response cached by a Flask or WSGI worker serves here too; ``request``
+        is the ASGI scope (what ``cached(key=...)`` is given)."""
+        return http_policy.fallback_context(
+            self.breakers,
+            name,
+            cause,
+            method=str(scope.get("method", "GET")),
+            path=request_path(scope),
+            query=bytes(scope.get("query_string") or b"").decode("latin-1"),
             request=scope,
+            store=store,
         )
 
     async def serve(
@@ -461,26 +411,18 @@ class BreakerMiddleware:
             served = await self.serve(spec.fallback, spec.name, scope, cause)
             if served is None:
                 return False
-            response = _as_response(served.value)
+            response = http_policy.as_response(served.value, _read_response)
         except Exception:
             self.warn(spec.name, "the fallback of breaker %r failed")
             return False
-        marks = [(FALLBACK_HEADER, served.kind), (BREAKER_HEADER, spec.name)]
-        if isinstance(cause, BreakerOpen):
-            marks.append((REASON_HEADER, cause.reason))
+        marks = http_policy.fallback_marks(spec.name, served.kind, cause)
         if not isinstance(response, FallbackResponse):
             await _run_marked(response, marks, scope, receive, send)
             return True
-        headers = [
-            (str(k), str(v))
-            for k, v in response.headers
-            if k.lower() not in NOT_SERVED and k.lower() not in MARKERS
-        ]
-        headers += [("Content-Length", str(len(response.body))), *marks]
         await send({
             "type": "http.response.start",
             "status": response.status,
-            "headers": [_encode_header(k, v) for k, v in headers],
+            "headers": [_encode_header(k, v) for k, v in http_policy.served_headers(response, marks)],
         })
         await send({"type": "http.response.body", "body": b"" if _is_head(scope) else response.body})
         return True
@@ -494,9 +436,6 @@ class BreakerMiddleware:
             await asyncio.to_thread(spec.fallback.remember, context, response)
         except Exception:
             self.warn(spec.name, "could not remember a response of breaker %r")
-
-    def warn(self, name: str, message: str) -> None:
-        self._warnings.warn(name, message)
 
 
 async def _nothing() -> None:
@@ -519,7 +458,7 @@ async def _run_marked(
     await app(scope, receive, marked)
 
 
-class _Exchange:
+class _Exchange(KeptBody):
     """One admitted request, from the app's call to the end of its body.
 
     The app's ``http.response.start`` is classified and recorded before it
@@ -527,12 +466,12 @@ class _Exchange:
     replaced by the route's fallback, and a successful one kept for it.
     """
 
+    # middleware, spec, breaker, permit, guards and replaced are the WSGI exchange's too; each
+    # class assigns its own in __init__, without a super().__init__() call per request.
     __slots__ = (
         "breaker",
         "complete",
-        "kept",
-        "kept_limit",
-        "kept_size",
+        "guards",
         "middleware",
         "permit",
         "raw_headers",
@@ -551,6 +490,7 @@ class _Exchange:
         spec: RouteSpec,
         breaker: Breaker,
         permit: Permit,
+        guards: RequestGuards,
         scope: Scope,
         receive: Receive,
         send: Send,
@@ -562,13 +502,12 @@ class _Exchange:
         self.scope = scope
         self.receive = receive
         self.server_send = send
+        self.guards = guards  # where a guard inside notes a refusal
         self.status: int | None = None
         self.raw_headers: Iterable[Any] = ()  # of the start message, decoded when something reads them
         self.started = False  # a start message (the app's or ours) went to the server
         self.replaced = False  # an answer of ours went to the server instead of the app's
-        self.kept: list[bytes] | None = None  # a successful body, for fallback.remember
-        self.kept_size = 0
-        self.kept_limit = 0
+        self.kept = None  # a successful body, for fallback.remember (KeptBody)
         self.complete = False
 
     async def run(self) -> None:
@@ -609,35 +548,31 @@ class _Exchange:
     async def start(self, message: Message) -> None:
         """The response starts: decide by its status, record, then pass it on
         (or the route's fallback for a failure)."""
-        self.status = int(message["status"])
+        self.status = code = int(message["status"])
         self.raw_headers = message.get("headers") or ()
-        outcome = self.classify()
+        spec, scope = self.spec, self.scope
+        outcome = judge(spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
+        # self.settle(outcome) inline: no coroutine of ours per response
         try:
             await self.permit.record(outcome)
         except Exception:  # recording must never turn a served response into a 500
-            self.middleware.warn(self.spec.name, "could not record an outcome of breaker %r")
-        spec = self.spec
-        if outcome == "failure" and spec.fallback is not None and spec.fallback_on_failure:
+            self.middleware.warn(spec.name, "could not record an outcome of breaker %r")
+        if spec.fallback is not None and self.fallback_takes(spec, outcome, _is_head(scope)):
             self.replaced = True  # the app may send body messages while the fallback is served
-            if await self.middleware.send_fallback(spec, self.scope, self.receive, self.server_send, None):
+            if await self.middleware.send_fallback(spec, scope, self.receive, self.server_send, None):
                 self.started = True
                 return
             self.replaced = False
-        if outcome == "success" and spec.fallback is not None and not _is_head(self.scope):
-            self.kept_limit = remember_limit(spec.fallback)
-            if self.kept_limit > 0:
-                self.kept = []
         self.started = True
         await self.server_send(message)
 
-    # -- deciding and recording --------------------------------------------------------------
+    # -- deciding and recording -----------------------------------------------------------------
 
-    def classify(self) -> str:
-        if refused_inside(self.scope):
-            return "ignored"  # a guard of another breaker refused it: this route's service was not asked
-        spec = self.spec
-        headers = _decode_headers(self.raw_headers) if spec.classify is not None else ()
-        return judge_status(spec, self.status or 0, headers, self.scope, self.middleware.warn)
+    def response_info(self) -> ResponseInfo:
+        """What the route's classify() is given (see judge in start)."""
+        code = self.status or 0
+        headers = Headers(_decode_headers(self.raw_headers))
+        return ResponseInfo(code, http_policy.status_line(code), headers, self.scope)
 
     async def settle(self, outcome: str) -> None:
         try:
@@ -663,17 +598,14 @@ class _Exchange:
                 return False
             await self.middleware.send_refusal(exc, self.scope, self.server_send, None)
             return True
-        try:
-            outcome = self.breaker.classify(exc)
-        except Exception:
-            self.middleware.warn(self.spec.name, "classifying an exception for breaker %r raised")
-            outcome = "failure"
+        outcome = http_policy.judge_exception(self.breaker, exc, self.guards)
         await self.settle(outcome)
-        spec = self.spec
-        answers = spec.fallback is not None and spec.fallback_on_failure and not self.started
-        if outcome == "failure" and answers:
+        spec, scope = self.spec, self.scope
+        if self.started or spec.fallback is None:
+            return False
+        if self.fallback_takes(spec, outcome, _is_head(scope)):
             self.replaced = True
-            if await self.middleware.send_fallback(spec, self.scope, self.receive, self.server_send, exc):
+            if await self.middleware.send_fallback(spec, scope, self.receive, self.server_send, exc):
                 self.started = True
                 # Not re-raised (the client has a whole answer), but not hidden either:
                 # logged with its traceback, at most once a minute per breaker.
@@ -681,11 +613,3 @@ class _Exchange:
                 return True
             self.replaced = False
         return False
-
-    def keep(self, chunk: bytes) -> None:
-        if self.kept is not None:
-            self.kept_size += len(chunk)
-            if self.kept_size > self.kept_limit:
-                self.kept = None  # too big to cache: stop holding it
-            else:
-                self.kept.append(chunk)

@@ -10,7 +10,7 @@ response's status and headers arrive, before its body is read, so a streamed
 response the caller never reads settles it all the same. What counts as a
 failure: a connection error or a timeout, and a response whose status is in
 ``failure_statuses`` (5xx and 429 by default), judged as the server-side
-integrations judge a route's response (``routes.judge``). A failing response
+integrations judge a route's response (``http_policy.judge``). A failing response
 whose service said when to come back (``Retry-After``) keeps the breaker open
 at least that long, for every worker (``Breaker.hold_open``).
 """
@@ -26,8 +26,9 @@ from urllib.parse import urlsplit
 
 from .config import BreakerConfig
 from .errors import BreakerOpen
+from .http_policy import Warnings, judge
 from .routes import DEFAULT_FAILURE_STATUSES as ROUTE_FAILURE_STATUSES
-from .routes import RouteSpec, Warnings, judge, route_config, status_codes
+from .routes import RouteSpec, route_config, status_codes
 from .scripts import validate_name
 
 R = TypeVar("R")
@@ -223,7 +224,7 @@ class Outbound:
         return group if group is not None and group.due else None
 
     def judge(self, spec: RouteSpec, status: int, response: Any) -> str:
-        return judge(spec, status, lambda: response, self._warnings.warn)
+        return judge(spec, status, response, None, self._warnings.warn)
 
     def warn(self, name: str, message: str) -> None:
         self._warnings.warn(name, message)

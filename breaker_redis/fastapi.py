@@ -73,8 +73,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .asgi import BreakerMiddleware, header_value, judge_status
 from .asyncio import Breaker, BreakerConfig, Breakers, Permit
 from .errors import BreakerOpen
+from .http_policy import Warnings, judge_exception
 from .refusal import Refusal, default_message, wants_json
-from .routes import Classifier, Warnings, guard_id, held, hold, make_spec, note_refusal, refused_inside
+from .routes import Classifier, guard_id, held, hold, make_spec, note_refusal, request_guards
 
 __all__ = [
     "BreakerGuard",
@@ -228,20 +229,18 @@ class BreakerGuard:
         if permit is None:
             yield None
             return
-        hold(scope, self._guard, permit)
+        guards = hold(scope, self._guard, permit)
         try:
             yield permit
         except BaseException as exc:
             await self._settle(permit, self._judge_exception(exc, request))
             raise
         status = response.status_code  # None unless the path operation set it
-        outcome = "success"
-        if refused_inside(scope):
-            outcome = "ignored"  # a guard of another breaker refused it: the service was not asked
-        elif status is not None:
-            headers = response.headers.items()
-            outcome = judge_status(self.spec, int(status), headers, request.scope, self._warn)
-        try:
+        if status is not None:
+            outcome = judge_status(self.spec, int(status), response.headers.items(), scope, self._warn)
+        else:  # a guard of another breaker inside refused it: the service was not asked
+            outcome = "ignored" if guards.refused is not None else "success"
+        try:  # self._settle(permit, outcome) inline: no coroutine of ours per request
             await permit.record(outcome)
         except Exception:
             self._warnings.warn(self.breaker.name, "could not record an outcome of breaker %r")
@@ -253,19 +252,15 @@ class BreakerGuard:
             self._warnings.warn(self.breaker.name, "could not record an outcome of breaker %r")
 
     def _judge_exception(self, exc: BaseException, request: Request) -> str:
-        """An exception thrown in at the yield (see the module docstring)."""
-        if not isinstance(exc, Exception):
-            return "ignored"  # cancelled, or the generator closed: nothing is known
-        if isinstance(exc, (BreakerOpen, RequestValidationError)) or refused_inside(request.scope):
-            return "ignored"  # a breaker refused (outbound or another guard), or the request was invalid
+        """An exception thrown in at the yield (see the module docstring): an
+        HTTPException by its status, an invalid request ignored, anything else
+        as every integration judges it (http_policy.judge_exception)."""
         if isinstance(exc, StarletteHTTPException):
             headers = (exc.headers or {}).items()
             return judge_status(self.spec, exc.status_code, headers, request.scope, self._warn)
-        try:
-            return self.breaker.classify(exc)
-        except Exception:
-            self._warnings.warn(self.breaker.name, "classifying an exception for breaker %r raised")
-            return "failure"
+        if isinstance(exc, RequestValidationError):
+            return "ignored"  # the request was invalid: the service was not asked
+        return judge_exception(self.breaker, exc, request_guards(request.scope))
 
     def _warn(self, name: str, message: str) -> None:
         self._warnings.warn(name, message)

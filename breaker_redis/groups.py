@@ -40,8 +40,8 @@ from typing import Any
 from .background import process_hooks
 from .clients import member_name
 from .config import BreakerConfig
+from .http_policy import Warnings
 from .knowledge import Reply
-from .routes import Warnings
 from .scripts import text, validate_name
 from .store import StoreUnavailable
 

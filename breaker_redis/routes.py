@@ -1,28 +1,23 @@
-"""Route protection shared by the WSGI and ASGI middlewares: how a path prefix
-names a breaker, how a response is judged, and the log that stays quiet.
+"""The routes every HTTP integration guards: how a path prefix names a breaker
+and its options, the table a request's path is looked up in, and what the
+guards of one request share.
 
 The shape is the Flask extension's ``BREAKER_ROUTES``, so a deployment that
-mixes frameworks writes its routes once. No web framework is imported here.
+mixes frameworks writes its routes once. How a guarded request is judged and
+answered is breaker_redis/http_policy.py. No web framework is imported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .config import BreakerConfig, config_field_names
-from .fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
-from .fallbacks import Cached, Chain, Fallback, as_fallback, cached, chain, function, static
-from .refusal import BREAKER_HEADER, REASON_HEADER
+from .fallbacks import Fallback, as_fallback, cached, chain, function, static
 from .scripts import validate_name
 
-log = logging.getLogger("breaker_redis")
 T = TypeVar("T")
 
 DEFAULT_FAILURE_STATUSES = frozenset(range(500, 600))
@@ -37,11 +32,7 @@ ROUTE_OPTIONS = (
 )
 # CORS preflights never reach a service: never refused, never counted (as in Flask).
 UNPROTECTED_METHODS = frozenset({"OPTIONS"})
-OUTCOMES = ("success", "failure", "ignored")
 CONFIG_FIELDS = frozenset(config_field_names())
-# Never copied from a fallback's response: recomputed here, or hop-by-hop.
-NOT_SERVED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
-MARKERS = frozenset(h.lower() for h in (FALLBACK_HEADER, BREAKER_HEADER, REASON_HEADER))
 
 # classify(info) -> "success" / "failure" / "ignored", True / False, or None
 Classifier = Callable[[Any], "str | bool | None"]
@@ -77,7 +68,8 @@ def guard_id(prefix: str, name: str) -> str:
     return f"{prefix}:{{{name}}}"
 
 
-def _guards(carrier: Mapping[str, Any]) -> RequestGuards | None:
+def request_guards(carrier: Mapping[str, Any]) -> RequestGuards | None:
+    """What the guards of this request did so far, or None: no guard admitted it yet."""
     guards = carrier.get(GUARDS_KEY)
     return guards if isinstance(guards, RequestGuards) else None
 
@@ -88,12 +80,15 @@ def held(carrier: Mapping[str, Any], guard: str) -> Any:
     return guards.permits.get(guard) if isinstance(guards, RequestGuards) else None
 
 
-def hold(carrier: MutableMapping[str, Any], guard: str, permit: Any) -> None:
-    """Note the permit this guard took, for the guards nested inside it."""
+def hold(carrier: MutableMapping[str, Any], guard: str, permit: Any) -> RequestGuards:
+    """Note the permit this guard took, for the guards nested inside it. Returns
+    the request's RequestGuards, where this guard finds a refusal inside when
+    it judges the request (without looking it up in the carrier again)."""
     guards = carrier.get(GUARDS_KEY)
     if not isinstance(guards, RequestGuards):
         guards = carrier[GUARDS_KEY] = RequestGuards()
     guards.permits[guard] = permit
+    return guards
 
 
 def held_permit(carrier: Mapping[str, Any], prefix: str, name: str) -> Any:
@@ -108,15 +103,9 @@ def hold_permit(carrier: MutableMapping[str, Any], prefix: str, name: str, permi
 
 def note_refusal(carrier: Mapping[str, Any], name: str) -> None:
     """A guard refused the request: the outer guards (if any) count it as ignored."""
-    guards = _guards(carrier)
+    guards = request_guards(carrier)
     if guards is not None and guards.refused is None:
         guards.refused = name
-
-
-def refused_inside(carrier: Mapping[str, Any]) -> bool:
-    """Whether a guard nested inside refused this request (its service was not asked)."""
-    guards = carrier.get(GUARDS_KEY)
-    return isinstance(guards, RequestGuards) and guards.refused is not None
 
 
 @dataclass(frozen=True)
@@ -358,65 +347,3 @@ def route_breakers(
             built = dataclasses.replace(breakers.defaults, **config) if config else None
             resolved[spec.name] = breakers.get(spec.name, built)
     return resolved
-
-
-def judge(spec: RouteSpec, code: int, info: Callable[[], Any], warn: Callable[[str, str], None]) -> str:
-    """success, failure or ignored for a response: ``spec.classify(info())``, else
-    its status lists (5xx a failure by default). ``info`` builds what classify is
-    given, only when there is one. A classifier that raises or answers nonsense
-    counts a failure, and ``warn(name, message)`` says so."""
-    if spec.classify is not None:
-        try:
-            verdict = spec.classify(info())
-            if verdict is True:
-                return "failure"
-            if verdict is False:
-                return "success"
-            if isinstance(verdict, str) and verdict in OUTCOMES:
-                return verdict
-            if verdict is not None:
-                raise ValueError(f"classify() of breaker {spec.name!r} returned {verdict!r}")
-        except Exception:
-            warn(spec.name, "classify() of breaker %r raised; counted as a failure")
-            return "failure"
-    if code in spec.ignore_statuses:
-        return "ignored"
-    if code in spec.failure_statuses:
-        return "failure"
-    return "success"
-
-
-def status_line(code: int) -> str:
-    try:
-        return f"{code} {HTTPStatus(code).phrase}"
-    except ValueError:
-        return f"{code} Unknown"
-
-
-def remember_limit(fallback: Fallback) -> int:
-    """The most body bytes worth keeping for ``fallback.remember`` (0: none)."""
-    if isinstance(fallback, Cached):
-        return fallback.max_bytes
-    if isinstance(fallback, Chain):
-        return max((remember_limit(item) for item in fallback.fallbacks), default=0)
-    return 1 << 20 if fallback.remembers else 0
-
-
-class Warnings:
-    """Log with traceback at most once a minute per breaker and message: a broken
-    fallback or classifier would otherwise log on every request."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def warn(self, name: str, message: str) -> None:
-        key = f"{name}:{message}"
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last.get(key, -1e18) < 60:
-                return
-            if len(self._last) > 10_000:
-                self._last.clear()
-            self._last[key] = now
-        log.exception(message, name)

@@ -44,44 +44,43 @@ breaker inside (the Flask extension, another middleware) neither asks nor
 records; a guard of another breaker that refuses inside makes this one count
 the request as ignored.
 
-This module is part of the core: it imports no web framework.
+What a guarded request's outcome is, and how a fallback's answer is made
+and marked, is breaker_redis/http_policy.py's, the same for every
+integration; this module is WSGI's timing and I/O. Where it reads like
+breaker_redis/asgi.py (asking the breaker in ``_guard``, an exchange's
+``failed``), the difference is the protocol's: a call and a returned body
+here, an await and sent messages there. This module is part of the core: it
+imports no web framework.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from wsgiref.headers import Headers
 
+from . import http_policy
 from .breaker import Breaker
 from .breakers import Breakers
 from .errors import BreakerOpen
-from .fallbacks import FallbackContext, FallbackResponse, Static
+from .fallbacks import FALLBACK_HEADER, FallbackContext, FallbackResponse
+from .http_policy import KeptBody, Middleware, judge
 from .permit import Permit
-from .refusal import BREAKER_HEADER, REASON_HEADER, Refusal, wants_json
+from .refusal import wants_json
 from .routes import (
     DEFAULT_FAILURE_STATUSES,
-    FALLBACK_HEADER,
-    MARKERS,
-    NOT_SERVED,
     ROUTE_OPTIONS,
+    RequestGuards,
     RouteSpec,
-    Warnings,
     hold,
-    judge,
     note_refusal,
     parse_routes,
     prefix_matches,
-    refused_inside,
-    remember_limit,
-    route_table,
     route_to_ask,
-    status_line,
 )
 
 if TYPE_CHECKING:
@@ -99,20 +98,12 @@ __all__ = [
     "prefix_matches",
 ]
 
-log = logging.getLogger("breaker_redis")
 
 @dataclass(frozen=True)
-class ResponseInfo:
-    """What a route's ``classify`` sees of the app's response: the status and
-    headers, never the body (it may be a stream nobody has read yet).
+class ResponseInfo(http_policy.ResponseInfo):
+    """What a route's ``classify`` sees of the app's response: its status and
+    headers (breaker_redis.http_policy.ResponseInfo) and the request's ``environ``."""
 
-    ``status_code`` and ``headers.get(name)`` read as on a Flask response,
-    so one classifier can serve both integrations.
-    """
-
-    status_code: int
-    status: str
-    headers: Headers
     environ: dict[str, Any]
 
 
@@ -137,9 +128,6 @@ class _Answer(NamedTuple):
     status: str
     headers: list[tuple[str, str]]
     body: bytes
-
-
-
 
 
 def _raw_stems(stems: tuple[str, ...]) -> tuple[str, ...]:
@@ -198,37 +186,29 @@ def _run_app(app: Callable[..., Any], environ: WSGIEnvironment) -> FallbackRespo
     return FallbackResponse(b"".join(chunks), code, tuple(headers))
 
 
-def _as_response(value: Any, environ: WSGIEnvironment) -> FallbackResponse:
-    """What a function fallback returned, as a complete response.
-
-    A FallbackResponse as it is; ``(body, status)`` or ``(body, status,
-    headers)``; a response object with ``status_code``, ``content`` and
-    ``items()`` (a Django HttpResponse); a WSGI app (a callable: run on the
-    request's environ, its body read whole); any other value is a body as
-    ``static()`` takes it (bytes, str as text, anything else as JSON).
-    """
-    if isinstance(value, FallbackResponse):
-        return value
-    if isinstance(value, tuple) and len(value) in (2, 3):
-        body, status, *rest = value
-        headers = rest[0] if rest else None
-        if headers is not None and not isinstance(headers, Mapping):
-            headers = dict(headers)
-        return Static(body, int(status), headers).response
+def _read_response(value: Any) -> FallbackResponse | None:
+    """A response object with ``status_code``, ``content`` and ``items()`` (a
+    Django HttpResponse) as a FallbackResponse; None for anything else."""
     content = getattr(value, "content", None)
     if isinstance(getattr(value, "status_code", None), int) and isinstance(content, bytes):
         items = getattr(value, "items", None)
         headers_seen = tuple((str(k), str(v)) for k, v in items()) if callable(items) else ()
         return FallbackResponse(content, int(value.status_code), headers_seen)
-    if callable(value):
-        return _run_app(value, environ)
-    return Static(value).response
+    return None
+
+
+def _as_response(value: Any, environ: WSGIEnvironment) -> FallbackResponse:
+    """What a function fallback returned, as a complete response
+    (http_policy.as_response: a Django HttpResponse read, a WSGI app run on the
+    request's environ and its body read whole)."""
+    response = http_policy.as_response(value, _read_response)
+    return response if isinstance(response, FallbackResponse) else _run_app(response, environ)
 
 
 # -- the middleware --------------------------------------------------------------------------
 
 
-class BreakerMiddleware:
+class BreakerMiddleware(Middleware[Breaker]):
     """Circuit breakers in front of any WSGI app, by path prefix.
 
     ``app``: the WSGI app (Django's ``get_wsgi_application()``, a Falcon
@@ -246,6 +226,8 @@ class BreakerMiddleware:
     request (its service was not asked).
     """
 
+    breakers: Breakers
+
     def __init__(
         self, app: WSGIApplication, breakers: Breakers, routes: Mapping[str, Any] | None = None
     ) -> None:
@@ -253,24 +235,11 @@ class BreakerMiddleware:
             raise TypeError(f"BreakerMiddleware needs a WSGI app (got {app!r})")
         if not isinstance(breakers, Breakers):
             raise TypeError(f"breakers must be a breaker_redis.Breakers (got {type(breakers).__name__})")
+        super().__init__(breakers, routes)
         self.app = app
-        self.breakers = breakers
-        self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
-        self._resolved: dict[str, Breaker]
-        self._resolved, self._table = route_table(breakers, self.routes, configs)
         self._raw_stems = _raw_stems(self._table.stems)
-        self._warnings = Warnings()
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
-
-    def breaker(self, name: str) -> Breaker:
-        """The Breaker a route uses (for ``snapshot()``, ``force_open()``...)."""
-        return self._resolved[name]
-
-    def route_for(self, path: str) -> RouteSpec | None:
-        """The spec of the longest prefix covering path, or None."""
-        route = self._table.match(path)
-        return None if route is None else route.spec
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if self._orphans:
@@ -321,8 +290,8 @@ class BreakerMiddleware:
             # request through rather than turn the breaker into the outage.
             self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
             return None
-        hold(environ, route.guard, permit)  # seen by a Flask app inside
-        return _Exchange(self, spec, breaker, permit, environ, start_response).run()
+        guards = hold(environ, route.guard, permit)  # seen by a Flask app inside
+        return _Exchange(self, spec, breaker, permit, guards, environ, start_response).run()
 
     def _settle_orphans(self) -> None:
         while True:
@@ -337,35 +306,22 @@ class BreakerMiddleware:
     def refusal_answer(
         self, refused: BreakerOpen, environ: WSGIEnvironment, spec: RouteSpec | None
     ) -> _Answer:
-        """The 503 every integration answers (breaker_redis.refusal): Retry-After,
-        X-Breaker headers, the route's message or the friendly default, JSON
-        when the client asks for it."""
-        breaker = self._resolved.get(refused.breaker)
-        refusal = Refusal.build(
-            refused,
-            as_json=_wants_json(environ),
-            message=spec.message if spec is not None else None,
-            config=breaker.config if breaker is not None else None,
-        )
-        return _Answer(status_line(refusal.status), list(refusal.headers), refusal.body)
+        """The route's refusal (Middleware.refusal) as a WSGI answer."""
+        refusal = self.refusal(refused, _wants_json(environ), spec)
+        return _Answer(http_policy.status_line(refusal.status), list(refusal.headers), refusal.body)
 
     def fallback_context(
         self, name: str, environ: WSGIEnvironment, cause: BaseException | None
     ) -> FallbackContext:
-        """The request as a fallback sees it: the cache key is the Flask
-        extension's ("METHOD path?query", HEAD sharing GET's) and ``request``
-        is the WSGI environ (what ``cached(key=...)`` is given)."""
-        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
-        key_method = "GET" if method == "HEAD" else method
-        query = str(environ.get("QUERY_STRING") or "")
-        return FallbackContext(
-            breaker=name,
-            cause=cause,
-            key=f"{key_method} {request_path(environ)}{'?' + query if query else ''}",
-            method=method,
-            store=self.breakers.client,
-            prefix=self.breakers.prefix,
-            store_healthy=self.breakers.store_healthy,
+        """The request as a fallback sees it (http_policy.fallback_context);
+        ``request`` is the WSGI environ (what ``cached(key=...)`` is given)."""
+        return http_policy.fallback_context(
+            self.breakers,
+            name,
+            cause,
+            method=str(environ.get("REQUEST_METHOD", "GET")),
+            path=request_path(environ),
+            query=str(environ.get("QUERY_STRING") or ""),
             request=environ,
         )
 
@@ -382,28 +338,15 @@ class BreakerMiddleware:
             if served is None:
                 return None
             response = _as_response(served.value, environ)
-            headers = [
-                (str(k), str(v))
-                for k, v in response.headers
-                if k.lower() not in NOT_SERVED and k.lower() not in MARKERS
-            ]
-            headers += [
-                ("Content-Length", str(len(response.body))),
-                (FALLBACK_HEADER, served.kind),
-                (BREAKER_HEADER, spec.name),
-            ]
-            if isinstance(cause, BreakerOpen):
-                headers.append((REASON_HEADER, cause.reason))
-            return _Answer(status_line(response.status), headers, response.body)
+            marks = http_policy.fallback_marks(spec.name, served.kind, cause)
+            headers = http_policy.served_headers(response, marks)
+            return _Answer(http_policy.status_line(response.status), headers, response.body)
         except Exception:
             self.warn(spec.name, "the fallback of breaker %r failed")
             return None
 
-    def warn(self, name: str, message: str) -> None:
-        self._warnings.warn(name, message)
 
-
-class _Exchange:
+class _Exchange(KeptBody):
     """One admitted request, from the app's call to the end of its body.
 
     The app's ``start_response`` is held back until the response commits
@@ -415,16 +358,16 @@ class _Exchange:
     end), and closing the app's iterable exactly once.
     """
 
+    # middleware, spec, breaker, permit, guards and replaced are the ASGI exchange's too; each
+    # class assigns its own in __init__, without a super().__init__() call per request.
     __slots__ = (
         "breaker",
         "committed",
         "environ",
+        "guards",
         "headers",
         "is_closed",
         "iterator",
-        "kept",
-        "kept_limit",
-        "kept_size",
         "middleware",
         "permit",
         "replaced",
@@ -442,6 +385,7 @@ class _Exchange:
         spec: RouteSpec,
         breaker: Breaker,
         permit: Permit,
+        guards: RequestGuards,
         environ: WSGIEnvironment,
         start_response: StartResponse,
     ) -> None:
@@ -451,14 +395,13 @@ class _Exchange:
         self.permit = permit
         self.environ = environ
         self.server_start_response = start_response
+        self.guards = guards  # where a guard inside notes a refusal
         self.status: str | None = None
         self.headers: list[tuple[str, str]] = []
         self.committed = False
         self.replaced = False  # an answer of ours went to the server instead of the app's
         self.server_write: Callable[[bytes], object] | None = None
-        self.kept: list[bytes] | None = None  # a successful body, for fallback.remember
-        self.kept_size = 0
-        self.kept_limit = 0
+        self.kept = None  # a successful body, for fallback.remember (KeptBody)
         self.result: Iterable[bytes] = ()  # the app's body
         self.iterator: Iterator[bytes] | None = None
         self.sent_all = False  # the body's end went to the server (or ours replaced it)
@@ -521,18 +464,18 @@ class _Exchange:
     # -- deciding and recording ------------------------------------------------------------
 
     def classify(self) -> str:
-        """success, failure or ignored, from the status and headers: the route's
-        classify(), else its status lists (5xx a failure by default)."""
-        spec = self.spec
+        """success, failure or ignored, from the status and headers (http_policy.judge)."""
         status = self.status or ""
         code = _status_code(status)
         if code is None:
             return "failure"  # not a status a server can send: it will answer 500
-        if refused_inside(self.environ):
-            return "ignored"  # a guard of another breaker refused it: this route's service was not asked
-        headers = self.headers
-        return judge(spec, code, lambda: ResponseInfo(code, status, Headers(list(headers)), self.environ),
-                     self.middleware.warn)
+        return judge(self.spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
+
+    def response_info(self) -> ResponseInfo:
+        """What the route's classify() is given (see classify)."""
+        status = self.status or ""
+        code = _status_code(status) or 0
+        return ResponseInfo(code, status, Headers(list(self.headers)), self.environ)
 
     def settle(self, outcome: str) -> None:
         try:
@@ -548,14 +491,10 @@ class _Exchange:
         outcome = self.classify()
         self.settle(outcome)
         spec = self.spec
-        if outcome == "failure" and spec.fallback is not None and spec.fallback_on_failure:
+        if spec.fallback is not None and self.fallback_takes(spec, outcome, _is_head(self.environ)):
             answer = self.middleware.fallback_answer(spec, self.environ, None)
             if answer is not None:
                 return self.answer(answer)
-        if outcome == "success" and spec.fallback is not None and not _is_head(self.environ):
-            self.kept_limit = remember_limit(spec.fallback)
-            if self.kept_limit > 0:
-                self.kept = []
         assert self.status is not None
         self.server_write = self.server_start_response(self.status, self.headers)
         return None
@@ -572,14 +511,10 @@ class _Exchange:
         if isinstance(exc, BreakerOpen):
             self.settle("ignored")  # an outbound breaker refused: this route's service was not asked
             return self.answer(self.middleware.refusal_answer(exc, self.environ, None))
-        try:
-            outcome = self.breaker.classify(exc)
-        except Exception:
-            self.middleware.warn(self.spec.name, "classifying an exception for breaker %r raised")
-            outcome = "failure"
+        outcome = http_policy.judge_exception(self.breaker, exc, self.guards)
         self.settle(outcome)
         spec = self.spec
-        if outcome == "failure" and spec.fallback is not None and spec.fallback_on_failure:
+        if spec.fallback is not None and self.fallback_takes(spec, outcome, _is_head(self.environ)):
             answer = self.middleware.fallback_answer(spec, self.environ, exc)
             if answer is not None:
                 return self.answer(answer)
@@ -590,14 +525,6 @@ class _Exchange:
         self.committed = self.replaced = True
         self.server_write = self.server_start_response(answer.status, answer.headers)
         return b"" if _is_head(self.environ) else answer.body
-
-    def keep(self, chunk: bytes) -> None:
-        if self.kept is not None:
-            self.kept_size += len(chunk)
-            if self.kept_size > self.kept_limit:
-                self.kept = None  # too big to cache: stop holding it
-            else:
-                self.kept.append(chunk)
 
     def body_done(self) -> None:
         """The whole body went out: a successful one is handed to the fallback to
@@ -623,7 +550,6 @@ class _Exchange:
         if self.permit.recorded:
             return
         self.settle(self.classify() if self.status is not None else "ignored")
-
 
     # -- the server's side: the body ----------------------------------------------------------
 

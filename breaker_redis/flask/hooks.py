@@ -45,8 +45,9 @@ from werkzeug.exceptions import HTTPException
 
 from ..breaker import Breaker
 from ..errors import BreakerOpen
+from ..http_policy import judge, judge_exception
 from ..permit import Permit
-from ..routes import held, hold, note_refusal
+from ..routes import RequestGuards, held, hold, note_refusal
 from .refusal import BreakerOpenError, retry_after_seconds
 from .routes import RouteSpec
 from .serving import fallback_context, freeze, serve
@@ -68,38 +69,41 @@ class Pending:
     __slots__ = (
         "breaker",
         "exception",
+        "guards",
         "handled",
         "outcome",
         "permit",
-        "refused_inside",
         "request",
         "response",
         "spec",
         "state",
     )
 
-    def __init__(self, state: AppState, spec: RouteSpec, breaker: Breaker, permit: Permit, req: Any) -> None:
+    def __init__(self, state: AppState, spec: RouteSpec, breaker: Breaker, permit: Permit,
+                 guards: RequestGuards, req: Any) -> None:
         self.state = state
         self.spec = spec
         self.breaker = breaker
         self.permit = permit
+        self.guards = guards  # where a guard inside, or an outbound refusal (inner_refusal), is noted
         self.request = req  # the Flask request, for the fallback's cache key after the context is gone
         self.exception: BaseException | None = None  # the first exception the view or a hook raised
         self.handled: BaseException | None = None  # the last one Flask's handle_exception was given
-        self.refused_inside = False
         self.outcome: str | None = None
         self.response: Response | None = None
 
     def after(self, response: Response) -> Response:
-        """after_this_request: classify the response; a failure may get the fallback."""
+        """after_this_request: the outcome as every integration judges it
+        (http_policy): an exception the view raised (an HTTPException by its
+        response), else the response, which the route's classify() is given as
+        it is; a failure may get the fallback."""
         if self.permit.recorded:
             return response
-        spec = self.spec
-        try:
-            outcome = classify(self, response)
-        except Exception:
-            self.state.warn(spec.name, "classify() of breaker %r raised; counted as a failure")
-            outcome = "failure"
+        spec, exc = self.spec, self.exception
+        if exc is not None and not isinstance(exc, HTTPException):
+            outcome = judge_exception(self.breaker, exc, self.guards)
+        else:
+            outcome = judge(spec, response.status_code, response, None, self.state.warn, self.guards)
         self.outcome = outcome
         if outcome == "success":
             self.response = response
@@ -112,9 +116,10 @@ class Pending:
     def settle(self, escaped: BaseException | None) -> None:
         """Record the outcome, once ``wsgi_app`` is done. An exception Flask's
         handle_exception was given (answered with a 500, or propagated), or
-        a BaseException that escaped, is classified by the breaker's config
-        (Flask passes the same one to teardown_request); else the after
-        function's verdict holds ("ignored" if it never ran)."""
+        a BaseException that escaped, is judged as every integration judges
+        one (http_policy.judge_exception; Flask passes the same one to
+        teardown_request); else the after function's verdict holds
+        ("ignored" if it never ran)."""
         if self.permit.recorded:
             return
         state, spec = self.state, self.spec
@@ -123,8 +128,8 @@ class Pending:
             error = escaped
         if error is not None and state.app is not None and state.app.should_ignore_error(error):
             error = None
-        if error is not None and not self.refused_inside:
-            outcome = self.breaker.classify(error)  # escaped the view or a later hook
+        if error is not None:
+            outcome = judge_exception(self.breaker, error, self.guards)  # escaped the view or a later hook
         else:
             outcome = self.outcome or "ignored"
         try:
@@ -221,9 +226,8 @@ def admit(state: AppState, req: Any, view: Any, found: Any) -> Any:
         # request through rather than turn the breaker into the outage.
         state.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
         return None
-    pending = Pending(state, spec, breaker, permit, req)
+    pending = Pending(state, spec, breaker, permit, hold(environ, guarded.guard, permit), req)
     environ[state.pending_key] = pending
-    hold(environ, guarded.guard, permit)
     after_this_request(pending.after)
     return None
 
@@ -293,10 +297,8 @@ def current_pending() -> Pending | None:
 def inner_refusal(refused: BreakerOpen) -> Any:
     """An outbound breaker refused inside a view and nobody caught it: 503.
     The route's own breaker ignores this request (its service was not asked)."""
-    pending = current_pending()
-    if pending is not None:
-        pending.refused_inside = True
-    note_refusal(request.environ, refused.breaker)  # and a WSGI middleware around the app ignores it
+    # The route's own hooks and a WSGI middleware around the app see it in the request's guards.
+    note_refusal(request.environ, refused.breaker)
     config = None
     state = current_app.extensions.get(EXTENSION_KEY)
     if isinstance(state, AppState) and refused.breaker in state.resolved:
@@ -304,28 +306,3 @@ def inner_refusal(refused: BreakerOpen) -> Any:
     error = BreakerOpenError(refused, None, retry_after_seconds(refused, config))
     return error.get_response(request.environ)
 
-
-def classify(pending: Pending, response: Response) -> str:
-    """success, failure or ignored: an exception by the breaker's config,
-    else the route's classify(), else its status lists."""
-    if pending.refused_inside or isinstance(pending.exception, BreakerOpen):
-        return "ignored"
-    exc = pending.exception
-    if exc is not None and not isinstance(exc, HTTPException):
-        return pending.breaker.classify(exc)
-    spec = pending.spec
-    if spec.classify is not None:
-        verdict = spec.classify(response)
-        if verdict is True:
-            return "failure"
-        if verdict is False:
-            return "success"
-        if verdict in ("success", "failure", "ignored"):
-            return verdict
-        if verdict is not None:
-            raise ValueError(f"classify() of breaker {spec.name!r} returned {verdict!r}")
-    if response.status_code in spec.ignore_statuses:
-        return "ignored"
-    if response.status_code in spec.failure_statuses:
-        return "failure"
-    return "success"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from flask import Request, Response, current_app, request
 
-from ..errors import BreakerOpen
+from .. import http_policy
 from ..fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
 from ..fallbacks import FallbackContext, FallbackResponse, Served
-from .refusal import BREAKER_HEADER, REASON_HEADER
+from ..http_policy import fallback_marks
 from .routes import RouteSpec
 from .state import AppState
 
@@ -20,20 +20,16 @@ from .state import AppState
 def fallback_context(
     state: AppState, name: str, cause: BaseException | None, req: Request | None = None
 ) -> FallbackContext:
-    """A request (the current one by default) as a fallback sees it; HEAD shares GET's cache key."""
+    """A request (the current one by default) as a fallback sees it (http_policy.fallback_context)."""
     if req is None:
         req = request._get_current_object()  # type: ignore[attr-defined]
-    query = req.query_string.decode("latin-1")
-    method = req.method.upper()
-    key_method = "GET" if method == "HEAD" else method
-    return FallbackContext(
-        breaker=name,
-        cause=cause,
-        key=f"{key_method} {req.path}{'?' + query if query else ''}",
-        method=method,
-        store=state.breakers.client,
-        prefix=state.breakers.prefix,
-        store_healthy=state.breakers.store_healthy,
+    return http_policy.fallback_context(
+        state.breakers,
+        name,
+        cause,
+        method=req.method,
+        path=req.path,
+        query=req.query_string.decode("latin-1"),
         request=req,
     )
 
@@ -57,10 +53,8 @@ def to_response(name: str, served: Served, cause: BaseException | None) -> Respo
         response = current_app.response_class(value.body, value.status, list(value.headers))
     else:
         response = current_app.make_response(value)
-    response.headers[FALLBACK_HEADER] = served.kind
-    response.headers[BREAKER_HEADER] = name
-    if isinstance(cause, BreakerOpen):
-        response.headers[REASON_HEADER] = cause.reason
+    for header, mark in fallback_marks(name, served.kind, cause):
+        response.headers[header] = mark
     return response
 
 

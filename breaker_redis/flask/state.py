@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..breaker import Breaker
 from ..breakers import Breakers
 from ..config import BreakerConfig
+from ..http_policy import Warnings as Warnings
 from ..reader import Reader
 from ..routes import RouteTable, guard_id
-from ..routes import Warnings as Warnings
 from ..scripts import validate_name
 from .routes import RouteSpec
 
@@ -65,10 +66,13 @@ class AppState:
     # Where an admitted request keeps its Pending in the WSGI environ: one key per app.
     pending_key: str = field(init=False)
     table: RouteTable[Guarded] = field(init=False)  # BREAKER_ROUTES, as requests meet them
+    # warnings.warn, bound once, not per request: the hooks hand it to judge() on every response.
+    warn: Callable[[str, str], None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.pending_key = f"breaker_redis.flask.{id(self):x}"
         self.table = RouteTable((prefix, self.guarded(spec)) for prefix, spec in self.routes)
+        self.warn = self.warnings.warn
 
     def guarded(self, spec: RouteSpec) -> Guarded:
         return Guarded(spec, guard_id(self.breakers.prefix, spec.name))
@@ -107,6 +111,3 @@ class AppState:
             breaker = self.breakers.get(name, built)
             self.resolved[name] = breaker
         return breaker
-
-    def warn(self, name: str, message: str) -> None:
-        self.warnings.warn(name, message)
