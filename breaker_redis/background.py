@@ -139,15 +139,18 @@ def thread_name(job: str, prefix: str, where: str) -> str:
 
 
 class _Owner:
-    """One registered owner: its weak reference and the hooks it asked for."""
+    """One registered owner: its weak reference and the hooks it asked for, as the
+    functions behind its bound methods (a WeakMethod per hook would do the same,
+    but its own callback fails with AttributeError, printed at interpreter exit,
+    when the WeakMethod goes before its owner, as a closed owner's entry does)."""
 
     __slots__ = ("after_fork", "at_exit", "ref")
 
     def __init__(
         self,
         ref: weakref.ReferenceType[Any],
-        after_fork: weakref.WeakMethod[Callable[[], None]] | None,
-        at_exit: weakref.WeakMethod[Callable[[], None]] | None,
+        after_fork: Callable[[Any], None] | None,
+        at_exit: Callable[[Any], None] | None,
     ) -> None:
         self.ref = ref
         self.after_fork = after_fork
@@ -184,11 +187,7 @@ class ProcessHooks:
             if held is not None and held.ref is ref:
                 owners.pop(key, None)
 
-        entry = _Owner(
-            weakref.ref(owner, gone),
-            weakref.WeakMethod(after_fork) if after_fork is not None else None,
-            weakref.WeakMethod(at_exit) if at_exit is not None else None,
-        )
+        entry = _Owner(weakref.ref(owner, gone), _unbound(owner, after_fork), _unbound(owner, at_exit))
         with self._lock:
             self._owners[key] = entry
             if not self._installed:
@@ -224,14 +223,23 @@ class ProcessHooks:
 
     def _call(self, hook: str) -> None:
         for held in self._held():
-            method = getattr(held, hook)
-            bound = method() if method is not None else None
-            if bound is None:
+            function, owner = getattr(held, hook), held.ref()
+            if function is None or owner is None:
                 continue
             try:
-                bound()
+                function(owner)
             except Exception:
-                log.exception("the %s hook of %r failed", hook, held.ref())
+                log.exception("the %s hook of %r failed", hook, owner)
+
+
+def _unbound(owner: object, method: Callable[[], None] | None) -> Callable[[Any], None] | None:
+    """The function behind a bound method of owner (kept without keeping owner alive)."""
+    if method is None:
+        return None
+    if getattr(method, "__self__", None) is not owner:
+        raise TypeError(f"process_hooks.add takes bound methods of the owner, got {method!r}")
+    function: Callable[[Any], None] = method.__func__  # type: ignore[attr-defined]
+    return function
 
 
 process_hooks = ProcessHooks()
