@@ -45,10 +45,10 @@ from overhead import redis_server_process
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.asyncio import Breakers as AsyncBreakers
-from breaker_redis.clients import host_name
 from breaker_redis.groups import BreakerGroup
 from breaker_redis.httpx import AsyncBreakerTransport, BreakerTransport
 from breaker_redis.requests import BreakerAdapter
+from breaker_redis.web.clients import host_name
 from demo_app import stack
 
 CALLS = 500  # calls of each kind per round

@@ -8,7 +8,7 @@ a few transitions), then times, alternating in one run, each of these read
 the way breaker_redis read before (one stored-config GET, a window HMGET when
 there was no config, and one snapshot script per breaker, through a Breakers
 per config; one LRANGE per breaker for the history) and the way it reads now
-(breaker_redis/reader.py: lua/read.lua pipelined, 500 breakers a round trip,
+(breaker_redis/ops/reader.py: lua/read.lua pipelined, 500 breakers a round trip,
 the next 500 on their way while these are decoded):
 
 - ``Reader.snapshots()``: what ``status``, ``metrics`` and the dashboard read;
@@ -48,10 +48,11 @@ from click.testing import CliRunner
 from overhead import Boom, fail, noop, redis_server_process
 from prometheus_client import CollectorRegistry, generate_latest
 
-from breaker_redis import BreakerConfig, BreakerOpen, Breakers, cli
-from breaker_redis.config import BreakerConfig as Config
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+from breaker_redis.engine.config import BreakerConfig as Config
 from breaker_redis.metrics import BreakerCollector, exposition
-from breaker_redis.reader import Reader
+from breaker_redis.ops import cli
+from breaker_redis.ops.reader import Reader
 
 BREAKERS = 2000
 REPEATS = 5

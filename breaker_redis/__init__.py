@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .breaker import Breaker, State
-from .breakers import Breakers
-from .config import BreakerConfig
-from .errors import BreakerOpen
-from .permit import Permit
-from .transitions import Transition
+from breaker_redis.engine.breaker import Breaker, State
+from breaker_redis.engine.breakers import Breakers
+from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.permit import Permit
+from breaker_redis.engine.transitions import Transition
 
 __all__ = ["Breaker", "BreakerConfig", "BreakerOpen", "Breakers", "Permit", "State", "Transition"]
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ The ASGI twin of ``breaker_redis.wsgi``, with the same routes and options
 (path prefix -> breaker, longest prefix first, ``/pay`` covering ``/pay/x``
 but not ``/payment``; ``fallback``, ``failure_statuses``,
 ``ignore_statuses``, ``classify``, ``message``, ``fallback_on_failure`` and
-BreakerConfig fields), the same 503 (``breaker_redis.refusal``) and the same
+BreakerConfig fields), the same 503 (``breaker_redis.engine.refusal``) and the same
 fallbacks (``breaker_redis.fallbacks``, marked ``X-Breaker-Fallback``). It
 imports no web framework. Only ``http`` requests are guarded; ``lifespan``
 and ``websocket`` scopes go to the app untouched.
@@ -43,7 +43,7 @@ and recording run to their end even when the request is cancelled
 in flight still settles what the script took.
 
 One permit per breaker and request: an admitted request's scope (a copy)
-carries the permit (``breaker_redis.routes.RequestGuards``), and a guard of
+carries the permit (``breaker_redis.web.routes.RequestGuards``), and a guard of
 the same breaker inside it (a FastAPI dependency, another middleware) neither
 asks nor records; a guard of another breaker that refuses inside makes this
 one count the request as ignored.
@@ -57,7 +57,7 @@ error at start-up. ``static()`` and ``function()`` (sync or async) run on
 the loop.
 
 What a guarded request's outcome is, and how a fallback's answer is made
-and marked, is breaker_redis/http_policy.py's, the same for every
+and marked, is breaker_redis/web/http_policy.py's, the same for every
 integration; this module is ASGI's timing and I/O (see breaker_redis/wsgi.py
 for where the two read alike, and why they stay two).
 """
@@ -72,10 +72,10 @@ from typing import Any, cast
 from urllib.parse import quote
 from wsgiref.headers import Headers
 
-from . import http_policy
-from .asyncio import Breaker, Breakers, Permit
-from .errors import BreakerOpen
-from .fallbacks import (
+from breaker_redis.asyncio import Breaker, Breakers, Permit
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.refusal import Refusal, wants_json
+from breaker_redis.fallbacks import (
     FALLBACK_HEADER,
     Cached,
     Chain,
@@ -86,9 +86,9 @@ from .fallbacks import (
     Served,
     Static,
 )
-from .http_policy import KeptBody, Middleware, judge
-from .refusal import Refusal, wants_json
-from .routes import (
+from breaker_redis.web import http_policy
+from breaker_redis.web.http_policy import KeptBody, Middleware, judge
+from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,
     RequestGuards,
@@ -125,7 +125,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 @dataclass(frozen=True)
 class ResponseInfo(http_policy.ResponseInfo):
     """What a route's ``classify`` sees of the app's response: the status and
-    headers of ``http.response.start`` (breaker_redis.http_policy.ResponseInfo)
+    headers of ``http.response.start`` (breaker_redis.web.http_policy.ResponseInfo)
     and the ASGI ``scope``."""
 
     scope: Scope

@@ -21,7 +21,7 @@
 The dependency asks the breaker for a permit before the path operation runs;
 a refusal raises ``BreakerRefused``, an ``HTTPException`` (503,
 ``Retry-After``, ``X-Breaker``, ``X-Breaker-Reason``). With
-``add_refusal_handler(app)`` its body is the one ``breaker_redis.refusal``
+``add_refusal_handler(app)`` its body is the one ``breaker_redis.engine.refusal``
 gives every integration (text, or JSON when the client asks for it);
 without it FastAPI's own handler answers ``{"detail": message}`` with the
 same status and headers. The handler also turns a ``BreakerOpen`` escaping
@@ -53,7 +53,7 @@ answer.
 Under ``breaker_redis.asgi.BreakerMiddleware`` guarding the same path with
 the same breaker (or below another guard of it), the dependency neither asks
 nor records: the outer guard holds the request's one permit
-(``breaker_redis.routes.RequestGuards``, in the scope) and the dependency
+(``breaker_redis.web.routes.RequestGuards``, in the scope) and the dependency
 yields that one. Nothing is counted twice.
 
 Fallbacks are the middleware's job (a dependency cannot answer in place of
@@ -70,12 +70,12 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import HTTPException, RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .asgi import BreakerMiddleware, header_value, judge_status
-from .asyncio import Breaker, BreakerConfig, Breakers, Permit
-from .errors import BreakerOpen
-from .http_policy import Warnings, judge_exception
-from .refusal import Refusal, default_message, wants_json
-from .routes import Classifier, guard_id, held, hold, make_spec, note_refusal, request_guards
+from breaker_redis.asgi import BreakerMiddleware, header_value, judge_status
+from breaker_redis.asyncio import Breaker, BreakerConfig, Breakers, Permit
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.refusal import Refusal, default_message, wants_json
+from breaker_redis.web.http_policy import Warnings, judge_exception
+from breaker_redis.web.routes import Classifier, guard_id, held, hold, make_spec, note_refusal, request_guards
 
 __all__ = [
     "BreakerGuard",
@@ -98,7 +98,7 @@ def _request_wants_json(request: Request) -> bool:
 class BreakerRefused(HTTPException):
     """The 503 a guarded path operation answers when its breaker refuses.
 
-    ``.refusal`` is the ``breaker_redis.refusal.Refusal`` (built for the
+    ``.refusal`` is the ``breaker_redis.engine.refusal.Refusal`` (built for the
     request's Accept header), ``.refused`` the ``BreakerOpen``; ``.breaker``,
     ``.reason`` and ``.retry_after`` (whole seconds) are there for your own
     exception handler."""

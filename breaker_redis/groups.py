@@ -37,13 +37,13 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .background import process_hooks
-from .clients import member_name
-from .config import BreakerConfig
-from .http_policy import Warnings
-from .knowledge import Reply
-from .scripts import text, validate_name
-from .store import StoreUnavailable
+from breaker_redis.engine.background import process_hooks
+from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.engine.knowledge import Reply
+from breaker_redis.storage.scripts import text, validate_name
+from breaker_redis.storage.store import StoreUnavailable
+from breaker_redis.web.clients import member_name
+from breaker_redis.web.http_policy import Warnings
 
 __all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig"]
 
@@ -103,8 +103,8 @@ class _Group:
         max_open_fraction: float = 0.5,
         config: BreakerConfig | None = None,
     ) -> None:
-        from .asyncio import Breakers as AsyncBreakers
-        from .breakers import Breakers
+        from breaker_redis.asyncio import Breakers as AsyncBreakers
+        from breaker_redis.engine.breakers import Breakers
 
         kind = type(self).__name__
         wanted = AsyncBreakers if self._asynchronous else Breakers

@@ -3,7 +3,7 @@
 ``httpx.AsyncClient(transport=AsyncBreakerTransport(breakers))``.
 
 One breaker per upstream host by default, shared through Redis by every
-worker, sync or async, of every host. The rules are breaker_redis/clients.py's.
+worker, sync or async, of every host. The rules are breaker_redis/web/clients.py's.
 Needs ``httpx`` (``pip install 'breaker-redis[httpx]'``); nothing else imports it.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from .clients import NameRule, Outbound, send, send_async
-from .config import BreakerConfig
-from .errors import BreakerOpen
+from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.web.clients import NameRule, Outbound, send, send_async
 
 __all__ = ["AsyncBreakerTransport", "BreakerRefused", "BreakerTransport"]
 

@@ -31,9 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from . import acl
-from .reader import Reader
-from .snapshot import OUTCOME_COUNTERS
+from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
+from breaker_redis.ops.reader import Reader
+from breaker_redis.storage import acl
 
 log = logging.getLogger("breaker_redis")
 

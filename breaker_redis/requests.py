@@ -4,7 +4,7 @@
 One breaker per upstream host by default, shared through Redis by every
 worker of every host: after the payment API's fifth failure, no worker's
 Session opens a connection to it until the breaker lets a probe through.
-The rules are breaker_redis/clients.py's. Needs ``requests``
+The rules are breaker_redis/web/clients.py's. Needs ``requests``
 (``pip install 'breaker-redis[requests]'``); nothing else imports it.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from .clients import NameRule, Outbound, send
-from .config import BreakerConfig
-from .errors import BreakerOpen
+from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.web.clients import NameRule, Outbound, send
 
 __all__ = ["BreakerAdapter", "BreakerRefused"]
 

@@ -9,7 +9,7 @@ for another framework has only the WSGI interface, so this is the same
 protection at that level: the request's path picks a route (a path prefix,
 longest first, like ``BREAKER_ROUTES`` and an OpenResty ``location``), the
 route's breaker is asked for a permit, a refusal becomes the 503 every
-integration answers with (``breaker_redis.refusal``) or the route's fallback
+integration answers with (``breaker_redis.engine.refusal``) or the route's fallback
 (``breaker_redis.fallbacks``, marked ``X-Breaker-Fallback`` as in Flask), and
 the response is classified and recorded.
 
@@ -39,13 +39,13 @@ one, else as ignored; an iterable dropped without ``close()`` (against PEP
 3333) is settled by the next request through this middleware in the process.
 
 One permit per breaker and request: an admitted request's environ carries
-the permit (``breaker_redis.routes.RequestGuards``), and a guard of the same
+the permit (``breaker_redis.web.routes.RequestGuards``), and a guard of the same
 breaker inside (the Flask extension, another middleware) neither asks nor
 records; a guard of another breaker that refuses inside makes this one count
 the request as ignored.
 
 What a guarded request's outcome is, and how a fallback's answer is made
-and marked, is breaker_redis/http_policy.py's, the same for every
+and marked, is breaker_redis/web/http_policy.py's, the same for every
 integration; this module is WSGI's timing and I/O. Where it reads like
 breaker_redis/asgi.py (asking the breaker in ``_guard``, an exchange's
 ``failed``), the difference is the protocol's: a call and a returned body
@@ -63,15 +63,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from wsgiref.headers import Headers
 
-from . import http_policy
-from .breaker import Breaker
-from .breakers import Breakers
-from .errors import BreakerOpen
-from .fallbacks import FALLBACK_HEADER, FallbackContext, FallbackResponse
-from .http_policy import KeptBody, Middleware, judge
-from .permit import Permit
-from .refusal import wants_json
-from .routes import (
+from breaker_redis.engine.breaker import Breaker
+from breaker_redis.engine.breakers import Breakers
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.permit import Permit
+from breaker_redis.engine.refusal import wants_json
+from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackContext, FallbackResponse
+from breaker_redis.web import http_policy
+from breaker_redis.web.http_policy import KeptBody, Middleware, judge
+from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,
     RequestGuards,
@@ -102,7 +102,7 @@ __all__ = [
 @dataclass(frozen=True)
 class ResponseInfo(http_policy.ResponseInfo):
     """What a route's ``classify`` sees of the app's response: its status and
-    headers (breaker_redis.http_policy.ResponseInfo) and the request's ``environ``."""
+    headers (breaker_redis.web.http_policy.ResponseInfo) and the request's ``environ``."""
 
     environ: dict[str, Any]
 

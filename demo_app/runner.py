@@ -28,7 +28,7 @@ import redis
 import requests
 
 from breaker_redis import BreakerConfig, Breakers
-from breaker_redis.reader import parse_event
+from breaker_redis.ops.reader import parse_event
 
 from . import settings, stack
 

@@ -8,7 +8,7 @@ import socket
 import threading
 from typing import Any
 
-from breaker_redis.clients import host_name
+from breaker_redis.web.clients import host_name
 from demo_app.upstream import Server, Upstream, make_handler
 
 

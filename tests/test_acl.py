@@ -18,10 +18,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from breaker_redis import BreakerConfig, BreakerOpen, Breakers, acl
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.metrics import exposition
-from breaker_redis.reader import Reader
-from breaker_redis.scripts import OPERATIONS, script_source
+from breaker_redis.ops.reader import Reader
+from breaker_redis.storage import acl
+from breaker_redis.storage.scripts import OPERATIONS, script_source
 from tests.redis_server import RedisServer, wait_until
 from tests.workers import subscribed
 

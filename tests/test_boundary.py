@@ -323,7 +323,7 @@ def test_a_failure_never_overtakes_the_batch_being_sent(workers):
 
 
 def test_observe_mode_counts_in_memory_while_open(workers, monkeypatch):
-    monkeypatch.setattr("breaker_redis.core.FLUSH_SECONDS", 3600.0)  # no periodic flush in the loop
+    monkeypatch.setattr("breaker_redis.engine.core.FLUSH_SECONDS", 3600.0)  # no periodic flush in the loop
     cfg = BreakerConfig(trip="consecutive", failure_threshold=2, open_seconds=30, mode="observe")
     w = workers[0]
     b = w.get("observe", cfg)

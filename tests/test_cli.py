@@ -18,8 +18,9 @@ import redis
 from click.testing import CliRunner, Result
 from flask import Flask
 
-from breaker_redis import BreakerConfig, Breakers, cli
+from breaker_redis import BreakerConfig, Breakers
 from breaker_redis.flask import FlaskBreakers
+from breaker_redis.ops import cli
 from breaker_redis.urls import client_from_url
 from tests.redis_server import RedisServer, free_port, wait_until
 from tests.workers import admits, subscribed
@@ -617,7 +618,7 @@ def test_events_follow_verbose_shows_arming(url, prefix, app_breakers, tmp_path)
 
 
 def test_the_console_script_and_the_module_run_from_the_venv():
-    for argv in ([str(SCRIPT), "--help"], [sys.executable, "-m", "breaker_redis.cli", "--help"]):
+    for argv in ([str(SCRIPT), "--help"], [sys.executable, "-m", "breaker_redis.ops.cli", "--help"]):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith("Usage: breaker-redis [OPTIONS] COMMAND [ARGS]...")
@@ -636,7 +637,7 @@ def test_every_command_has_help(command):
 
 def test_the_cli_never_imports_flask():
     program = (
-        "import sys, breaker_redis.cli\n"
+        "import sys, breaker_redis.ops.cli\n"
         "assert 'flask' not in sys.modules and 'werkzeug' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)

@@ -25,7 +25,7 @@ import redis
 from redis.cluster import RedisCluster, key_slot
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
-from breaker_redis.scripts import KEY_SUFFIXES
+from breaker_redis.storage.scripts import KEY_SUFFIXES
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
 from tests.mp_workers import Team, Worker, serve, serve_asyncio
 from tests.redis_server import wait_until
@@ -559,7 +559,7 @@ def test_a_manual_failover_is_followed_and_the_boundary_holds_after_it(target):
             )
             assert group.role(old) == "slave"
             # a worker that subscribed again there (its map a moment old) left when it saw
-            # a replica answer (breaker_redis/sharded.py); the node reads the close soon after
+            # a replica answer (breaker_redis/storage/sharded.py); the node reads the close soon after
             wait_until(lambda: shard_numsub(group, old, channel) == 0, what="no subscriber on the old master")
             assert {store for stores in seen for store in stores} <= {"redis", "local"}
 

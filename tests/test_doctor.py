@@ -18,12 +18,14 @@ import redis
 from click.testing import CliRunner, Result
 from flask import Flask
 
-from breaker_redis import Breakers, acl, cli
-from breaker_redis.doctor import CHECKS, eviction_problem
-from breaker_redis.doctor.checkup import Checkup
-from breaker_redis.doctor.permissions import PROBE_MEMBER, tries
-from breaker_redis.doctor.timing import LATENCY_WARN_MS, ORDERING_ENOUGH_LATE, ORDERING_ROUNDS
+from breaker_redis import Breakers
 from breaker_redis.flask import FlaskBreakers
+from breaker_redis.ops import cli
+from breaker_redis.ops.doctor import CHECKS, eviction_problem
+from breaker_redis.ops.doctor.checkup import Checkup
+from breaker_redis.ops.doctor.permissions import PROBE_MEMBER, tries
+from breaker_redis.ops.doctor.timing import LATENCY_WARN_MS, ORDERING_ENOUGH_LATE, ORDERING_ROUNDS
+from breaker_redis.storage import acl
 from tests.redis_server import RedisServer
 from tests.test_acl import rules_of
 from tests.topologies import ClusterGroup, SentinelGroup, started

@@ -19,7 +19,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from breaker_redis.reader import parse_event
+from breaker_redis.ops.reader import parse_event
 from demo_app import stack
 from tests.redis_server import wait_until
 

@@ -30,11 +30,11 @@ import pytest
 import redis
 
 from breaker_redis import BreakerConfig, Breakers
-from breaker_redis import core as core_module
 from breaker_redis.asyncio import Breakers as AsyncBreakers
+from breaker_redis.engine import core as core_module
 from breaker_redis.metrics import exposition
-from breaker_redis.reader import Reader
-from breaker_redis.scripts import database_of
+from breaker_redis.ops.reader import Reader
+from breaker_redis.storage.scripts import database_of
 from breaker_redis.urls import async_client_from_url, client_from_url
 from tests.redis_server import RedisServer, wait_until
 from tests.test_metrics import of, samples

@@ -42,7 +42,7 @@ import pytest
 import redis
 import requests
 
-from breaker_redis.reader import parse_event
+from breaker_redis.ops.reader import parse_event
 from demo_app import stack
 from tests.redis_server import RedisServer, wait_until
 from tests.traffic import burst

@@ -566,7 +566,7 @@ def test_a_failing_classify_counts_as_failure_and_is_logged(clock, caplog):
 
 
 def test_each_request_records_exactly_once(clock, monkeypatch):
-    from breaker_redis.breaker import Breaker
+    from breaker_redis.engine.breaker import Breaker
 
     recorded = []
     original = Breaker._record

@@ -64,9 +64,9 @@ from hypothesis import strategies as st
 
 import breaker_redis
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
-from breaker_redis.permit import Permit
-from breaker_redis.scripts import (
+from breaker_redis.engine.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
+from breaker_redis.engine.permit import Permit
+from breaker_redis.storage.scripts import (
     KEY_SUFFIXES,
     OPERATIONS,
     breaker_keys,

@@ -33,10 +33,10 @@ from breaker_redis.asyncio import Breakers as AsyncBreakers
 from breaker_redis.groups import AsyncBreakerGroup, BreakerGroup
 from breaker_redis.httpx import AsyncBreakerTransport, BreakerTransport
 from breaker_redis.httpx import BreakerRefused as HttpxRefused
-from breaker_redis.reader import parse_event
+from breaker_redis.ops.reader import parse_event
 from breaker_redis.requests import BreakerAdapter
 from breaker_redis.requests import BreakerRefused as RequestsRefused
-from breaker_redis.scripts import text
+from breaker_redis.storage.scripts import text
 from tests.http_upstreams import LocalUpstream, refused_url
 
 pytestmark = pytest.mark.real
@@ -651,10 +651,10 @@ def test_a_pool_shows_in_status_the_metrics_and_the_dashboard(
     from flask import Flask
     from prometheus_client.parser import text_string_to_metric_families
 
-    from breaker_redis import cli
     from breaker_redis.flask import FlaskBreakers
     from breaker_redis.flask import dashboard as dashboard_module
     from breaker_redis.metrics import exposition
+    from breaker_redis.ops import cli
     from tests.test_dashboard import events
 
     client = make_client("requests", group=pool_group(pool))

@@ -1,4 +1,4 @@
-"""The rules every HTTP integration shares (breaker_redis/http_policy.py), checked
+"""The rules every HTTP integration shares (breaker_redis/web/http_policy.py), checked
 once here where no integration's own tests reach them: the quiet log's minute
 and its cap, and how an exception that ended a guarded request is judged.
 """
@@ -11,9 +11,9 @@ import fakeredis
 import pytest
 
 from breaker_redis import BreakerConfig, Breakers
-from breaker_redis.errors import BreakerOpen
-from breaker_redis.http_policy import Warnings, judge_exception
-from breaker_redis.routes import hold, note_refusal
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.web.http_policy import Warnings, judge_exception
+from breaker_redis.web.routes import hold, note_refusal
 
 
 class Clock:

@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, BreakerOpen
-from breaker_redis.config import LIVE_FIELDS, LUA_FIELDS, OFF_VALUES, LiveField, live_value
-from breaker_redis.lua_rules import live_rules
-from breaker_redis.scripts import OPERATIONS, ScriptRunner, library, prelude, script_source
-from breaker_redis.snapshot import snapshot_dict
+from breaker_redis.engine.config import LIVE_FIELDS, LUA_FIELDS, OFF_VALUES, LiveField, live_value
+from breaker_redis.engine.snapshot import snapshot_dict
+from breaker_redis.storage.lua_rules import live_rules
+from breaker_redis.storage.scripts import OPERATIONS, ScriptRunner, library, prelude, script_source
 from tests.workers import admits, fail
 
 COUNT_5 = BreakerConfig(trip="count", failure_threshold=5, window_seconds=60, open_seconds=30)
@@ -104,7 +104,7 @@ def test_the_scripts_text_is_written_from_the_declared_rules(monkeypatch):
     for rule in LIVE_FIELDS:
         assert f"    {rule.name} = {{" in live_rules()
     widened = [dataclasses.replace(f, high=2000) if f.name == "window_buckets" else f for f in LIVE_FIELDS]
-    monkeypatch.setattr("breaker_redis.lua_rules.LIVE_FIELDS", widened)
+    monkeypatch.setattr("breaker_redis.storage.lua_rules.LIVE_FIELDS", widened)
     assert "window_buckets = {'buckets', 1, 1, false, 2000, true, false}," in live_rules()
 
 

@@ -17,10 +17,11 @@ from flask import Flask
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from breaker_redis import BreakerConfig, BreakerOpen, Breakers, cli
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.flask import FlaskBreakers
 from breaker_redis.groups import BreakerGroup
 from breaker_redis.metrics import BreakerCollector, Family, exposition, render
+from breaker_redis.ops import cli
 from tests.conftest import Clock
 from tests.redis_server import free_port, wait_until
 from tests.workers import TRIP_AT_3, fail
@@ -159,7 +160,7 @@ def test_the_exposition_is_byte_for_byte_what_prometheus_client_writes(redis_ser
 def test_a_scrape_refused_a_permission_names_it(redis_server, caplog):
     """A user without +time (the scripts' clock): breaker_redis_up 0, and why, and one
     ERROR with the rule to grant, however many scrapes."""
-    from breaker_redis import acl
+    from breaker_redis.storage import acl
 
     admin = redis_server.client()
     admin.flushall()
@@ -185,7 +186,7 @@ def test_a_scrape_refused_a_permission_names_it(redis_server, caplog):
 def test_a_scrape_with_no_breaker_listed_still_names_a_missing_permission(redis_server):
     """The workers of a user without +time list no breaker (their scripts are refused
     before they could): the scrape must not say up 1 over an empty list."""
-    from breaker_redis import acl
+    from breaker_redis.storage import acl
 
     admin = redis_server.client()
     admin.flushall()
@@ -228,7 +229,7 @@ def test_cli_serves_metrics_on_a_port(redis_server):
     fail(breakers.get("pay", TRIP_AT_3), 3)
     breakers.close()
     port = free_port()
-    argv = [sys.executable, "-m", "breaker_redis.cli", "--url", redis_server.url]
+    argv = [sys.executable, "-m", "breaker_redis.ops.cli", "--url", redis_server.url]
     argv += ["metrics", "--port", str(port)]
     process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

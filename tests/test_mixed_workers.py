@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import requests
 
-from breaker_redis.reader import parse_event
+from breaker_redis.ops.reader import parse_event
 from demo_app import settings, stack
 from tests.redis_server import wait_until
 

@@ -11,7 +11,7 @@ import pytest
 from redis.cluster import key_slot
 
 from breaker_redis import BreakerConfig, Breakers
-from breaker_redis.reader import parse_event
+from breaker_redis.ops.reader import parse_event
 from breaker_redis.urls import client_from_url
 from tests import mp_workers
 from tests.workers import snapshot

@@ -37,7 +37,7 @@ def test_wheel_ships_the_lua_and_runs_outside_the_checkout(tmp_path, redis_serve
     for asset in ("dashboard.html", "dashboard.js", "dashboard.css"):  # the dashboard works offline
         assert (target / "breaker_redis" / "flask" / "static" / asset).is_file(), asset
     program = f"""
-import breaker_redis, breaker_redis.scripts as s
+import breaker_redis, breaker_redis.storage.scripts as s
 assert breaker_redis.__file__.startswith({str(target)!r}), breaker_redis.__file__
 assert str(s._lua_dir()).startswith({str(target)!r}), s._lua_dir()
 b = breaker_redis.Breakers.from_url({redis_server.url!r}, prefix="wheeltest", listen=False)
@@ -58,7 +58,7 @@ print(pay.state)
 
 def test_the_core_never_imports_flask():
     program = (
-        "import sys, breaker_redis, breaker_redis.fallbacks, breaker_redis.clients\n"
+        "import sys, breaker_redis, breaker_redis.fallbacks, breaker_redis.web.clients\n"
         "assert 'flask' not in sys.modules and 'werkzeug' not in sys.modules, sorted(sys.modules)\n"
         "assert 'requests' not in sys.modules and 'httpx' not in sys.modules, sorted(sys.modules)\n"
     )

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from breaker_redis import BreakerOpen, Breakers
-from breaker_redis import store as store_module
+from breaker_redis.storage import store as store_module
 from tests.redis_server import RedisServer, wait_until
 from tests.workers import TRIP_AT_3, admits
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.reporters import default_reporter, validate_reporter
+from breaker_redis.engine.reporters import default_reporter, validate_reporter
 from tests.conftest import STORES, make_store
 
 COUNT = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30, min_reporters=2)
@@ -168,10 +168,10 @@ def test_operators_see_the_isolated_reporters_in_show_status_metrics_and_dashboa
     from click.testing import CliRunner
     from flask import Flask
 
-    from breaker_redis import cli
     from breaker_redis.flask import FlaskBreakers
     from breaker_redis.flask import dashboard as dashboard_module
     from breaker_redis.metrics import exposition
+    from breaker_redis.ops import cli
 
     client = redis_server.client()
     client.flushall()

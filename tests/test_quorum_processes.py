@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from breaker_redis import BreakerConfig, Breakers, cli
+from breaker_redis import BreakerConfig, Breakers
+from breaker_redis.ops import cli
 from tests.mp_workers import Team, Worker, emptied_server_url
 
 pytestmark = pytest.mark.multiprocess

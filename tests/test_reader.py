@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import redis
 
-from breaker_redis import BreakerConfig, Breakers, reader
-from breaker_redis.config import BreakerConfig as Config
-from breaker_redis.reader import Reader
-from breaker_redis.scripts import ScriptRunner, _packed
+from breaker_redis import BreakerConfig, Breakers
+from breaker_redis.engine.config import BreakerConfig as Config
+from breaker_redis.ops import reader
+from breaker_redis.ops.reader import Reader
+from breaker_redis.storage.scripts import ScriptRunner, _packed
 from tests.conftest import STORES, Clock, make_store
 from tests.workers import fail
 

@@ -12,7 +12,7 @@ import fakeredis
 import pytest
 
 from breaker_redis import BreakerOpen, Breakers, State
-from breaker_redis.reader import Reader
+from breaker_redis.ops.reader import Reader
 from tests.redis_server import RedisServer, wait_until
 from tests.workers import TRIP_AT_3, admits, fail, subscribed
 

@@ -1,4 +1,4 @@
-"""The framework-free refusal every integration answers with (breaker_redis.refusal)."""
+"""The framework-free refusal every integration answers with (breaker_redis.engine.refusal)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen
-from breaker_redis.refusal import Refusal, retry_after_seconds, wants_json
+from breaker_redis.engine.refusal import Refusal, retry_after_seconds, wants_json
 
 
 @pytest.mark.parametrize(

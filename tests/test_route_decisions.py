@@ -27,7 +27,7 @@ from breaker_redis.asgi import BreakerMiddleware as AsgiMiddleware
 from breaker_redis.asgi import request_path as asgi_path
 from breaker_redis.fallbacks import static
 from breaker_redis.flask import FlaskBreakers
-from breaker_redis.routes import RouteTable, prefix_matches
+from breaker_redis.web.routes import RouteTable, prefix_matches
 from breaker_redis.wsgi import BreakerMiddleware as WsgiMiddleware
 from breaker_redis.wsgi import request_path as wsgi_path
 

@@ -1,6 +1,6 @@
 """Every route option refuses a wrong type or value at start-up, naming the route and the option.
 
-The route format is shared (breaker_redis/routes.py): the Flask extension's
+The route format is shared (breaker_redis/web/routes.py): the Flask extension's
 ``BREAKER_ROUTES`` and ``protect()``, the WSGI middleware, the ASGI middleware
 and the FastAPI dependency all build their RouteSpecs with ``make_spec``,
 so one table of bad options runs through each of them. Nothing here reaches
@@ -115,7 +115,7 @@ def test_good_options_are_kept_as_given() -> None:
     HTTPStatus members), a bool, a str message, a Fallback, a callable or a body."""
     from http import HTTPStatus
 
-    from breaker_redis.routes import make_spec
+    from breaker_redis.web.routes import make_spec
 
     spec = make_spec("pay", {"failure_statuses": range(500, 504), "ignore_statuses": [HTTPStatus.CONFLICT],
                              "fallback_on_failure": False, "message": "Resting.", "fallback": {"ok": False},

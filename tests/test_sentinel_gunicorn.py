@@ -34,7 +34,7 @@ What it measures (2 cores, loopback, a core burnt or not): the replica is
 promoted 0.15-0.25 s after SENTINEL FAILOVER and the sentinels name it after
 1.1-1.3 s; the old master stays a writable master until Sentinel demotes it
 about 11 s after the command (10 s after the switch). Each worker follows the
-sentinels' +switch-master message (breaker_redis/failover.py): all 4 run
+sentinels' +switch-master message (breaker_redis/storage/failover.py): all 4 run
 their scripts on the new master within 60 ms of the switch, with no answer
 from the local store. What the old master counted between the promotion and
 the switch (about 0.9 s) is lost when it resyncs: about 150 script calls
@@ -598,7 +598,7 @@ def run_failover(
         },
     }
 
-    # every worker followed the sentinels' switch (breaker_redis/failover.py), none waited
+    # every worker followed the sentinels' switch (breaker_redis/storage/failover.py), none waited
     # for the old master's demotion 10 s later to drop its connections
     assert figures["workers_on_new_master_before_demotion"] == WORKERS, figures
     assert resubscribed < still_master.at, figures

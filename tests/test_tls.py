@@ -12,7 +12,7 @@ import pytest
 from redis.connection import SSLConnection
 
 from breaker_redis import BreakerOpen, Breakers
-from breaker_redis.store import StoreUnavailable
+from breaker_redis.storage.store import StoreUnavailable
 from tests.topologies import TLSServer, started
 from tests.workers import TRIP_AT_3, admits, fail, subscribed, trips_at_3
 

@@ -14,7 +14,7 @@ import pytest
 
 from breaker_redis import BreakerConfig, Breakers, Transition
 from breaker_redis import asyncio as breaker_asyncio
-from breaker_redis.transitions import OPERATOR_CAUSES
+from breaker_redis.engine.transitions import OPERATOR_CAUSES
 from tests import mp_workers
 from tests.workers import TRIP_AT_3, admits, fail, snapshot, subscribed
 

@@ -269,7 +269,7 @@ def test_unprotected_paths_get_the_app_s_own_iterable(make):
 
 
 def test_each_request_records_exactly_once(make, monkeypatch):
-    from breaker_redis.breaker import Breaker
+    from breaker_redis.engine.breaker import Breaker
 
     recorded = []
     original = Breaker._record

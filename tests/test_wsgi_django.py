@@ -21,7 +21,7 @@ from collections import Counter
 import pytest
 import requests
 
-from breaker_redis.reader import Reader
+from breaker_redis.ops.reader import Reader
 from demo_app import stack
 from tests.redis_server import wait_until
 from tests.test_e2e_gunicorn import Stack
@@ -57,7 +57,7 @@ def start_django(redis_server, upstream_url: str, extra_args: list[str]) -> tupl
 
 
 def check_refusal(response: requests.Response, as_json: bool) -> None:
-    """The Flask extension's refusal, exactly (breaker_redis.refusal)."""
+    """The Flask extension's refusal, exactly (breaker_redis.engine.refusal)."""
     assert response.status_code == 503, (response.status_code, response.text)
     retry_after = int(response.headers["Retry-After"])
     assert 1 <= retry_after <= OPEN_SECONDS

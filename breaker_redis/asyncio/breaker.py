@@ -1,6 +1,6 @@
 """Breaker and Permit for asyncio: the sync Breaker's four steps, awaited.
 
-The same rules as breaker_redis/breaker.py, and the same modules for them:
+The same rules as breaker_redis/engine/breaker.py, and the same modules for them:
 the replies are decoded and kept by ``knowledge.Memory``, memory decides by
 ``Knowledge.decide``, and the scripts are the same files with the same
 arguments, so a sync worker and an async worker of one deployment share one
@@ -35,13 +35,13 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar, cast
 
-from ..breaker import State
-from ..config import BreakerConfig
-from ..core import BreakerCore
-from ..errors import BreakerOpen
-from ..knowledge import Knowledge, Memory, Reply
-from ..snapshot import snapshot_dict
-from .store import AsyncStoreGate, StoreUnavailable
+from breaker_redis.asyncio.store import AsyncStoreGate, StoreUnavailable
+from breaker_redis.engine.breaker import State
+from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.engine.core import BreakerCore
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
+from breaker_redis.engine.snapshot import snapshot_dict
 
 log = logging.getLogger("breaker_redis")
 
@@ -140,7 +140,7 @@ class Permit:
 class Breaker(BreakerCore[Permit]):
     """One named breaker in this process, shared through Redis with every
     worker, sync or async, that uses the same key prefix. What it decides and
-    counts without I/O is breaker_redis/core.py's, as on the sync side."""
+    counts without I/O is breaker_redis/engine/core.py's, as on the sync side."""
 
     _permit = Permit
     _shared: Shared

@@ -1,6 +1,6 @@
 """Breakers for asyncio: the breakers of one app on one Redis, and what they
 share in one process: the store gate, the event subscription and the task
-that sends batched successes (see breaker_redis/breakers.py for the sync side).
+that sends batched successes (see breaker_redis/engine/breakers.py for the sync side).
 
 Built without I/O, so a module can create it at import time, before gunicorn
 forks its uvicorn workers: each worker binds it to its own event loop at its
@@ -19,19 +19,19 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from ..breakers import DEFAULT_TTL_SECONDS, Forgetting
-from ..cluster import notices_channel
-from ..config import BreakerConfig, checked_changes
-from ..knowledge import about_another_database
-from ..recorder import BATCH_SECONDS
-from ..reporters import reporter_or_default
-from ..scripts import flat_pairs, text, validate_name
-from ..transitions import TransitionCallback, TransitionHooks
-from .breaker import Breaker
-from .failover import AsyncSentinelFollower
-from .invalidation import AsyncInvalidator, can_listen
-from .sharded import AsyncChannel, AsyncShardedInvalidator
-from .store import AsyncClusterStoreGate, AsyncScriptRunner, AsyncStoreGate
+from breaker_redis.asyncio.breaker import Breaker
+from breaker_redis.asyncio.failover import AsyncSentinelFollower
+from breaker_redis.asyncio.invalidation import AsyncInvalidator, can_listen
+from breaker_redis.asyncio.sharded import AsyncChannel, AsyncShardedInvalidator
+from breaker_redis.asyncio.store import AsyncClusterStoreGate, AsyncScriptRunner, AsyncStoreGate
+from breaker_redis.engine.breakers import DEFAULT_TTL_SECONDS, Forgetting
+from breaker_redis.engine.config import BreakerConfig, checked_changes
+from breaker_redis.engine.knowledge import about_another_database
+from breaker_redis.engine.recorder import BATCH_SECONDS
+from breaker_redis.engine.reporters import reporter_or_default
+from breaker_redis.engine.transitions import TransitionCallback, TransitionHooks
+from breaker_redis.storage.cluster import notices_channel
+from breaker_redis.storage.scripts import flat_pairs, text, validate_name
 
 
 class Breakers(Forgetting):
@@ -101,7 +101,7 @@ class Breakers(Forgetting):
     @classmethod
     def from_url(cls, url: str, prefix: str = "breaker", **kwargs: Any) -> Breakers:
         """Breakers on an asyncio client with sub-second timeouts and no retry loop (see urls.py)."""
-        from ..urls import async_client_from_url
+        from breaker_redis.urls import async_client_from_url
 
         return cls(async_client_from_url(url), prefix, **kwargs)
 

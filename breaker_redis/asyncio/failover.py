@@ -1,4 +1,4 @@
-"""Follows Sentinel's ``+switch-master`` in an asyncio worker (see breaker_redis/failover.py).
+"""Follows Sentinel's ``+switch-master`` in an asyncio worker (see breaker_redis/storage/failover.py).
 
 The same reasons and the same steps as the sync side's thread, as a task of
 the worker's event loop: one sentinel's ``+switch-master`` channel (the next
@@ -15,8 +15,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from ..failover import CHANNEL, RETRY_SECONDS, announces_switch
-from ..scripts import text
+from breaker_redis.storage.failover import CHANNEL, RETRY_SECONDS, announces_switch
+from breaker_redis.storage.scripts import text
 
 
 class AsyncSentinelFollower:

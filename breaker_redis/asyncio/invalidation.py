@@ -1,4 +1,4 @@
-"""The event subscription of an asyncio worker (see breaker_redis/invalidation.py).
+"""The event subscription of an asyncio worker (see breaker_redis/storage/invalidation.py).
 
 The sync side's boundary rests on one ordering: by the time the call that
 made a change returns, the change's message is in every subscriber's
@@ -29,8 +29,8 @@ import select
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..invalidation import parse_payload
-from ..scripts import text
+from breaker_redis.storage.invalidation import parse_payload
+from breaker_redis.storage.scripts import text
 
 log = logging.getLogger("breaker_redis")
 

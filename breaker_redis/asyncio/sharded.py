@@ -1,6 +1,6 @@
 """The event subscription of an asyncio worker on Redis Cluster: one connection per master.
 
-The asyncio twin of breaker_redis/sharded.py (its docstring says why and
+The asyncio twin of breaker_redis/storage/sharded.py (its docstring says why and
 when a breaker's channel is subscribed again), built from the pieces of
 breaker_redis/asyncio/invalidation.py: each master's connection is a
 ``Subscription`` that the loop hands every chunk the moment it reads one,
@@ -15,9 +15,9 @@ import contextlib
 import logging
 from typing import Any, cast
 
-from ..scripts import text
-from ..sharded import Channel, Channels
-from .invalidation import Subscription, take_over
+from breaker_redis.asyncio.invalidation import Subscription, take_over
+from breaker_redis.storage.scripts import text
+from breaker_redis.storage.sharded import Channel, Channels
 
 log = logging.getLogger("breaker_redis")
 

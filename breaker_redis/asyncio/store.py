@@ -1,5 +1,5 @@
 """Where an asyncio worker's scripts run: Redis while it answers, an
-in-process store when not (the asyncio twin of breaker_redis/store.py).
+in-process store when not (the asyncio twin of breaker_redis/storage/store.py).
 
 The same scripts, keys and SHA1s as the sync side, sent with redis-py's
 asyncio client, so a sync worker and an async worker of one deployment share
@@ -20,8 +20,14 @@ from typing import Any
 
 import redis
 
-from ..scripts import SWEEP_PICKS, Scripts, text
-from ..store import _UNAVAILABLE, GateHealth, MasterGates, StoreUnavailable, _make_local_runner
+from breaker_redis.storage.scripts import SWEEP_PICKS, Scripts, text
+from breaker_redis.storage.store import (
+    _UNAVAILABLE,
+    GateHealth,
+    MasterGates,
+    StoreUnavailable,
+    _make_local_runner,
+)
 
 log = logging.getLogger("breaker_redis")
 
@@ -42,7 +48,7 @@ class AsyncScriptRunner(Scripts):
 
     async def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         sha, source, keys, argv = self.call(operation, name, now_ms, args)
-        if self.slots is not None:  # straight to the breaker's master (breaker_redis/cluster.py)
+        if self.slots is not None:  # straight to the breaker's master (breaker_redis/storage/cluster.py)
             return await self.slots.acall(keys[0], lambda target: _evalsha(target, sha, source, keys, argv))
         if self.use_functions:  # as ScriptRunner.run
             function = self.function_names[operation]
@@ -184,7 +190,7 @@ class AsyncStoreGate(GateHealth):
 
 
 class AsyncClusterStoreGate(MasterGates[AsyncStoreGate]):
-    """MasterGates of AsyncStoreGate (breaker_redis/store.py): the asyncio side's."""
+    """MasterGates of AsyncStoreGate (breaker_redis/storage/store.py): the asyncio side's."""
 
     def reset(self) -> None:
         for gate in self.gates():

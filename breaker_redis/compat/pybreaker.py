@@ -50,15 +50,15 @@ from typing import Any, TypeVar, cast
 
 import redis
 
-from ..breaker import Breaker
-from ..breakers import Breakers
-from ..config import BreakerConfig, config_field_names
-from ..errors import BreakerOpen
-from ..knowledge import Knowledge
-from ..permit import Permit
-from ..scripts import breaker_keys
-from ..store import StoreUnavailable
-from ..transitions import Transition
+from breaker_redis.engine.breaker import Breaker
+from breaker_redis.engine.breakers import Breakers
+from breaker_redis.engine.config import BreakerConfig, config_field_names
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.knowledge import Knowledge
+from breaker_redis.engine.permit import Permit
+from breaker_redis.engine.transitions import Transition
+from breaker_redis.storage.scripts import breaker_keys
+from breaker_redis.storage.store import StoreUnavailable
 
 __all__ = (
     "STATE_CLOSED",

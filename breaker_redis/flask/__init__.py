@@ -32,11 +32,11 @@ joining the documented API.
 
 from __future__ import annotations
 
-from .extension import CONFIG_KEYS as CONFIG_KEYS
-from .extension import EXTRA_ARGUMENTS as EXTRA_ARGUMENTS
-from .extension import FlaskBreakers
-from .outbound import CallFailed
-from .refusal import (
+from breaker_redis.flask.extension import CONFIG_KEYS as CONFIG_KEYS
+from breaker_redis.flask.extension import EXTRA_ARGUMENTS as EXTRA_ARGUMENTS
+from breaker_redis.flask.extension import FlaskBreakers
+from breaker_redis.flask.outbound import CallFailed
+from breaker_redis.flask.refusal import (
     BREAKER_HEADER,
     REASON_HEADER,
     BreakerOpenError,
@@ -44,12 +44,12 @@ from .refusal import (
     retry_after_seconds,
     wants_json,
 )
-from .routes import DEFAULT_FAILURE_STATUSES as DEFAULT_FAILURE_STATUSES
-from .routes import ROUTE_OPTIONS as ROUTE_OPTIONS
-from .routes import Classifier as Classifier
-from .routes import RouteSpec
-from .serving import FALLBACK_HEADER
-from .state import EXTENSION_KEY as EXTENSION_KEY
+from breaker_redis.flask.routes import DEFAULT_FAILURE_STATUSES as DEFAULT_FAILURE_STATUSES
+from breaker_redis.flask.routes import ROUTE_OPTIONS as ROUTE_OPTIONS
+from breaker_redis.flask.routes import Classifier as Classifier
+from breaker_redis.flask.routes import RouteSpec
+from breaker_redis.flask.serving import FALLBACK_HEADER
+from breaker_redis.flask.state import EXTENSION_KEY as EXTENSION_KEY
 
 __all__ = [
     "BREAKER_HEADER",

@@ -32,8 +32,8 @@ from typing import Any
 import redis
 from flask import Flask, Response, jsonify, request
 
-from ..store import StoreUnavailable
-from .state import AppState
+from breaker_redis.flask.state import AppState
+from breaker_redis.storage.store import StoreUnavailable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # prometheus_client.CONTENT_TYPE_LATEST
 ACTIONS = {"open": "force_open", "close": "force_closed", "auto": "clear_force", "reset": "reset"}
@@ -113,7 +113,7 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
         return jsonify(breakers=[state.breaker(n).snapshot() for n in sorted(names)])
 
     def metrics() -> Any:
-        from ..metrics import exposition  # prometheus-client is imported only when scraped
+        from breaker_redis.metrics import exposition  # prometheus-client is imported only when scraped
 
         body = exposition(state.breakers.client, state.breakers.prefix)
         return Response(body, content_type=CONTENT_TYPE)
@@ -146,6 +146,6 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
     app.add_url_rule(f"{base}/<path:name>/<action>", "breaker_redis.act", gate.guard(act),
                      methods=["POST"], merge_slashes=False)
     if dashboard:
-        from .dashboard import install_dashboard
+        from breaker_redis.flask.dashboard import install_dashboard
 
         install_dashboard(app, state, base, gate)

@@ -1,6 +1,6 @@
 """``flask breakers ...``: the ``breaker-redis`` commands on the app's Redis and prefix.
 
-The commands are breaker_redis.cli's own; only where they act differs: the
+The commands are breaker_redis.ops.cli's own; only where they act differs: the
 Redis client and key prefix of the app's ``FlaskBreakers`` (from
 ``BREAKER_REDIS_URL`` / ``BREAKER_KEY_PREFIX``, or the ``client=`` /
 ``breakers=`` the extension was given), read inside the app context, and the
@@ -17,8 +17,8 @@ import click
 from flask import current_app
 from flask.cli import with_appcontext
 
-from ..cli import Target, command_group
-from .state import EXTENSION_KEY, AppState
+from breaker_redis.flask.state import EXTENSION_KEY, AppState
+from breaker_redis.ops.cli import Target, command_group
 
 
 def _app_target() -> Target:

@@ -34,8 +34,8 @@ from typing import Any
 import redis
 from flask import Flask, Response, abort, request
 
-from .admin import REDIS_DOWN, Gate
-from .state import AppState
+from breaker_redis.flask.admin import REDIS_DOWN, Gate
+from breaker_redis.flask.state import AppState
 
 STREAM_SECONDS = 15.0
 POLL_MS = 1000  # single-threaded servers: one frame per request, the page asks every second

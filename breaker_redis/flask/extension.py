@@ -15,21 +15,21 @@ from typing import Any, TypeVar, cast
 
 from flask import Flask, current_app
 
-from ..breaker import Breaker
-from ..breakers import Breakers
-from ..routes import route_config
-from ..scripts import validate_name
-from ..urls import client_from_url
-from ..wrappers import MISSING
-from .admin import install_admin
-from .cli import breakers_group
-from .hooks import install_hooks, protected_view
-from .outbound import guarded_call
-from .routes import CONFIG_FIELDS, Classifier, make_spec
-from .settings import CONFIG_KEYS as CONFIG_KEYS
-from .settings import EXTRA_ARGUMENTS as EXTRA_ARGUMENTS
-from .settings import read_settings
-from .state import EXTENSION_KEY, AppState, Warnings
+from breaker_redis.engine.breaker import Breaker
+from breaker_redis.engine.breakers import Breakers
+from breaker_redis.engine.wrappers import MISSING
+from breaker_redis.flask.admin import install_admin
+from breaker_redis.flask.cli import breakers_group
+from breaker_redis.flask.hooks import install_hooks, protected_view
+from breaker_redis.flask.outbound import guarded_call
+from breaker_redis.flask.routes import CONFIG_FIELDS, Classifier, make_spec
+from breaker_redis.flask.settings import CONFIG_KEYS as CONFIG_KEYS
+from breaker_redis.flask.settings import EXTRA_ARGUMENTS as EXTRA_ARGUMENTS
+from breaker_redis.flask.settings import read_settings
+from breaker_redis.flask.state import EXTENSION_KEY, AppState, Warnings
+from breaker_redis.storage.scripts import validate_name
+from breaker_redis.urls import client_from_url
+from breaker_redis.web.routes import route_config
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")

@@ -43,15 +43,15 @@ from flask import (
 )
 from werkzeug.exceptions import HTTPException
 
-from ..breaker import Breaker
-from ..errors import BreakerOpen
-from ..http_policy import judge, judge_exception
-from ..permit import Permit
-from ..routes import RequestGuards, held, hold, note_refusal
-from .refusal import BreakerOpenError, retry_after_seconds
-from .routes import RouteSpec
-from .serving import fallback_context, freeze, serve
-from .state import BY_PATH, EXTENSION_KEY, AppState, Guarded
+from breaker_redis.engine.breaker import Breaker
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.permit import Permit
+from breaker_redis.flask.refusal import BreakerOpenError, retry_after_seconds
+from breaker_redis.flask.routes import RouteSpec
+from breaker_redis.flask.serving import fallback_context, freeze, serve
+from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
+from breaker_redis.web.http_policy import judge, judge_exception
+from breaker_redis.web.routes import RequestGuards, held, hold, note_refusal
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..breaker import Breaker
-from ..wrappers import MISSING
-from .routes import DEFAULT_FAILURE_STATUSES
+from breaker_redis.engine.breaker import Breaker
+from breaker_redis.engine.wrappers import MISSING
+from breaker_redis.flask.routes import DEFAULT_FAILURE_STATUSES
 
 T = TypeVar("T")
 

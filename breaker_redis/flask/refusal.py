@@ -12,9 +12,15 @@ from typing import Any
 from werkzeug.exceptions import ServiceUnavailable
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from ..errors import BreakerOpen
-from ..refusal import BREAKER_HEADER, REASON_HEADER, Refusal, default_message, retry_after_seconds
-from ..refusal import wants_json as _wants_json
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.refusal import (
+    BREAKER_HEADER,
+    REASON_HEADER,
+    Refusal,
+    default_message,
+    retry_after_seconds,
+)
+from breaker_redis.engine.refusal import wants_json as _wants_json
 
 __all__ = [
     "BREAKER_HEADER",
@@ -27,7 +33,7 @@ __all__ = [
 
 
 def wants_json(environ: Mapping[str, Any] | None) -> bool:
-    """breaker_redis.refusal.wants_json, from a WSGI environ."""
+    """breaker_redis.engine.refusal.wants_json, from a WSGI environ."""
     if environ is None:
         return False
     return _wants_json(

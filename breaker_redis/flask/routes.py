@@ -2,7 +2,7 @@
 
 A decorated view and a ``BREAKER_ROUTES`` prefix end up as the same
 RouteSpec, so the hooks have one thing to follow whichever way a route was
-protected. The specs and their parsing are the core's (breaker_redis/routes.py),
+protected. The specs and their parsing are the core's (breaker_redis/web/routes.py),
 shared with the WSGI and ASGI middlewares: one route format everywhere.
 """
 
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..routes import CONFIG_FIELDS as CONFIG_FIELDS
-from ..routes import DEFAULT_FAILURE_STATUSES as DEFAULT_FAILURE_STATUSES
-from ..routes import ROUTE_OPTIONS as ROUTE_OPTIONS
-from ..routes import Classifier as Classifier
-from ..routes import RouteSpec as RouteSpec
-from ..routes import make_spec as make_spec
-from ..routes import parse_routes as _parse_routes
-from ..routes import prefix_matches as prefix_matches
-from ..routes import split_options as split_options
+from breaker_redis.web.routes import CONFIG_FIELDS as CONFIG_FIELDS
+from breaker_redis.web.routes import DEFAULT_FAILURE_STATUSES as DEFAULT_FAILURE_STATUSES
+from breaker_redis.web.routes import ROUTE_OPTIONS as ROUTE_OPTIONS
+from breaker_redis.web.routes import Classifier as Classifier
+from breaker_redis.web.routes import RouteSpec as RouteSpec
+from breaker_redis.web.routes import make_spec as make_spec
+from breaker_redis.web.routes import parse_routes as _parse_routes
+from breaker_redis.web.routes import prefix_matches as prefix_matches
+from breaker_redis.web.routes import split_options as split_options
 
 
 def parse_routes(value: Any) -> tuple[list[tuple[str, RouteSpec]], dict[str, dict[str, Any]]]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from flask import Request, Response, current_app, request
 
-from .. import http_policy
-from ..fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
-from ..fallbacks import FallbackContext, FallbackResponse, Served
-from ..http_policy import fallback_marks
-from .routes import RouteSpec
-from .state import AppState
+from breaker_redis.fallbacks import FALLBACK_HEADER as FALLBACK_HEADER
+from breaker_redis.fallbacks import FallbackContext, FallbackResponse, Served
+from breaker_redis.flask.routes import RouteSpec
+from breaker_redis.flask.state import AppState
+from breaker_redis.web import http_policy
+from breaker_redis.web.http_policy import fallback_marks
 
 
 def fallback_context(

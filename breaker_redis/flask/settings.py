@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import BreakerConfig
-from ..reporters import validate_reporter
-from ..routes import parse_routes
-from ..scripts import validate_prefix
-from ..store import POLICIES
-from .routes import CONFIG_FIELDS, RouteSpec
+from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.engine.reporters import validate_reporter
+from breaker_redis.flask.routes import CONFIG_FIELDS, RouteSpec
+from breaker_redis.storage.scripts import validate_prefix
+from breaker_redis.storage.store import POLICIES
+from breaker_redis.web.routes import parse_routes
 
 log = logging.getLogger("breaker_redis")
 
@@ -34,7 +34,7 @@ CONFIG_KEYS: dict[str, tuple[str, Any]] = {
     "on_store_error": ("BREAKER_ON_STORE_ERROR", "local"),
     "admin_token": ("BREAKER_ADMIN_TOKEN", None),
     "dashboard": ("BREAKER_DASHBOARD", False),
-    "reporter": ("BREAKER_REPORTER", None),  # None: the host name (breaker_redis/reporters.py)
+    "reporter": ("BREAKER_REPORTER", None),  # None: the host name (breaker_redis/engine/reporters.py)
 }
 # Constructor arguments with no config key: objects, not settings.
 EXTRA_ARGUMENTS = ("client", "breakers", "clock", "listen", "key_ttl_seconds", "admin_path")

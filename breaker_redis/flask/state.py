@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..breaker import Breaker
-from ..breakers import Breakers
-from ..config import BreakerConfig
-from ..http_policy import Warnings as Warnings
-from ..reader import Reader
-from ..routes import RouteTable, guard_id
-from ..scripts import validate_name
-from .routes import RouteSpec
+from breaker_redis.engine.breaker import Breaker
+from breaker_redis.engine.breakers import Breakers
+from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.flask.routes import RouteSpec
+from breaker_redis.ops.reader import Reader
+from breaker_redis.storage.scripts import validate_name
+from breaker_redis.web.http_policy import Warnings as Warnings
+from breaker_redis.web.routes import RouteTable, guard_id
 
 if TYPE_CHECKING:
     from flask import Flask

@@ -1,0 +1,276 @@
+"""What the sync Breaker and the asyncio one share: everything they do without I/O.
+
+The config as the scripts take it, the classification of an exception, the
+decisions made from memory, the counts kept in memory and the batch, and what
+a reply teaches. breaker_redis/engine/breaker.py and breaker_redis/asyncio/breaker.py
+add only how they wait: the sync Breaker calls the counting methods here under
+its lock (threads share it), the asyncio one without (one event loop runs it,
+and nothing here awaits).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.knowledge import Knowledge, Memory, Reply, Verdict
+from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
+
+log = logging.getLogger("breaker_redis")
+
+# Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
+FLUSH_SECONDS = 1.0
+LOST_LOG_SECONDS = 60.0  # a breaker's "Redis lost its state" is logged at most this often
+PENDING = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
+
+
+class Admitted(Protocol):
+    """What the core reads of a permit (breaker_redis.engine.permit.Permit or the asyncio one)."""
+
+    epoch: int
+    lease: str
+    generation: int
+    batchable: bool
+    observing: bool
+
+
+P = TypeVar("P", bound=Admitted)
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int: ...
+
+
+class BreakerCore(Generic[P]):
+    name: str
+    _shared: Clock  # the per-process machinery of the side; here only its clock
+    _memory: Memory
+    _pending: dict[str, int]
+    _last_flush: float
+    _batch_epoch: int
+    _batch_count: int
+    _batch_generation: int
+    _listed_pid: int
+    _listed_at: int  # ms, on the side's clock (Breakers.now_ms)
+    _reporter: str  # who this worker reports as (reporters.py): the last argument of acquire and record
+    # the permit class of the side (sync or asyncio): Permit(breaker, epoch, lease, generation, ...)
+    _permit: Callable[..., P]
+
+    def __init__(self, name: str, config: BreakerConfig) -> None:
+        self.name = name
+        self.reconfigure(config)
+        self._listed_pid, self._listed_at = 0, 0
+        self._losses, self._lost_logged_at = 0, -1e18
+
+    def reconfigure(self, config: BreakerConfig) -> None:
+        """This worker's config from its next script call on (each worker sends its
+        own; live overrides in Redis, Breakers.configure, reach every worker)."""
+        self.config = config
+        self._lua_config = config.to_lua()
+        self._config_slow_ms = round((config.slow_call_seconds or 0) * 1000)
+
+    def _forget_counts(self) -> None:
+        """No counts, no batch (a new breaker, a forked child)."""
+        self._pending = dict.fromkeys(PENDING, 0)
+        self._last_flush = time.monotonic()
+        self._batch_epoch = self._batch_count = self._batch_generation = 0
+
+    def now_ms(self) -> int:
+        return self._shared.now_ms()
+
+    @property
+    def known(self) -> Knowledge | None:
+        """What this worker knows of the breaker now, without a command (None: nothing)."""
+        return self._memory.known
+
+    def forget(self) -> None:
+        self._memory.forget()
+
+    @property
+    def holds_counts(self) -> bool:
+        """Whether batched successes or counts kept in memory wait to be sent."""
+        return bool(self._batch_count or any(self._pending.values()))
+
+    def classify(self, exc: BaseException) -> str:
+        """success / failure / ignored for an exception; a predicate that raises
+        counts a failure (and is logged): the permit must be recorded either way,
+        or a probe slot it holds would stay taken until its lease expires."""
+        if not isinstance(exc, Exception):
+            return "ignored"  # KeyboardInterrupt, SystemExit, GeneratorExit, CancelledError
+        try:
+            return self.config.classify(exc)
+        except Exception:
+            log.exception("classifying an exception for breaker %r raised; "
+                          "counted as a failure", self.name)
+            return "failure"
+
+    # -- admission from memory (the sync side holds its lock) ----------------------
+
+    def _from_memory(self, known: Knowledge) -> P | None:
+        """Admit or deny from what this worker knows; None: ask Redis.
+
+        Counts kept in memory go to Redis with the next script call; once per
+        FLUSH_SECONDS that call is this one.
+        """
+        verdict = known.decide(self._shared.now_ms())
+        if verdict is Verdict.ADMIT:
+            return self._permit(self, known.epoch, "", known.generation, batchable=known.calm)
+        if verdict is Verdict.ASK or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            return None
+        if verdict is Verdict.OBSERVE:
+            self._pending["would_reject"] += 1
+            # (an isolated reporter's call, in observe mode, is counted as any other)
+            return self._permit(self, known.epoch, "", known.generation, observing=known.state != "closed")
+        self._pending["rejected"] += 1
+        if known.forced == "open":
+            raise BreakerOpen(None, self.name, "forced_open")
+        if known.state == "closed":  # (decide() denies a closed breaker only to an isolated reporter)
+            raise BreakerOpen((known.isolated_until - self._shared.now_ms()) / 1000.0, self.name, "isolated")
+        raise BreakerOpen((known.open_until - self._shared.now_ms()) / 1000.0, self.name, "open")
+
+    def _from_reply(self, reply: Reply, generation: int, known: Knowledge) -> P:
+        """The permit an acquire reply grants, or BreakerOpen."""
+        if reply.allowed:
+            batchable = reply.allowed == 1 and not reply.lease and known.calm
+            # observe mode while open: the outcome decides nothing (in half_open it may reap a probe)
+            observing = reply.allowed == 2 and reply.state == "open"
+            return self._permit(
+                self, reply.epoch, reply.lease, generation, batchable=batchable, observing=observing
+            )
+        retry_after = None
+        if reply.reason == "open" and reply.open_until:
+            retry_after = max(0, reply.open_until - reply.now) / 1000.0
+        elif reply.reason == "isolated":
+            retry_after = max(0, reply.isolated_until - reply.now) / 1000.0
+        raise BreakerOpen(retry_after, self.name, reply.reason)
+
+    # -- counts kept in memory (the sync side holds its lock) --------------------------
+
+    def _take_pending(self) -> list[int]:
+        """The counts to send with the next script call."""
+        pending = [self._pending[key] for key in PENDING]
+        self._pending = dict.fromkeys(PENDING, 0)
+        self._last_flush = time.monotonic()
+        return pending
+
+    def _put_back(self, pending: list[int], batch: list[int] | None = None) -> None:
+        """Put back what a script call that failed did not deliver."""
+        for key, count in zip(PENDING, pending, strict=True):
+            self._pending[key] += count
+        if batch and batch[1] and (self._batch_count == 0 or self._batch_epoch == batch[0]):
+            self._batch_epoch, self._batch_count = batch[0], self._batch_count + batch[1]
+
+    def _observed(self, permit: P, outcome: str, duration_ms: int) -> bool:
+        """An outcome of a call admitted in observe mode while open only feeds the
+        counters, in memory; False: the breaker moved on since (the record script
+        counts it as stale)."""
+        known = self._memory.known
+        if known is None or known.epoch != permit.epoch:
+            return False
+        self._pending[OUTCOME_COUNTERS[outcome]] += 1
+        self._pending["slow"] += outcome != "ignored" and known.slow(duration_ms)
+        return True
+
+    def _join_batch(self, epoch: int, generation: int, duration_ms: int, trusted: bool) -> bool:
+        """A plain success of a call admitted from calm knowledge under (epoch,
+        generation) joins the batch while the breaker is calm and this worker's
+        knowledge is ``trusted`` (nothing unread could be an arming)."""
+        known = self._memory.known
+        joins = (
+            trusted
+            and known is not None
+            and known.calm
+            and known.epoch == epoch
+            and known.generation == generation
+            and not known.slow(duration_ms)
+            and (self._batch_count == 0 or self._batch_epoch == epoch)
+        )
+        if joins:
+            self._batch_epoch, self._batch_generation = epoch, generation
+            self._batch_count += 1
+        return joins
+
+    def _take_for_send(self, live: Callable[[int], bool]) -> tuple[list[int], list[int]]:
+        """(pending counts, [batch epoch, batch count]) for a record call; a batch
+        counted under a store no longer in use (``live``: the gate's) is dropped."""
+        pending = self._take_pending()
+        batch = [self._batch_epoch, self._batch_count]
+        if batch[1] and not live(self._batch_generation):
+            batch[1] = 0
+        self._batch_count = 0
+        return pending, batch
+
+    # -- learning --------------------------------------------------------------------
+
+    def _learn_reply(self, reply: Reply, generation: int, stamp: int, shared: bool) -> Knowledge:
+        """Keep what a reply teaches (knowledge.Memory); log a repair it reports."""
+        if reply.repaired:
+            prefix, name = self._key_prefix(), self.name
+            names = ", ".join(f"{prefix}:{{{name}}}:{key}" for key in reply.repaired.split(","))
+            log.warning("breaker %r: corrupted %s repaired (a field that does not parse "
+                        "was reset; the breaker went on deciding)", name, names)
+        if reply.lost and shared:  # (on the local store a restore is the point: nothing to say)
+            self._state_lost(reply)
+        own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
+        return self._memory.learn(reply, generation, stamp, own, shared)
+
+    def _state_lost(self, reply: Reply) -> None:
+        """Redis lost the state this worker knew: say so, at most once a minute per
+        breaker (an evicting Redis can do it many times a second)."""
+        self._losses += 1
+        now = time.monotonic()
+        if now - self._lost_logged_at < LOST_LOG_SECONDS:
+            return
+        self._lost_logged_at, losses, self._losses = now, self._losses, 0
+        state = f"{self._key_prefix()}:{{{self.name}}}:state"
+        if reply.lost.startswith("restored"):
+            source = "this worker knew" if reply.lost == "restored" else "its last transition said"
+            what = f"restored from what {source}: {reply.state}"
+            if reply.forced:
+                what += f", forced {reply.forced}"
+            elif reply.state == "open":
+                what += f" until {reply.open_until} (Redis time, ms)"
+        else:
+            what = "this worker knew it closed: it starts again closed with an empty window"
+        log.warning(
+            "breaker %r: Redis lost its state (%s is gone%s); %s. The likely cause is a maxmemory-policy "
+            "that evicts keys without a TTL (allkeys-lru, allkeys-lfu, allkeys-random): give breaker_redis "
+            "a Redis with noeviction or volatile-*, whose breaker keys are never evicted (README: Redis "
+            "memory). Counted in stats as state_lost",
+            self.name, state, f"; {losses} times since the last such line" if losses > 1 else "", what,
+        )
+
+    def _key_prefix(self) -> str:
+        raise NotImplementedError
+
+    def _listing_due(self, pid: int, ttl_ms: int) -> bool:
+        """The names set (CLI, metrics, dashboard) keeps this breaker while it is
+        in use: listed again every quarter of the key TTL, as the scripts renew
+        the breaker's own keys, and once by each new process. Timed by the Breakers'
+        clock: Redis time as this process estimates it, or the test clock."""
+        now = self._shared.now_ms()
+        if self._listed_pid == pid and now - self._listed_at < ttl_ms / 4:
+            return False
+        self._listed_pid, self._listed_at = pid, now
+        return True
+
+    def _script_args(self, args: list[Any]) -> list[Any]:
+        return [self._lua_config, self._memory.floor_arg(), *args]
+
+    def _acquire_args(self, pending: list[int]) -> list[Any]:
+        """acquire.lua's ARGV 7-13: the counts kept in memory, the reporter."""
+        return [*pending, self._reporter]
+
+    def _record_args(
+        self, epoch: int, outcome: str, duration_ms: int, lease: str, pending: list[int], batch: list[int]
+    ) -> list[Any]:
+        """record.lua's ARGV 7-19: the outcome, the counts kept in memory, the batch, the reporter."""
+        return [epoch, outcome, duration_ms, lease, *pending, *batch, self._reporter]
+
+    def _about_another_reporter(self, payload: dict[str, Any]) -> bool:
+        """An isolation message about another reporter: nothing this worker decides changes."""
+        return payload.get("kind") == "isolation" and payload.get("reporter") != self._reporter

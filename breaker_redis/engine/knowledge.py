@@ -1,0 +1,387 @@
+"""What a worker knows about one breaker, and the rules for using it.
+
+Everything a worker decides without asking Redis follows from this module:
+
+- **Replies are authoritative.** Every script replies with the breaker's state
+  (``Reply``); the worker keeps the newest one as its ``Knowledge``. Newer means
+  a higher (epoch, arms, calm) rank: epochs never go backwards, not even when
+  a breaker's keys vanish (lua/_lib.lua seeds a new state above every epoch
+  handed out before), so a reply that lost a race between two threads never
+  overwrites a newer one.
+- **Messages are hints.** A pub/sub message that may be news (``is_news``) makes
+  the worker forget and ask Redis at its next call; it is never adopted as
+  state, so a forged message costs one round trip and nothing more. A reply
+  that was in flight meanwhile is kept only if it reflects what the message
+  announced (``Memory``).
+- **Trust.** Knowledge decides from memory only while the event subscription
+  is up and drained up to this moment (see invalidation.py), or while the
+  store is the in-process fallback, which no other process shares.
+- **Calm and armed.** Closed knowledge is *calm* when no success reaching Redis
+  late could change a decision, *armed* otherwise (lua/_lib.lua,
+  update_armed). Calm workers batch their successes; armed ones send every
+  outcome at once. Admission from memory is the same for both: the trip
+  boundary comes from the ordered notice, not from arming.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from breaker_redis.storage.scripts import text
+
+# A backstop: knowledge is re-checked with Redis at least this often, even
+# while the subscription reports no change.
+TRUST_SECONDS = 30.0
+# What a worker knows is offered for restoring a lost state this long after it
+# was learned: knowledge in use is renewed at least every TRUST_SECONDS.
+RESTORE_SECONDS = 2 * TRUST_SECONDS
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One script reply, decoded (the layout is `reply` in lua/_lib.lua)."""
+
+    allowed: int
+    reason: str
+    state: str
+    epoch: int
+    open_until: int
+    forced: str
+    lease: str
+    now: int
+    mode: str  # '' for admin replies, which carry no config
+    max_concurrent: int
+    events: str  # transitions (and arming) this call made, '' for none
+    slow_ms: int
+    armed: bool
+    arms: int
+    born: int  # the epoch the state hash was created with: one per incarnation of the keys
+    repaired: str = ""  # keys of the breaker this call found corrupted and repaired ("stats,window")
+    # Redis had lost the breaker's state (lua/_lib.lua restore_lost): 'restored' from what this
+    # worker knew, 'restored_events' from the last transition, 'lost' (it knew it closed), or ''
+    lost: str = ""
+    # min_reporters > 1: until when (Redis ms) the calling worker's reporter is isolated, 0 if not
+    isolated_until: int = 0
+
+    @classmethod
+    def decode(cls, raw: Any) -> Reply:
+        return cls(
+            int(raw[0]),
+            text(raw[1]),
+            text(raw[2]),
+            int(raw[3]),
+            int(raw[4]),
+            text(raw[5]),
+            text(raw[6]),
+            int(raw[7]),
+            text(raw[8]),
+            int(raw[9]),
+            text(raw[10]),
+            int(raw[11]),
+            bool(int(raw[12])),
+            int(raw[13]),
+            int(raw[14]),
+            text(raw[15]) if len(raw) > 15 else "",
+            text(raw[16]) if len(raw) > 16 else "",
+            int(raw[17]) if len(raw) > 17 else 0,
+        )
+
+
+class Gate(Protocol):
+    """What trust reads of a store gate (store.py StoreGate, asyncio/store.py AsyncStoreGate)."""
+
+    generation: int
+
+    @property
+    def healthy(self) -> bool: ...
+
+
+class Verdict(Enum):
+    ADMIT = "admit"  # closed (or forced closed): go ahead
+    OBSERVE = "observe"  # open in observe mode: go ahead, counted as would_reject
+    DENY = "deny"  # open before open_until, or forced open
+    ASK = "ask"  # memory cannot decide: run the acquire script
+
+
+@dataclass(frozen=True)
+class Knowledge:
+    state: str
+    epoch: int
+    arms: int
+    armed: bool
+    born: int
+    open_until: int
+    forced: str
+    mode: str
+    max_concurrent: int
+    slow_ms: int
+    generation: int  # the store-gate generation it was learned under
+    learned_at: float  # time.monotonic()
+    isolated_until: int = 0  # this worker's reporter is isolated until then (Redis ms; 0: it is not)
+    # decide() admits whatever the time, with no counting: closed (or forced closed) and no
+    # bulkhead. Worked out once, so the healthy call checks one field
+    admits: bool = field(init=False, compare=False)
+    calm: bool = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        forced, closed = self.forced, self.state == "closed"
+        admits = not forced and not self.max_concurrent and closed and not self.isolated_until
+        object.__setattr__(self, "admits", forced == "closed" or admits)
+        # closed with nothing a late success could change: successes may be batched
+        object.__setattr__(self, "calm", forced == "closed" or (closed and not forced and not self.armed))
+
+    @classmethod
+    def from_reply(
+        cls, reply: Reply, generation: int, mode: str, max_concurrent: int, slow_ms: int
+    ) -> Knowledge:
+        return cls(
+            reply.state,
+            reply.epoch,
+            reply.arms,
+            reply.armed,
+            reply.born,
+            reply.open_until,
+            reply.forced,
+            mode,
+            max_concurrent,
+            slow_ms,
+            generation,
+            time.monotonic(),
+            reply.isolated_until,
+        )
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        # arming bumps `arms`; calming does not, so within one arms count calm is newer
+        return (self.epoch, self.arms, 0 if self.armed else 1)
+
+    def supersedes(self, other: Knowledge | None) -> bool:
+        """Newer than other: a higher rank, or another store or incarnation of the keys."""
+        if other is None or other.generation != self.generation or other.born != self.born:
+            return True
+        return self.rank >= other.rank
+
+    def trusted(self, gate: Gate, subscribed: bool) -> bool:
+        """Whether memory may decide (after the notices received were delivered).
+
+        Learned from the store the gate uses now; and that store is the
+        in-process fallback, which no other process changes, or the
+        subscription is up and a reply came within TRUST_SECONDS.
+        """
+        if self.generation != gate.generation:
+            return False
+        if not gate.healthy:
+            return True
+        return subscribed and time.monotonic() - self.learned_at < TRUST_SECONDS
+
+    def slow(self, duration_ms: int) -> bool:
+        """A call this long counts as slow (as lua/record.lua judges it)."""
+        return bool(self.slow_ms) and duration_ms >= self.slow_ms
+
+    def decide(self, now_ms: int) -> Verdict:
+        if self.forced == "open":
+            return Verdict.DENY
+        if self.forced == "closed":
+            return Verdict.ADMIT
+        if self.max_concurrent:
+            return Verdict.ASK  # a bulkhead slot is a lease only Redis hands out
+        if self.state == "closed" and self.isolated_until:  # this reporter is isolated (lua/_lib.lua)
+            if now_ms < self.isolated_until:
+                return Verdict.OBSERVE if self.mode == "observe" else Verdict.DENY
+            return Verdict.ASK  # its own probe is Redis's to hand out
+        if self.state == "closed":
+            return Verdict.ADMIT
+        if self.state == "open" and now_ms < self.open_until:
+            return Verdict.OBSERVE if self.mode == "observe" else Verdict.DENY
+        return Verdict.ASK  # the open period is over, or half_open: probes are Redis's to hand out
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """What a transition, arming or isolation message says: (born, epoch, arms)."""
+
+    born: int
+    epoch: int
+    arms: int
+
+    @classmethod
+    def parse(cls, payload: dict[str, Any]) -> Announcement | None:
+        if payload.get("kind") not in ("transition", "armed", "isolation"):
+            return None
+        try:
+            return cls(int(payload["born"]), int(payload["epoch"]), int(payload.get("arms", 0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def extends(self, earlier: Announcement | None) -> bool:
+        """Same incarnation as an earlier announcement, or the first one."""
+        return earlier is None or earlier.born == self.born
+
+    def covered_by(self, reply: Reply) -> bool:
+        """Whether the reply already reflects this announcement (or something later)."""
+        return reply.born == self.born and (reply.epoch, reply.arms) >= (self.epoch, self.arms)
+
+
+def is_news(known: Knowledge, payload: dict[str, Any]) -> bool:
+    """Whether a pushed message about a breaker may tell this worker something.
+
+    A transition or arming message at or below what the worker knows, of the
+    same incarnation of the keys (``born``), is old news (typically its own);
+    anything else is news, a message from another incarnation included (its
+    keys were recreated, perhaps by a worker that knew a lower epoch), and so
+    are a config write and fields that do not parse: the worker asks Redis
+    again at its next call. (A message that is not a JSON object names no
+    breaker and is dropped by the listener.)
+    """
+    announced = Announcement.parse(payload)
+    if announced is None:
+        return True
+    return announced.born != known.born or (announced.epoch, announced.arms) > (known.epoch, known.arms)
+
+
+class Memory:
+    """What one process knows about one breaker, and how that changes.
+
+    A reply is kept when it is newer than what is known. A hint that is news
+    makes the memory forget; a reply to a script that was in flight when the
+    hint arrived is then kept only if it already reflects what the hint
+    announced (a live-config write or a lost subscription announces nothing,
+    so no such reply is kept): it may have been computed before the change.
+    Thread safe; ``known`` is an immutable snapshot, read without the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.known: Knowledge | None = None
+        self.epoch_seen = 0  # the floor for a state hash created anew (lua/_lib.lua)
+        self._invalidations = self._opaque_at = 0
+        self._announced: Announcement | None = None
+        # (state, epoch, born, open_until, forced) of the last transition message, when, and
+        # whether it named its database; and of the last knowledge learned from Redis (not
+        # from the local store), and when
+        self._heard: tuple[_State, float, bool] | None = None
+        self._remembered: tuple[_State, float] | None = None
+
+    def floor_arg(self) -> str:
+        """ARGV 6 of a script (lua/_lib.lua): the highest epoch seen and what this
+        worker knows of the state now, which the scripts restore should Redis
+        have lost it (keys evicted, flushed, deleted): what Redis last said,
+        kept also once the worker forgot it (a store switch: a Redis restarted
+        empty, or the local store while Redis is away, gets the open state
+        back), or what a transition message announced since (a worker that
+        heard of a trip and has not asked since knows the breaker is open), if
+        it is about the incarnation Redis last told it of or, when the message
+        names this worker's database, a later one (the keys were lost and
+        created anew, and that incarnation tripped: on an evicting Redis the
+        usual way a worker learns of a trip). The latter goes marked ' heard',
+        and the scripts restore it only over a still later incarnation.
+        Nothing older than RESTORE_SECONDS is offered: it may be what an idle
+        breaker swept long ago was."""
+        # the newer of the last thing Redis said and the last message heard: never what the
+        # local store said (its state is this process's own, and a local trip must not
+        # overwrite a breaker on Redis). A message about another incarnation than Redis's
+        # last reply only if it names the database (Breakers._on_event dropped any naming
+        # another: pub/sub ignores the database, and another database may have a breaker
+        # of the same name) and is about a later one; one naming none is from an older
+        # breaker_redis, or forged (the channel is not the keys)
+        remembered, heard = self._remembered, self._heard
+        later = False
+        if heard is not None:
+            born = heard[0][2]
+            later = remembered is not None and heard[2] and born > remembered[0][2]
+            if remembered is None or (born != remembered[0][2] and not later):
+                heard = None
+        offered = max((x for x in (remembered, heard) if x is not None), key=lambda x: x[1], default=None)
+        if offered is None or time.monotonic() - offered[1] > RESTORE_SECONDS:
+            return str(self.epoch_seen)
+        state, tail = offered[0], " heard" if later and offered is heard else ""
+        return f"{self.epoch_seen} {state[0]} {state[1]} {state[2]} {state[3]} {state[4] or '-'}{tail}"
+
+    def stamp(self) -> int:
+        """Taken before a script is sent, handed back to learn() with its reply."""
+        return self._invalidations
+
+    def learn(
+        self, reply: Reply, generation: int, stamp: int, own: tuple[str, int, int], shared: bool = False
+    ) -> Knowledge:
+        """Keep the reply if it is the newest news. ``own``: this worker's (mode,
+        max_concurrent, slow_ms), for admin replies, which carry no config;
+        ``shared``: it came from Redis, not from the local store."""
+        with self._lock:
+            current = self.known
+            if reply.mode:
+                config = (reply.mode, reply.max_concurrent, reply.slow_ms)
+            elif current is not None and current.generation == generation:
+                config = (current.mode, current.max_concurrent, current.slow_ms)
+            else:
+                config = own
+            known = Knowledge.from_reply(reply, generation, *config)
+            if self._covers(reply, stamp) and known.supersedes(current):
+                self.known = known
+                if shared:
+                    self._remembered = (_state_of(known), known.learned_at)
+            self.epoch_seen = max(self.epoch_seen, reply.epoch)
+        return known
+
+    def _covers(self, reply: Reply, stamp: int) -> bool:
+        """Whether the reply is at least as new as every hint since ``stamp``. Holds _lock."""
+        if self._invalidations == stamp:
+            return True
+        announced = self._announced
+        return self._opaque_at <= stamp and announced is not None and announced.covered_by(reply)
+
+    def hint(self, payload: dict[str, Any]) -> bool:
+        """A pushed message; True if it was news (the memory forgot)."""
+        with self._lock:
+            if self.known is not None and not is_news(self.known, payload):
+                return False
+            self.known = None
+            self._invalidations += 1
+            announced = Announcement.parse(payload)
+            if announced is None or not announced.extends(self._announced):
+                self._opaque_at = self._invalidations
+            self._announced = announced
+            self._heard = _transition_heard(payload) or self._heard
+            return True
+
+    def forget(self) -> None:
+        """Drop everything known (a new subscription, a store switch): nothing in flight is kept."""
+        with self._lock:
+            self.known = None
+            self._invalidations += 1
+            self._opaque_at = self._invalidations
+
+
+_State = tuple[str, int, int, int, str]  # state, epoch, born, open_until, forced: lua/_lib.lua ARGV 6
+
+
+def _state_of(known: Knowledge) -> _State:
+    return (known.state, known.epoch, known.born, known.open_until, known.forced)
+
+
+def about_another_database(payload: dict[str, Any], database: int) -> bool:
+    """Whether a message names another database than ``database``, the worker's.
+    Pub/sub ignores the database (SELECT), so a worker hears the breakers of its
+    prefix on every database of the server: one of the same name on another
+    database is another app's breaker, and its message is dropped. A message
+    naming none (from an older breaker_redis) may be about either."""
+    db = payload.get("db")
+    return db is not None and db != database
+
+
+def _transition_heard(payload: dict[str, Any]) -> tuple[_State, float, bool] | None:
+    """What a transition message announced, for restoring a lost state (Memory.floor_arg)."""
+    if payload.get("kind") != "transition":
+        return None
+    try:
+        state, forced = str(payload["to"]), str(payload.get("forced") or "")
+        heard = (state, int(payload["epoch"]), int(payload["born"]), int(payload["open_until"]), forced)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if state not in ("closed", "open", "half_open") or forced not in ("", "open", "closed"):
+        return None
+    return heard, time.monotonic(), "db" in payload

@@ -1,0 +1,101 @@
+"""Turns the snapshot script's flat reply into the dict snapshot() documents."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from breaker_redis.engine.config import fields_from_lua
+from breaker_redis.engine.reporters import reporters_of
+from breaker_redis.storage.scripts import flat_pairs, text
+
+# The cumulative counter of each outcome (lua/record.lua counts them the same way).
+OUTCOME_COUNTERS = {"success": "successes", "failure": "failures", "ignored": "ignored"}
+_STAT_FIELDS = (
+    "calls",
+    "successes",
+    "failures",
+    "ignored",
+    "slow",
+    "rejected",
+    "would_reject",
+    "trips",
+    "stale",
+    "state_lost",  # times a worker found the state it knew gone (evicted, flushed, deleted)
+    "isolations",  # times a reporter was isolated (min_reporters > 1; a renewed isolation not counted)
+)
+
+
+def _counter(value: Any) -> int:
+    """A stats counter; one edited into something else (``trips abc``) reads as 0
+    until the next count of it or ``reset`` repairs it (lua/_lib.lua, admin.lua)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
+    """The snapshot of snapshot.lua's flat field, value reply."""
+    return snapshot_of(name, flat_pairs(raw), store)
+
+
+def snapshot_of(name: str, fields: dict[str, Any], store: str) -> dict[str, Any]:
+    """The snapshot of snapshot.lua's fields by name (lua/read.lua gives them by position).
+    Each field is converted once, straight into the snapshot: a reader of 2,000 breakers
+    (status, a scrape) makes 2,000 of these, and dicts in between took a quarter of the time."""
+    get = fields.get
+    state = text(get("state"))
+    forced = text(get("forced")) or None
+    open_until, now = int(get("open_until") or 0), int(get("now") or 0)
+    retry_after: float | None = None
+    if state == "open" and forced is None:
+        retry_after = max(0, open_until - now) / 1000.0
+    snapshot: dict[str, Any] = {
+        "name": name,
+        "state": state,
+        "forced": forced,
+        "epoch": int(get("epoch") or 0),
+        "retry_after": retry_after,
+        "open_until_ms": open_until or None,
+        "window_calls": int(get("window_calls") or 0),
+        "window_failures": int(get("window_failures") or 0),
+        "window_slow": int(get("window_slow") or 0),
+        "consecutive_failures": int(get("consec") or 0),
+        "half_open_successes": int(get("ho_ok") or 0),
+        "probes_in_flight": int(get("probes") or 0),
+        "bulkhead_in_use": int(get("slots") or 0),
+        "mode": text(get("mode")),
+        "overrides": {key: text(value) for key, value in flat_pairs(get("overrides") or []).items()},
+        "store": store,
+    }
+    # min_reporters > 1: the reporters failing in the window and the isolated ones (by name:
+    # failures in its own window, isolated_until_ms), the isolated ones, how many are failing
+    reporters = reporters_of(get("reporters"))
+    snapshot["reporters"] = reporters
+    snapshot["isolated"] = [name for name, seen in reporters.items() if seen["isolated_until_ms"]]
+    snapshot["failing_reporters"] = len(reporters)
+    snapshot["config"] = _config_in_force(get("config"))
+    stats = flat_pairs(get("stats") or [])
+    for key in _STAT_FIELDS:
+        snapshot[key] = _counter(stats[key]) if key in stats else 0
+    snapshot["calls"] = snapshot["successes"] + snapshot["failures"] + snapshot["ignored"]
+    return snapshot
+
+
+def _config_in_force(raw: Any) -> dict[str, Any] | None:
+    """The config the scripts decide by (the caller's with the live overrides
+    applied), in BreakerConfig's names and units; None if it cannot be read.
+    A dict of its own: the caller may change it."""
+    parsed = _parsed_config(text(raw)) if raw else None
+    return None if parsed is None else dict(parsed)
+
+
+@lru_cache(maxsize=256)
+def _parsed_config(raw: str) -> tuple[tuple[str, Any], ...] | None:
+    """Parsed once per text: a reader of 2,000 breakers sees a handful of configs."""
+    try:
+        return tuple(fields_from_lua(json.loads(raw)).items())
+    except (ValueError, TypeError, KeyError):
+        return None

@@ -1,0 +1,219 @@
+"""Redis Cluster: where a breaker lives, and noticing that it moved.
+
+A breaker's keys share the hash tag ``{NAME}``, so they live in one slot,
+served by one master; its scripts also publish on the breaker's own sharded
+channel ``<prefix>:{NAME}:notices`` (SPUBLISH, Redis 7), which is in that
+slot too. That master writes the message to its subscribers in the same
+event-loop pass as the script's reply, as a single server does, so the
+boundary of a single server holds per master (docs/boundary.md): workers
+subscribe on the breaker's master (breaker_redis/storage/sharded.py) and the
+barrier goes to it (``Slots.barrier``).
+
+A slot moves when the cluster is resharded or fails over. ``Slots.call``
+sends each script straight to the master the client's slot map names, so
+that a redirect is seen rather than followed silently:
+
+- ``MOVED``: the slot has moved. The client's map is corrected, the
+  listeners are told (the subscription forgets that breaker's notices and
+  subscribes again on the new master), and the call is sent again.
+- ``TRYAGAIN``: the slot is migrating and the breaker's keys are split
+  between the two masters (its scripts take seven keys, some of which may
+  not exist: they cannot run anywhere until the slot is handed over). On
+  the sync side the error goes to the store gate at once, as any other
+  (redis-py would retry for about half a second): that master's breakers
+  decide locally until its probe passes.
+- ``ASK``: the slot is migrating and the keys are on the importing master.
+  The script runs there (redis-py follows the redirect) and publishes
+  there, where nobody subscribes yet: subscribers are served by the
+  migrating master until the migration ends. So the worker whose call was
+  redirected forgets what it knew, and after a reply that reports a change
+  its barrier first publishes a hint on the migrating master, which every
+  subscriber of the slot still reads, then pings it (``barrier``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis
+from redis.crc import key_slot
+
+from breaker_redis.urls import LazyCluster
+
+T = TypeVar("T")
+
+# A slot answered ASK this recently: its barrier carries a hint to the migrating master.
+MOVING_SECONDS = 10.0
+# A hint refused with MOVED: the migration is over, and the old master told its
+# subscribers (sunsubscribe) before it answered anything about the slot.
+_HINT_REFUSED = redis.exceptions.ResponseError
+_MOVES = (redis.exceptions.MovedError, redis.exceptions.AskError)
+
+
+def notices_channel(prefix: str, name: str) -> str:
+    """The breaker's sharded channel, in its keys' slot (lua/_lib.lua notify)."""
+    return f"{prefix}:{{{name}}}:notices"
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether client is a Redis Cluster client (redis-py's, sync or asyncio, or a LazyCluster)."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, (RedisCluster, AsyncRedisCluster, LazyCluster))
+
+
+class Slots:
+    """The slot of each key and the master serving it, as the cluster client's
+    map has it (read without I/O), and who to tell when a slot turns out to
+    have moved: ``listeners`` are called with (slot, moved), moved False for
+    an ASK (migrating). Shared by the sync and the asyncio side."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._slots: dict[str, int] = {}
+        self._moving: dict[int, float] = {}
+        self.listeners: list[Callable[[int, bool], None]] = []
+        self._manager: Any = None  # the cluster client's NodesManager, once it is made
+
+    def slot(self, key: str) -> int:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = int(key_slot(key.encode("utf-8")))
+        return slot
+
+    def cluster(self) -> Any:
+        """The cluster client, made now if it is a LazyCluster not made yet (I/O)."""
+        client = self.client
+        return client.connected() if isinstance(client, LazyCluster) else client
+
+    def built(self) -> Any:
+        """The cluster client if it has read its slot map, else None (no I/O)."""
+        client = self.client
+        return client.built() if isinstance(client, LazyCluster) else client
+
+    def owner(self, slot: int) -> Any:
+        """The master serving slot as the client knows it (a ClusterNode), or None."""
+        manager = self._manager
+        if manager is None:
+            manager = self._manager = getattr(self.built(), "nodes_manager", None)
+            if manager is None:
+                return None
+        nodes = manager.slots_cache.get(slot)
+        return nodes[0] if nodes else None
+
+    def owner_name(self, key: str) -> str:
+        """'host:port' of the master serving key's slot, '' while not known."""
+        node = self.owner(self.slot(key))
+        return "" if node is None else str(node.name)
+
+    def moving(self, slot: int) -> bool:
+        """Whether a call to slot was redirected by ASK lately (a migration)."""
+        return time.monotonic() - self._moving.get(slot, -1e18) < MOVING_SECONDS
+
+    def redirected(self, slot: int, exc: BaseException) -> None:
+        """A call to slot got MOVED or ASK: remember a migration on ASK and tell the
+        listeners. The map itself is corrected by the cluster client, which the call
+        goes through next and which meets the MOVED itself."""
+        moved = isinstance(exc, redis.exceptions.MovedError)
+        if not moved:
+            self._moving[slot] = time.monotonic()
+        for listener in list(self.listeners):
+            listener(slot, moved)
+
+    # -- the sync client --------------------------------------------------------------
+
+    def call(self, key: str, send: Callable[[Any], T]) -> T:
+        """send(client of the master of key's slot). A redirect is told (``redirected``)
+        and the call is then sent through the cluster client, which follows it."""
+        cluster = self.cluster()
+        slot = self.slot(key)
+        node = self.owner(slot)
+        if node is not None:
+            try:
+                return send(cluster.get_redis_connection(node))
+            except redis.exceptions.MovedError as exc:
+                # first: redis-py's MovedError is an AskError. Taken for an ASK, a MOVED
+                # after a failover ran the script on the new master by ASKING and left the
+                # map naming the old one, a replica now, for good: every later call met
+                # MOVED first, and the barrier PINGed the replica, whose subscribers are
+                # not the slot's (a process that does not listen never read the map again)
+                self.redirected(slot, exc)
+            except redis.exceptions.AskError as exc:
+                self.redirected(slot, exc)
+                importing = cluster.get_node(host=exc.host, port=exc.port)
+                if importing is not None:  # ASKING there, so that a TRYAGAIN is not retried
+                    with _Asking(cluster.get_redis_connection(importing)) as asking:
+                        return send(asking)
+        return send(cluster)
+
+    def target(self, key: str) -> Any:
+        """A client of the master of key's slot (the cluster client while the map is unknown)."""
+        cluster = self.cluster()
+        node = self.owner(self.slot(key))
+        return cluster if node is None else cluster.get_redis_connection(node)
+
+    def barrier(self, key: str, channel: str, name: str) -> None:
+        """One round trip to the master of key's slot after a reply that reports a change,
+        so every subscriber there has the change's message (see the module's docstring);
+        during a migration a hint on the migrating master first."""
+        target = self.target(key)
+        if self.moving(self.slot(key)):
+            with contextlib.suppress(_HINT_REFUSED):
+                target.execute_command("SPUBLISH", channel, _moving_hint(name))
+        target.ping()
+
+    # -- the asyncio client -----------------------------------------------------------
+
+    async def acall(self, key: str, send: Callable[[Any], Awaitable[T]]) -> T:
+        """call() for redis-py's asyncio cluster client: send(node or client) is awaited;
+        both take execute_command. After an ASK the call goes through the cluster client
+        (an asyncio node does not keep one connection for ASKING and the command), which
+        retries a TRYAGAIN for up to about half a second without blocking the loop."""
+        slot = self.slot(key)
+        node = self.owner(slot)
+        if node is not None:
+            try:
+                return await send(node)
+            except _MOVES as exc:
+                self.redirected(slot, exc)
+        return await send(self.client)
+
+    async def abarrier(self, key: str, channel: str, name: str) -> None:
+        node = self.owner(self.slot(key))
+        target = self.client if node is None else node
+        if self.moving(self.slot(key)):
+            with contextlib.suppress(_HINT_REFUSED):
+                await target.execute_command("SPUBLISH", channel, _moving_hint(name))
+        await target.execute_command("PING")
+
+
+def _moving_hint(name: str) -> str:
+    """A message about the breaker that announces nothing: every listener forgets it."""
+    return json.dumps({"name": name, "kind": "moving"}, separators=(",", ":"))
+
+
+class _Asking:
+    """The importing master's client for one script call after an ASK: each command goes
+    after ASKING on one connection of its own (ASKING holds for the next command only)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client: Any = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+
+    def evalsha(self, *args: Any) -> Any:
+        self._client.execute_command("ASKING")
+        return self._client.evalsha(*args)
+
+    def eval(self, *args: Any) -> Any:
+        self._client.execute_command("ASKING")
+        return self._client.eval(*args)
+
+    def __enter__(self) -> _Asking:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()

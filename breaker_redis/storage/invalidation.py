@@ -1,0 +1,345 @@
+"""Keeps every worker's knowledge honest without asking Redis before each call.
+
+One subscription per process to ``<prefix>:events``: every script that changes
+a breaker (a transition, the breaker arming, a force, a reset, a live-config
+write) publishes there. A message is a hint (see knowledge.py): the worker
+forgets what it knew about that breaker and asks Redis at its next call.
+
+The trip boundary rests on one ordering: by the time the call that made a
+change returns, the change's message is already in every subscriber's socket.
+Redis writes a published message in the same event-loop pass as the
+publisher's reply (the embedded server does the same), and the worker that
+made the change runs one more round trip (``Breakers.barrier``) before it
+returns, which that pass must have finished first. So a worker never waits
+for its listener thread to be scheduled: before deciding from memory, the
+deciding thread itself delivers whatever is readable (``drain``). The thread
+only keeps an idle worker's socket empty and reconnects after a loss; while
+the subscription is down, ``healthy`` is False and workers ask Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import redis
+
+from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.storage import acl
+from breaker_redis.storage.scripts import text
+
+log = logging.getLogger("breaker_redis")
+
+
+class Link:
+    """One subscription connection, and how it is read (steps 3 and 5 of the boundary).
+
+    Read by the deciding thread (``drain``) and by a listener thread, always under
+    ``lock``, held from before a read until what was read is delivered: "nothing
+    readable and the lock free" means nothing received is pending. The owner
+    (``Invalidator`` here, ``ShardedInvalidator`` per master) is given each message,
+    and is told when the client reconnected by itself (the socket changed:
+    messages may have been missed) or the connection failed.
+    """
+
+    def __init__(self, pubsub: Any, owner: LinkOwner, lock: threading.Lock) -> None:
+        self.pubsub = pubsub
+        self.owner = owner
+        self.lock = lock
+        self.closed = False
+        self.socket: Any = None
+        self.readable: Callable[[float], Any] = _never
+        self.attach()
+
+    def attach(self) -> None:
+        """Remember the socket and how to wait for it without reading it. Holds lock."""
+        connection = self.pubsub.connection
+        sock = getattr(connection, "_sock", None)
+        selector = getattr(connection, "_selector", None)
+        if selector is not None and hasattr(selector, "check_can_read"):  # fakeredis in-process
+            self.readable = selector.check_can_read
+        elif isinstance(sock, socket.socket):
+            self.readable = _poll_for(sock)
+        else:  # unknown transport: let drain() read under the lock each time
+            self.readable = _always
+        self.socket = sock
+
+    def drain(self) -> None:
+        """Deliver, in this thread, every message received so far.
+
+        Costs one non-blocking poll when nothing is waiting. Readability is
+        checked before the lock: a message read by the listener but not yet
+        delivered is covered by the lock it holds.
+        """
+        if not self.readable(0) and not self.lock.locked():
+            return
+        with self.lock:
+            self.read_all()
+
+    def read_all(self) -> None:
+        """Read and deliver every message that has arrived. Holds lock."""
+        if self.closed:
+            return
+        pubsub = self.pubsub
+        try:
+            while True:
+                try:
+                    message = pubsub.get_message(timeout=0)
+                except redis.exceptions.ResponseError as exc:  # an error reply, read whole
+                    if self.owner.refused(self, exc):
+                        continue
+                    raise
+                if getattr(pubsub.connection, "_sock", None) is not self.socket:
+                    # the client reconnected and re-subscribed by itself: messages
+                    # may have been missed, so nothing known is trusted until the
+                    # new subscription is confirmed (perhaps by this very message)
+                    self.owner.reconnected(self)
+                    self.attach()
+                if message is not None:
+                    self.owner.handle(self, message)
+                elif not _buffered(pubsub):
+                    break  # None can also mean a health-check PONG with more behind it
+        except Exception as exc:
+            self.owner.lost(self, exc)
+
+    def interrupt(self) -> None:
+        """Stop reading it and wake a thread waiting for it to be readable: its socket
+        is shut down, which ends the wait, but not closed (closing it under an epoll
+        wait would leave the wait asleep); the waiting thread closes it."""
+        with self.lock:
+            self.closed = True
+            self.readable = _never
+            sock = self.socket
+        shut_down(sock)
+
+    def close(self) -> None:
+        """Stop reading it (drain returns at once) and close the connection."""
+        self.closed = True
+        self.readable = _never
+        with contextlib.suppress(Exception):
+            self.pubsub.close()
+
+
+class LinkOwner(Protocol):
+    def handle(self, link: Link, message: dict[str, Any]) -> None: ...
+    def refused(self, link: Link, exc: BaseException) -> bool: ...
+    def reconnected(self, link: Link) -> None: ...
+    def lost(self, link: Link, exc: BaseException | None) -> None: ...
+
+
+def parse_payload(message: dict[str, Any]) -> dict[str, Any] | None:
+    """A message's data as a JSON object, or None (not JSON, or not an object)."""
+    try:
+        payload = json.loads(text(message.get("data")))
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+class Invalidator:
+    """The one subscription of a process on a single Redis (or a Sentinel's master)."""
+
+    def __init__(
+        self,
+        client: Any,
+        channel: str,
+        on_message: Callable[[dict[str, Any]], None],
+        on_subscribed: Callable[[], None],
+    ) -> None:
+        self._client = client
+        self._channel = channel
+        self._on_message = on_message
+        self._on_subscribed = on_subscribed
+        self.thread = BackgroundThread(self._loop, "breaker-redis-events", wake=self._interrupt)
+        # Held by whoever reads the subscription (Link): the same lock for every
+        # connection this process subscribes on in turn.
+        self._read_lock = threading.Lock()
+        self._link: Link | None = None
+        self.healthy = False
+        prefix = channel.removesuffix(":events")
+        self._permission = acl.PermissionLog(client, prefix, "the event subscription")
+
+    def listener(self, name: str) -> Invalidator:
+        """What a breaker drains and checks: on one server, the one subscription."""
+        return self
+
+    def ensure_running(self) -> None:
+        """Start the listener once per process, whatever the concurrency of first calls."""
+        self.thread.start()
+
+    def drain(self) -> None:
+        """Deliver, in this thread, every message received so far: Link.drain, written
+        out here (the healthy call runs it twice)."""
+        link = self._link
+        if link is not None and (link.readable(0) or link.lock.locked()):
+            with link.lock:
+                link.read_all()
+
+    def after_fork(self) -> None:
+        self.thread.after_fork()
+        self._read_lock = threading.Lock()
+        self._link = None  # the parent's connection is the parent's
+        self.healthy = False
+
+    def _interrupt(self) -> None:
+        """Wake the listener from its wait on the subscription (close): from now on
+        workers ask Redis; the link is closed under the read lock, so a message being
+        handled (a notice can make the listener send a breaker's batch) is done first,
+        and the listener's wait returns at once; the thread closes the connection as it
+        ends."""
+        self.healthy = False
+        link = self._link
+        if link is not None:
+            link.interrupt()
+
+    def resubscribe(self) -> None:
+        """Leave the current subscription (its server stopped being the master).
+
+        Workers ask Redis at every call from now on; the listener thread,
+        which owns the connection, closes it when it next wakes (within a
+        second) and subscribes again, on whatever server the client reaches now.
+        """
+        with self._read_lock:
+            self.healthy = False
+            link, self._link = self._link, None
+            if link is not None:  # no longer read; the listener thread closes it
+                link.closed, link.readable = True, _never
+        self._on_subscribed()
+
+    # -- the listener thread --------------------------------------------------
+
+    def _loop(self) -> None:
+        thread = self.thread
+        delay = 0.1
+        while not thread.stopped():
+            link = None
+            try:
+                with self._read_lock:
+                    pubsub = self._client.pubsub()
+                    link = Link(pubsub, self, self._read_lock)
+                    self._link = link
+                    pubsub.subscribe(self._channel)
+                    link.attach()
+                    link.read_all()
+                while not thread.stopped() and self._link is link:
+                    if link.readable(1.0):
+                        with self._read_lock:
+                            link.read_all()
+                    delay = 0.1 if self.healthy else delay
+                if self._link is not link:  # left by resubscribe(): at once, on the new server
+                    self.lost(link, None)
+                    delay = 0.05
+            except Exception as exc:
+                self._lost(link, exc)
+            thread.wait(delay)
+            delay = min(delay * 2, 5.0)
+        self._lost(self._link, None)
+
+    # -- what the link reports ------------------------------------------------
+
+    def handle(self, link: Link, message: dict[str, Any]) -> None:
+        kind = text(message.get("type"))
+        if kind == "subscribe":
+            self.healthy = True
+            self._on_subscribed()  # what was learned before may have missed messages
+        elif kind == "message":
+            payload = parse_payload(message)
+            if payload is not None:
+                self._on_message(payload)
+
+    def refused(self, link: Link, exc: BaseException) -> bool:
+        return False  # SUBSCRIBE refused (an ACL without the channel): the connection ends
+
+    def reconnected(self, link: Link) -> None:
+        self.healthy = False
+        self._on_subscribed()
+
+    def lost(self, link: Link, exc: BaseException | None) -> None:
+        self._lost(link, exc)
+
+    def _lost(self, link: Link | None, exc: BaseException | None) -> None:
+        if self.healthy and exc is not None:
+            log.info("event subscription lost (%s); asking Redis at every call", exc)
+        if exc is not None:
+            self._permission.note(exc)
+        self.healthy = False
+        if link is not None:
+            if link is self._link:
+                self._link = None
+            link.close()
+
+
+def shut_down(sock: Any) -> None:
+    """Shut a subscription's socket down (a thread blocked reading or polling it wakes
+    and sees it closed); nothing for a transport without one (an in-process fake)."""
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _buffered(pubsub: Any) -> bool:
+    """Whether the client holds or can read more without waiting. Holds the link's lock."""
+    connection = pubsub.connection
+    return connection is not None and bool(connection.can_read(timeout=0))
+
+
+def _never(timeout: float) -> bool:
+    if timeout > 0:
+        time.sleep(timeout)
+    return False
+
+
+def _always(timeout: float) -> bool:
+    if timeout > 0:
+        time.sleep(min(timeout, 0.05))
+    return True
+
+
+def _poll_for(sock: socket.socket) -> Callable[[float], Any]:
+    """readable(timeout) for one subscription's socket: truthy when it is readable,
+    hung up or in error.
+
+    An epoll object where there is one: its wait copies nothing in per call
+    (about two thirds of a poll(0), and a worker checks twice per call), and it
+    serves every thread at once, so the workers' checks and the listener's
+    wait share it. It is not closed here (a thread may be waiting on it); it
+    goes with the last reference. A socket closed under it drops out of its
+    interest list and reads as quiet, which is safe: every close of a
+    subscription's socket happens under the link's lock (a reconnect inside
+    ``read_all``, which attaches the new socket) or after ``readable`` was set
+    to ``_never`` (``close``, ``resubscribe``).
+    """
+    if hasattr(select, "epoll"):
+        try:
+            waiter = select.epoll()
+            waiter.register(sock.fileno(), select.EPOLLIN)
+        except (OSError, ValueError):  # closed already: reading it will say so
+            return _always
+        return waiter.poll
+    return _poll_per_thread(sock)
+
+
+def _poll_per_thread(sock: socket.socket) -> Callable[[float], bool]:
+    """Where there is no epoll: a poll object cannot serve two threads at once,
+    so each thread gets its own."""
+    pollers = threading.local()
+
+    def readable(timeout: float) -> bool:
+        poller = getattr(pollers, "poller", None)
+        try:
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock, select.POLLIN)
+                pollers.poller = poller
+            return bool(poller.poll(timeout * 1000))  # readable, hung up, or closed (POLLNVAL)
+        except (OSError, ValueError):  # closed under us: reading it will say so
+            return True
+
+    return readable

@@ -1,0 +1,389 @@
+"""Where scripts run: Redis while it answers, an in-process store when not.
+
+The store-health gate is what keeps a Redis outage from becoming an outage of
+the app: after the first failed command it stops sending commands to Redis at
+all (no call waits on a dead or hung server), answers from the fallback chosen
+by ``on_store_error``, and lets a background thread re-probe Redis with
+backoff. Changes are logged once each, never once per call.
+
+The ``local`` fallback runs the very same Lua scripts on an embedded fakeredis
+server, so a worker keeps a full breaker of the same config while Redis is
+away; its state is per process and is dropped when Redis is back.
+
+"Back" means Redis runs a script that writes, not merely that it answers
+PING: a server out of memory, a replica left read-only after a failover or
+one busy with a long script answers PING but refuses the breaker's scripts.
+A Redis that comes back only briefly (it failed again within
+``STEADY_SECONDS``) finds the same local store and the same probe backoff as
+before, so a flapping server neither resets the local breakers nor turns
+into a warning per switch: after the first round trip, one line per change
+of health, at most one a minute while it flaps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import redis
+
+from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.storage import acl
+from breaker_redis.storage.scripts import ScriptRunner, Scripts
+
+log = logging.getLogger("breaker_redis")
+
+POLICIES = ("local", "allow", "deny")
+
+# Errors that say "the store cannot run the scripts now": connection refused
+# or reset, timeouts, a replica that cannot write, a server still loading, out
+# of memory or busy with a script, a cluster in trouble, and any other error
+# reply a script gets (after the WRONGTYPE repair below). Whatever Redis
+# answers, the caller gets a decision from the fallback, never the error.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    redis.exceptions.RedisError,
+    redis.exceptions.RedisClusterException,  # not a RedisError: "Cluster down", no slot map
+    OSError,
+)
+
+
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"on_store_error must be one of {', '.join(POLICIES)} (got {policy!r})")
+    return policy
+
+
+class StoreUnavailable(Exception):
+    """Redis is down and the policy is ``allow`` or ``deny``: nothing ran."""
+
+
+STEADY_SECONDS = 60.0  # Redis healthy this long: the next outage starts afresh
+# Each gate's generation is taken from one counter per process: on a cluster, a
+# breaker whose slot moved to another master's gate never finds the number it knew.
+_GENERATIONS = itertools.count()
+
+
+def _make_local_runner(prefix: str, ttl_ms: int) -> ScriptRunner:
+    import fakeredis  # imported only when a process first needs it
+
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    return ScriptRunner(client, prefix, ttl_ms, functions=False)  # the embedded store keeps EVALSHA
+
+
+class GateHealth:
+    """What both gates (this one and breaker_redis/asyncio/store.py) keep about
+    Redis's health, and the log lines of each change: down or up since when,
+    the probe backoff, the returns that did not last. No I/O and no lock: the
+    sync gate calls it under its own lock, the asyncio one from its loop."""
+
+    policy: str
+    generation: int
+    remote: Scripts
+    _min_backoff: float
+    _max_backoff: float
+    _local: ScriptRunner | None
+
+    def _init_health(
+        self, policy: str, min_backoff: float, max_backoff: float, per_master: bool = False
+    ) -> None:
+        self.policy = check_policy(policy)
+        self.generation = next(_GENERATIONS)
+        # On Redis Cluster (MasterGates) the probe runs the health script in the slot of
+        # the breaker whose call failed, so it reaches that breaker's master, after
+        # reading the slot map again (a failover may have moved the slot).
+        self.per_master = per_master
+        self.probe_name = "health"
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._down_since: float | None = None
+        self._up_since: float | None = None  # when Redis last came back
+        self._delay = min_backoff  # the probe backoff, kept while Redis flaps
+        self._flaps = 0  # switches back to Redis that did not last STEADY_SECONDS
+        self._last_flap_log = -1e18
+        self._local = None
+        self.problem: str | None = None  # a permission Redis refuses, while it does (acl.explain)
+        what = f"the breakers' scripts (on_store_error={policy} until granted)"
+        self._permission = acl.PermissionLog(self.remote.client, self.remote.prefix, what)
+
+    @property
+    def healthy(self) -> bool:
+        return self._down_since is None
+
+    @property
+    def kind(self) -> str:
+        return "redis" if self.healthy else self.policy
+
+    def live(self, generation: int) -> bool:
+        """Whether what was admitted or counted under generation may still be sent
+        (to the store it came from)."""
+        return generation == self.generation
+
+    def shared(self, generation: int) -> bool:
+        """Whether generation is Redis's, in use now: its replies are shared state."""
+        return generation == self.generation and self._down_since is None
+
+    def _went_down(self, exc: BaseException, seen_generation: int) -> bool:
+        """Mark Redis down after exc; False if that was already done (or it came
+        back) since seen_generation. A fresh outage gets a fresh local store and
+        backoff; a return that did not last keeps both."""
+        if self._down_since is not None or self.generation != seen_generation:
+            return False
+        now = time.monotonic()
+        flapping = self._up_since is not None and now - self._up_since < STEADY_SECONDS
+        self._down_since = now
+        self.generation = next(_GENERATIONS)
+        self._noted_permission(exc)
+        if not flapping:
+            self._local, self._delay, self._flaps = None, self._min_backoff, 0
+            if self.problem is not None:
+                return True  # said once as an error (_noted_permission), not as an outage
+            log.warning(
+                "Redis unavailable (%s: %s); on_store_error=%s until it runs a "
+                "script again",
+                type(exc).__name__,
+                exc,
+                self.policy,
+            )
+        else:
+            self._flaps += 1
+            if now - self._last_flap_log >= STEADY_SECONDS:
+                self._last_flap_log = now
+                log.warning(
+                    "Redis failed again (%s: %s) %.1fs after it came back; keeping "
+                    "on_store_error=%s and its local state (%d such returns; this is logged once "
+                    "a minute while it lasts)",
+                    type(exc).__name__,
+                    exc,
+                    now - (self._up_since or now),
+                    self.policy,
+                    self._flaps,
+                )
+        return True
+
+    def _noted_permission(self, exc: BaseException) -> None:
+        """A permission Redis refuses is a configuration error, not an outage: say
+        which one and the ACL line that grants it, once per process and permission."""
+        self.problem = self._permission.note(exc)
+
+    def _probe_failed(self, exc: BaseException) -> None:
+        self._delay = min(self._delay * 2, self._max_backoff)
+        self._noted_permission(exc)
+
+    def _came_back(self) -> None:
+        now = time.monotonic()
+        down_for = now - (self._down_since or now)
+        self._down_since = None
+        self.problem = None
+        self._up_since = now
+        self.generation = next(_GENERATIONS)
+        if not self._flaps:
+            log.warning("Redis answers again after %.1fs; back to shared state", down_for)
+
+
+class StoreGate(GateHealth):
+    """Runs a script on Redis, or on the fallback while Redis is unavailable.
+
+    ``generation`` changes each time the gate switches store, so that what a
+    worker learned from one store is never trusted for the other.
+    """
+
+    remote: ScriptRunner
+
+    def __init__(
+        self,
+        remote: ScriptRunner,
+        policy: str = "local",
+        *,
+        min_backoff: float = 0.25,
+        max_backoff: float = 2.0,
+        on_switch: Callable[[], None] | None = None,
+        per_master: bool = False,
+    ) -> None:
+        self.remote = remote
+        self._init_health(policy, min_backoff, max_backoff, per_master)
+        self._on_switch = on_switch
+        self._lock = threading.Lock()
+        self.thread = BackgroundThread(self._probe_loop, "breaker-redis-probe")  # while Redis is down
+
+    def run(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
+    ) -> tuple[Any, int]:
+        """(reply, generation) of the store that ran it.
+
+        StoreUnavailable when Redis is down and the policy is allow or deny, or
+        when ``fallback`` is False: a result admitted by Redis is not replayed
+        on the local store, whose epochs mean something else.
+        """
+        if self._down_since is None:
+            generation = self.generation
+            try:
+                return self.remote.run_repairing(operation, name, now_ms, args), generation
+            except _UNAVAILABLE as exc:
+                if self.per_master:
+                    self.probe_name = name
+                self._mark_down(exc, generation)
+                if not fallback:
+                    raise StoreUnavailable(self.policy) from exc
+        if self.policy != "local":
+            raise StoreUnavailable(self.policy)
+        with self._lock:
+            if self._local is None:
+                self._local = _make_local_runner(self.remote.prefix, self.remote.ttl_ms)
+            local, generation = self._local, self.generation
+        return local.run(operation, name, now_ms, args), generation
+
+    def run_remote(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        """Admin operations go to Redis only: a force must not land in one process."""
+        return self.remote.run_repairing(operation, name, now_ms, args)
+
+    def _mark_down(self, exc: BaseException, seen_generation: int) -> None:
+        with self._lock:
+            if not self._went_down(exc, seen_generation):
+                return
+            self.thread.start()
+        if self._on_switch:
+            self._on_switch()
+
+    def _probe(self) -> None:
+        """Raises unless Redis runs a script that writes and calls every command the
+        breakers' scripts call (lua/health.lua; see the module's docstring)."""
+        if self.per_master and self.remote.slots is not None:
+            self.remote.slots.cluster().nodes_manager.initialize()
+        self.remote.run("health", self.probe_name, None, ())
+
+    def _probe_loop(self) -> None:
+        while not self.thread.wait(self._delay):
+            try:
+                self._probe()
+            except Exception as exc:
+                self._probe_failed(exc)
+                continue
+            with self._lock:
+                self._came_back()
+            if self._on_switch:
+                self._on_switch()
+            return
+
+    def after_fork(self) -> None:
+        """A child process starts with no thread and no local store of its own."""
+        self._lock = threading.Lock()
+        self.thread.after_fork()
+        self._local = None
+        if self._down_since is not None:
+            self.thread.start()
+
+
+G = TypeVar("G", bound=GateHealth)
+
+
+class MasterGates(Generic[G]):
+    """The store gates of a Redis Cluster: one per master, so that a dead master sends
+    only its own breakers to ``on_store_error`` while the others keep deciding on
+    Redis. A breaker's gate is its master's as the slot map names it at each use
+    (``for_name``): a resharding or a failover moves it to another gate, whose
+    generation it never knew, so it asks Redis again. ``make(master)`` builds the
+    gate of one master ('host:port'; '' while the map is not read yet)."""
+
+    def __init__(self, remote: Scripts, policy: str, make: Callable[[str], G]) -> None:
+        assert remote.slots is not None
+        self.remote = remote
+        self.slots = remote.slots
+        self.policy = check_policy(policy)
+        self._make = make
+        self._gates: dict[str, G] = {}
+        self._lock = threading.Lock()
+
+    def master_of(self, name: str) -> str:
+        return self.slots.owner_name(self.remote.route_key(name))
+
+    def slot_of(self, name: str) -> int:
+        return self.slots.slot(self.remote.route_key(name))
+
+    def of(self, name: str) -> G:
+        return self.at(self.slot_of(name))
+
+    def at(self, slot: int) -> G:
+        """The gate of the master serving slot now."""
+        node = self.slots.owner(slot)
+        master = "" if node is None else str(node.name)
+        gate = self._gates.get(master)
+        if gate is None:
+            with self._lock:
+                gate = self._gates.get(master)
+                if gate is None:
+                    gate = self._gates[master] = self._make(master)
+        return gate
+
+    def gates(self) -> list[G]:
+        return list(self._gates.values())
+
+    def for_name(self, name: str) -> BreakerGate:
+        return BreakerGate(self, name)
+
+    @property
+    def healthy(self) -> bool:
+        """Every master's breakers run on Redis."""
+        return all(gate.healthy for gate in self.gates())
+
+    @property
+    def kind(self) -> str:
+        return "redis" if self.healthy else self.policy
+
+    @property
+    def problem(self) -> str | None:
+        return next((gate.problem for gate in self.gates() if gate.problem), None)
+
+    def shared(self, generation: int) -> bool:
+        """Whether generation is some master's on Redis, in use now (a reply that came
+        back from another master than the map named when it was sent is still Redis's)."""
+        return any(gate.shared(generation) for gate in self.gates())
+
+    def run(self, operation: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.of(name).run(operation, name, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def run_remote(self, operation: str, name: str, *args: Any) -> Any:
+        return self.of(name).run_remote(operation, name, *args)  # type: ignore[attr-defined]
+
+
+class BreakerGate:
+    """The store gate of one breaker on a cluster: its master's, looked up at each use."""
+
+    __slots__ = ("_gates", "_slot")
+
+    def __init__(self, gates: MasterGates[Any], name: str) -> None:
+        self._gates = gates
+        self._slot = gates.slot_of(name)
+
+    @property
+    def generation(self) -> int:
+        return int(self._gates.at(self._slot).generation)
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self._gates.at(self._slot).healthy)
+
+    def live(self, generation: int) -> bool:
+        """Its master's gate's generation, or any master's on Redis: a permit admitted by
+        Redis counts on Redis wherever the slot went; a local one only on its store."""
+        return generation == self.generation or self._gates.shared(generation)
+
+    def shared(self, generation: int) -> bool:
+        return self._gates.shared(generation)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._gates.at(self._slot), attr)
+
+
+class ClusterStoreGate(MasterGates[StoreGate]):
+    """MasterGates of StoreGate: the sync side's."""
+
+    def after_fork(self) -> None:
+        for gate in self.gates():
+            gate.after_fork()
+
+    def threads(self) -> list[BackgroundThread]:
+        return [gate.thread for gate in self.gates()]
