@@ -26,6 +26,12 @@ loopback port, measures, prints one markdown table and stops the server:
    trip and with a full history
    after traffic that includes a trip.
 
+``python bench/overhead.py --against REV`` measures something else: the healthy
+call of this checkout against the same call in the code of commit REV (a
+refactoring's "no slower"), in alternating child processes on one
+redis-server (bench/healthy_call.py), ROUNDS rounds each, and prints the
+medians and their ratio.
+
 Targets are those of docs/design.md, section 11. A missed target is reported, not an
 error: the script exits 0 unless the benchmark itself cannot run.
 """
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -945,7 +952,62 @@ def details(results: Results) -> list[str]:
     return lines + [f"- {note}" for note in results.notes]
 
 
+AGAINST_ROUNDS = 9  # alternating rounds per code in --against
+
+
+def code_of(rev: str, into: Path) -> Path:
+    """The breaker_redis package and lua/ of commit ``rev``, unpacked into ``into``."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "breaker_redis", "lua"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def against(rev: str) -> int:
+    """This checkout's healthy call against commit ``rev``'s, rounds alternating."""
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    child = str(Path(__file__).with_name("healthy_call.py"))
+    results: dict[str, list[dict[str, float]]] = {"this checkout": [], f"commit {sha}": []}
+    with tempfile.TemporaryDirectory() as folder, redis_server() as url:
+        roots = {"this checkout": str(ROOT), f"commit {sha}": str(code_of(rev, Path(folder)))}
+        for round_ in range(AGAINST_ROUNDS):
+            order = list(roots) if round_ % 2 == 0 else list(reversed(roots))
+            for code in order:
+                name = f"healthy-{round_}-{list(roots).index(code)}"
+                argv = [sys.executable, child, "--root", roots[code], "--url", url, "--name", name]
+                out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+                results[code].append(json.loads(out.strip().splitlines()[-1]))
+        server = redis.Redis.from_url(url).info("server")["redis_version"]
+    load = os.getloadavg()[0]
+    print(
+        f"# the healthy call, this checkout against commit {sha} (redis-server {server}, "
+        f"Python {sys.version.split()[0]}, {AGAINST_ROUNDS} alternating rounds of 5 x 5,000 calls each, "
+        f"load average {load:.1f})\n"
+    )
+    print("| code | Breaker.call, µs | acquire + success, µs |")
+    print("|---|---|---|")
+    medians = {
+        code: {path: statistics.median(r[path] for r in rounds) for path in ("call", "permit")}
+        for code, rounds in results.items()
+    }
+    for code, values in medians.items():
+        print(f"| {code} | {values['call']:.2f} | {values['permit']:.2f} |")
+    new, old = medians["this checkout"], medians[f"commit {sha}"]
+    print(
+        f"| ratio | {new['call'] / old['call']:.3f} | {new['permit'] / old['permit']:.3f} |"
+    )
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--against":
+        return against(sys.argv[2])
+    if len(sys.argv) > 1:
+        print("usage: python bench/overhead.py [--against REV]", file=sys.stderr)
+        return 2
     started = time.monotonic()
     with redis_server() as url:
         control = redis.Redis.from_url(url)
