@@ -615,7 +615,11 @@ def test_eight_processes_racing_never_open_more_than_the_pools_share(
     for replica in pool:
         replica.control(fail_rate=1.0)
     prefix = f"race{next(_prefixes)}"
-    spec = {"kind": kind, "redis": redis_server.url, "prefix": prefix,
+    # the workers' clients wait up to 0.9 s for a reply, as the other process tests'
+    # do: 8 free-running processes on a busy 2-core machine can stall a reply past
+    # the default 0.25 s, and a worker in its local store prints that on stderr
+    url = redis_server.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
+    spec = {"kind": kind, "redis": url, "prefix": prefix,
             "urls": [replica.url + "/stock" for replica in pool], "calls": 40,
             "config": {"failure_threshold": 5, "open_seconds": 60},
             "group": pool_group(pool), "start_at": time.time() + 3}
