@@ -126,6 +126,10 @@ __all__ = (
 HAS_TORNADO_SUPPORT = importlib.util.find_spec("tornado") is not None
 HAS_REDIS_SUPPORT = True
 
+# Tracebacks and error trackers name the error as before the module became a package
+# (breaker_redis.compat.pybreaker.CircuitBreakerError); pickles find it here too.
+CircuitBreakerError.__module__ = __name__
+
 # The default store's settings, rebound by configure() and at first use: read where they live.
 _REBOUND = ("_configured", "_memory")
 

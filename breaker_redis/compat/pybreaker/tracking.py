@@ -104,6 +104,8 @@ class _Tracking:
         """The Breakers it lives in."""
         return self._bind().breakers
 
+    # -- counters -------------------------------------------------------------
+
     @property
     def fail_counter(self) -> int:
         """Failures since the last success or close, shared by every process."""
