@@ -33,7 +33,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,7 @@ def cap_of(fraction: float, size: int) -> int:
     return max(1, math.floor(fraction * size + 1e-9))
 
 
-# One step of ``_settle``, run by the sync or the asyncio driver:
+# One step of ``_settle``, its I/O done by the sync or the asyncio ``_run``:
 # ("member", name, op, token) -> the member script's Reply or None;
 # ("group", op, *args) -> the group script's raw answer or None; ("register",) -> None.
 Step = tuple[str, ...]
@@ -181,7 +181,7 @@ class _Group:
         return bool(self._pending) or self._pid != os.getpid()
 
     def _settle(self) -> Generator[Step, Any, None]:
-        """What settle() does, as steps for the sync or the asyncio driver."""
+        """What settle() does, as steps (``_drive`` runs them)."""
         pid = os.getpid()
         with self._lock:
             if self._pid != pid:
@@ -220,6 +220,27 @@ class _Group:
             if granted:
                 yield ("member", name, "grant", token)
 
+    async def _drive(self) -> None:
+        """settle(), for both sides: each step of ``_settle`` run by ``_run`` (the sync
+        or the asyncio I/O; the asyncio one awaited), its answer sent back. Never
+        raises: a failure is logged. On the sync side nothing is awaited, so the
+        coroutine ends without a loop (``_run_to_end``)."""
+        steps = self._settle()
+        result: Any = None
+        try:
+            while True:
+                result = self._run(steps.send(result))
+                if self._asynchronous:
+                    result = await result
+        except StopIteration:
+            return
+        except Exception:  # not an outage (the gate takes those): a bug must not fail the call
+            self._warnings.warn(self.name, "settling breaker group %r failed")
+
+    def _run(self, step: Step) -> Any:
+        """One step's I/O: its answer (a coroutine of it on the asyncio side)."""
+        raise NotImplementedError
+
     def _after_fork(self) -> None:
         """A forked child starts with a lock of its own (another thread of the parent may
         have held it at the fork) and without the parent's marks."""
@@ -240,6 +261,16 @@ class _Group:
     def _status(self, raw: Any, states: dict[str, str]) -> dict[str, Any]:
         return group_status(self.name, raw, states, members=self.members, cap=self.cap,
                             fraction=self.max_open_fraction)
+
+
+def _run_to_end(coroutine: Coroutine[Any, Any, None]) -> None:
+    """A coroutine that awaits nothing, run to its end without an event loop."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise RuntimeError("a sync breaker group's settle awaited something")
 
 
 def _asked(answer: Any) -> tuple[bool, str, list[tuple[str, str]]]:
@@ -297,18 +328,8 @@ class BreakerGroup(_Group):
     def settle(self) -> None:
         """Act on what the members' replies said since the last call (a trip held
         back at the cap, a member closed). Never raises: a failure is logged."""
-        if not self.due:
-            return
-        steps = self._settle()
-        result: Any = None
-        try:
-            while True:
-                step = steps.send(result)
-                result = self._run(step)
-        except StopIteration:
-            return
-        except Exception:  # not an outage (the gate takes those): a bug must not fail the call
-            self._warnings.warn(self.name, "settling breaker group %r failed")
+        if self.due:
+            _run_to_end(self._drive())
 
     def _run(self, step: Step) -> Any:
         if step[0] == "member":
@@ -339,18 +360,8 @@ class AsyncBreakerGroup(_Group):
 
     async def settle(self) -> None:
         """As BreakerGroup.settle, awaited."""
-        if not self.due:
-            return
-        steps = self._settle()
-        result: Any = None
-        try:
-            while True:
-                step = steps.send(result)
-                result = await self._run(step)
-        except StopIteration:
-            return
-        except Exception:
-            self._warnings.warn(self.name, "settling breaker group %r failed")
+        if self.due:
+            await self._drive()
 
     async def _run(self, step: Step) -> Any:
         if step[0] == "member":
