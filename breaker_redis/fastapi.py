@@ -70,10 +70,10 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import HTTPException, RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from breaker_redis.asgi import BreakerMiddleware, header_value, judge_status
+from breaker_redis.asgi import BreakerMiddleware, judge_status
 from breaker_redis.asyncio import Breaker, BreakerConfig, Breakers, Permit
 from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import Refusal, default_message, wants_json
+from breaker_redis.engine.refusal import Refusal, default_message, header_value, refusal_for, wants_json
 from breaker_redis.web.http_policy import Warnings, judge_exception
 from breaker_redis.web.routes import Classifier, guard_id, held, hold, make_spec, note_refusal, request_guards
 
@@ -99,9 +99,9 @@ class BreakerRefused(HTTPException):
     """The 503 a guarded path operation answers when its breaker refuses.
 
     ``.refusal`` is the ``breaker_redis.engine.refusal.Refusal`` (built for the
-    request's Accept header), ``.refused`` the ``BreakerOpen``; ``.breaker``,
-    ``.reason`` and ``.retry_after`` (whole seconds) are there for your own
-    exception handler."""
+    request's Accept header; a guard gives the one ``refusal_for`` makes),
+    ``.refused`` the ``BreakerOpen``; ``.breaker``, ``.reason`` and
+    ``.retry_after`` (whole seconds) are there for your own exception handler."""
 
     def __init__(
         self,
@@ -110,9 +110,12 @@ class BreakerRefused(HTTPException):
         as_json: bool = False,
         message: str | None = None,
         config: BreakerConfig | None = None,
+        refusal: Refusal | None = None,
     ) -> None:
         self.refused = refused
-        self.refusal = Refusal.build(refused, as_json=as_json, message=message, config=config)
+        if refusal is None:
+            refusal = Refusal.build(refused, as_json=as_json, message=message, config=config)
+        self.refusal = refusal
         self.breaker = refused.breaker
         self.reason = refused.reason
         self.retry_after = self.refusal.retry_after
@@ -143,9 +146,7 @@ def refusal_handler(breakers: Breakers | None = None) -> Any:
         if isinstance(exc, BreakerRefused):
             refusal = exc.refusal
         elif isinstance(exc, BreakerOpen):
-            known = breakers is not None and exc.breaker in breakers
-            config = breakers.get(exc.breaker).config if known and breakers is not None else None
-            refusal = Refusal.build(exc, as_json=_request_wants_json(request), config=config)
+            refusal = refusal_for(exc, breakers, as_json=_request_wants_json(request))
         else:  # pragma: no cover - registered for those two only
             raise exc
         return refusal_response(refusal, head=request.method == "HEAD")
@@ -193,6 +194,7 @@ class BreakerGuard:
         route = {"failure_statuses": failure_statuses, "ignore_statuses": ignore_statuses,
                  "classify": classify, "message": message}
         self.spec = make_spec(name, route, f"BreakerGuard({name!r})")  # the middlewares' route format
+        self.breakers = breakers
         self.breaker: Breaker = breakers.get(name, config)
         self._guard = guard_id(breakers.prefix, name)
         self._warnings = Warnings()
@@ -219,9 +221,9 @@ class BreakerGuard:
             permit = await self.breaker.acquire()
         except BreakerOpen as refused:
             note_refusal(scope, self.breaker.name)
-            as_json = _request_wants_json(request)
-            config = self.breaker.config
-            raise BreakerRefused(refused, as_json=as_json, message=self.spec.message, config=config) from None
+            refusal = refusal_for(refused, self.breakers, as_json=_request_wants_json(request),
+                                  message=self.spec.message)
+            raise BreakerRefused(refused, message=self.spec.message, refusal=refusal) from None
         except Exception:
             # Not an outage (the store gate answers those) but a bug: let the request
             # through unprotected rather than turn the breaker into the outage.

@@ -9,15 +9,13 @@ Needs ``httpx`` (``pip install 'breaker-redis[httpx]'``); nothing else imports i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.web.clients import NameRule, Outbound, send, send_async
+from breaker_redis.web.clients import OutboundClient, send, send_async
 
 __all__ = ["AsyncBreakerTransport", "BreakerRefused", "BreakerTransport"]
 
@@ -43,44 +41,12 @@ class BreakerRefused(BreakerOpen, httpx.TransportError):
             self.request = request
 
 
-def _status(response: httpx.Response) -> int:
-    return response.status_code
+class _Options(OutboundClient):
+    """What the two transports take: the breaker options (clients.OutboundClient),
+    then a transport or the options to build one."""
 
-
-class _Options:
-    """What the two transports take, checked when built (clients.Outbound)."""
-
-    _asynchronous = False
-
-    def __init__(
-        self,
-        breakers: Any,
-        transport: Any = None,
-        *,
-        name: str | NameRule | None = None,
-        config: BreakerConfig | None = None,
-        configs: Mapping[str, BreakerConfig | Mapping[str, Any]] | None = None,
-        failure_statuses: Iterable[int] | None = None,
-        ignore_statuses: Iterable[int] | None = None,
-        classify: Callable[[httpx.Response], str | bool | None] | None = None,
-        honor_retry_after: bool = True,
-        groups: Iterable[Any] = (),
-        **transport_options: Any,
-    ) -> None:
+    def _attach(self, transport: Any = None, **transport_options: Any) -> None:
         where = type(self).__name__
-        self.outbound = Outbound(
-            breakers,
-            name=name,
-            config=config,
-            configs=configs,
-            failure_statuses=failure_statuses,
-            ignore_statuses=ignore_statuses,
-            classify=classify,
-            honor_retry_after=honor_retry_after,
-            where=where,
-            groups=groups,
-            asynchronous=self._asynchronous,
-        )
         if transport is not None and transport_options:
             raise TypeError(f"{where}: give a transport or its options, not both "
                             f"(got {', '.join(sorted(transport_options))})")
@@ -105,11 +71,8 @@ class BreakerTransport(_Options, httpx.BaseTransport):
     transport: httpx.BaseTransport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        def refused(exc: BreakerOpen) -> BreakerRefused:
-            return BreakerRefused(exc, request)
-
         return send(self.outbound, request, str(request.url), lambda: self.transport.handle_request(request),
-                    _status, refused, FAILURES)
+                    BreakerRefused, FAILURES)
 
     def close(self) -> None:
         self.transport.close()
@@ -136,12 +99,9 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
     transport: httpx.AsyncBaseTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        def refused(exc: BreakerOpen) -> BreakerRefused:
-            return BreakerRefused(exc, request)
-
         return await send_async(self.outbound, request, str(request.url),
                                 lambda: self.transport.handle_async_request(request),
-                                _status, refused, FAILURES)
+                                BreakerRefused, FAILURES)
 
     async def aclose(self) -> None:
         await self.transport.aclose()

@@ -10,15 +10,13 @@ The rules are breaker_redis/web/clients.py's. Needs ``requests``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
 
-from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.web.clients import NameRule, Outbound, send
+from breaker_redis.web.clients import OutboundClient, send
 
 __all__ = ["BreakerAdapter", "BreakerRefused"]
 
@@ -42,7 +40,7 @@ class BreakerRefused(BreakerOpen, requests.RequestException):
         self.request = request
 
 
-class BreakerAdapter(HTTPAdapter):
+class BreakerAdapter(OutboundClient, HTTPAdapter):
     """An ``HTTPAdapter`` whose requests go through their host's breaker.
 
     ``breakers``: a ``breaker_redis.Breakers``. ``name``: one breaker name for
@@ -61,33 +59,8 @@ class BreakerAdapter(HTTPAdapter):
     ``pool_block``).
     """
 
-    def __init__(
-        self,
-        breakers: Any,
-        *,
-        name: str | NameRule | None = None,
-        config: BreakerConfig | None = None,
-        configs: Mapping[str, BreakerConfig | Mapping[str, Any]] | None = None,
-        failure_statuses: Iterable[int] | None = None,
-        ignore_statuses: Iterable[int] | None = None,
-        classify: Callable[[requests.Response], str | bool | None] | None = None,
-        honor_retry_after: bool = True,
-        groups: Iterable[Any] = (),
-        **adapter_options: Any,
-    ) -> None:
-        self.outbound = Outbound(
-            breakers,
-            name=name,
-            config=config,
-            configs=configs,
-            failure_statuses=failure_statuses,
-            ignore_statuses=ignore_statuses,
-            classify=classify,
-            honor_retry_after=honor_retry_after,
-            where="BreakerAdapter",
-            groups=groups,
-        )
-        super().__init__(**adapter_options)
+    def _attach(self, *args: Any, **adapter_options: Any) -> None:
+        HTTPAdapter.__init__(self, *args, **adapter_options)
 
     def send(
         self,
@@ -103,11 +76,4 @@ class BreakerAdapter(HTTPAdapter):
                 request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
             )
 
-        def refused(exc: BreakerOpen) -> BreakerRefused:
-            return BreakerRefused(exc, request)
-
-        return send(self.outbound, request, request.url or "", transport, _status, refused, FAILURES)
-
-
-def _status(response: requests.Response) -> int:
-    return response.status_code
+        return send(self.outbound, request, request.url or "", transport, BreakerRefused, FAILURES)

@@ -4,53 +4,24 @@
 
     application = BreakerMiddleware(get_wsgi_application(), breakers, routes={"/pay": "pay"})
 
-The Flask extension protects routes through Flask's hooks; an app written
-for another framework has only the WSGI interface, so this is the same
-protection at that level: the request's path picks a route (a path prefix,
-longest first, like ``BREAKER_ROUTES`` and an OpenResty ``location``), the
-route's breaker is asked for a permit, a refusal becomes the 503 every
-integration answers with (``breaker_redis.engine.refusal``) or the route's fallback
-(``breaker_redis.fallbacks``, marked ``X-Breaker-Fallback`` as in Flask), and
-the response is classified and recorded.
+The Flask extension's protection for an app that has only the WSGI
+interface: the same routes, 503, fallbacks and outcomes. What the WSGI and
+ASGI middlewares decide alike is breaker_redis/web/middleware.py; this module
+is WSGI's timing and I/O. It imports no web framework.
 
-When the outcome is recorded, and why. A WSGI app names its status in
+When the outcome is recorded. A WSGI app names its status in
 ``start_response``, but a server sends nothing until the body's first
 non-empty chunk: until then the app may still fail (a Django
 ``StreamingHttpResponse`` whose generator calls the upstream), and the
 server then answers 500 instead. So the middleware holds the app's
-``start_response`` back and records at the moment the response is
-*committed*: its first non-empty chunk, the end of an empty body, a
-``write()`` call, or a ``wsgi.file_wrapper`` returned. For an ordinary
-response that is right after the app returns, before the server writes a
-byte, so the next request on any worker already sees a trip this one made
-(as with Flask). The status decides (5xx: failure, configurable); an
-exception before the commit is classified by the breaker's config. An
-exception *after* it (a stream cut off midway) changes nothing: the
-response was already counted by its status, the client already has that
-status, and recording at the end of a stream instead would hold a half-open
-probe for the whole download and time "slow calls" by the client's reading
-speed. The duration a permit measures is the time to the first byte.
-
-A permit is settled exactly once (``Permit`` ignores a second record) and
-never leaks: the commit records it; an exception records it; ``close()``
-(which servers call also when the client went away, or when they stop
-reading early) records one not yet settled, by the status if the app gave
-one, else as ignored; an iterable dropped without ``close()`` (against PEP
-3333) is settled by the next request through this middleware in the process.
-
-One permit per breaker and request: an admitted request's environ carries
-the permit (``breaker_redis.web.routes.RequestGuards``), and a guard of the same
-breaker inside (the Flask extension, another middleware) neither asks nor
-records; a guard of another breaker that refuses inside makes this one count
-the request as ignored.
-
-What a guarded request's outcome is, and how a fallback's answer is made
-and marked, is breaker_redis/web/http_policy.py's, the same for every
-integration; this module is WSGI's timing and I/O. Where it reads like
-breaker_redis/asgi.py (asking the breaker in ``_guard``, an exchange's
-``failed``), the difference is the protocol's: a call and a returned body
-here, an await and sent messages there. This module is part of the core: it
-imports no web framework.
+``start_response`` back and records when the response is *committed*: its
+first non-empty chunk, the end of an empty body, a ``write()`` call, or a
+``wsgi.file_wrapper`` returned; for an ordinary response, right after the
+app returns. A permit measures the time to the first byte. ``close()``
+(which servers call also when the client went away) settles a permit not
+settled yet, by the status if the app gave one, else as ignored; an iterable
+dropped without ``close()`` (against PEP 3333) is settled by the next
+request through this middleware in the process.
 """
 
 from __future__ import annotations
@@ -60,27 +31,23 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
-from wsgiref.headers import Headers
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
 from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.permit import Permit
-from breaker_redis.engine.refusal import wants_json
-from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackContext, FallbackResponse
+from breaker_redis.engine.refusal import Refusal, environ_wants_json
+from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackResponse
 from breaker_redis.web import http_policy
-from breaker_redis.web.http_policy import KeptBody, Middleware, judge
+from breaker_redis.web import middleware as shared
+from breaker_redis.web import routes as web_routes
+from breaker_redis.web.http_policy import as_response, fallback_marks, judge, served_headers, status_line
 from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,
-    RequestGuards,
     RouteSpec,
-    hold,
-    note_refusal,
     parse_routes,
     prefix_matches,
-    route_to_ask,
 )
 
 if TYPE_CHECKING:
@@ -88,14 +55,8 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 __all__ = [
-    "DEFAULT_FAILURE_STATUSES",
-    "FALLBACK_HEADER",
-    "ROUTE_OPTIONS",
-    "BreakerMiddleware",
-    "ResponseInfo",
-    "RouteSpec",
-    "parse_routes",
-    "prefix_matches",
+    "DEFAULT_FAILURE_STATUSES", "FALLBACK_HEADER", "ROUTE_OPTIONS", "BreakerMiddleware",
+    "ResponseInfo", "RouteSpec", "parse_routes", "prefix_matches",
 ]
 
 
@@ -119,45 +80,23 @@ def request_path(environ: Mapping[str, Any]) -> str:
     return raw if raw[:1] == "/" and raw[1:2] != "/" else "/" + raw.lstrip("/")
 
 
-# -- answers -----------------------------------------------------------------------------
-
-
 class _Answer(NamedTuple):
-    """A complete response the middleware sends instead of the app's."""
+    """A complete response the middleware sends instead of the app's (no body for HEAD)."""
 
     status: str
     headers: list[tuple[str, str]]
     body: bytes
 
 
-def _raw_stems(stems: tuple[str, ...]) -> tuple[str, ...]:
-    """What a raw PATH_INFO starts with when a route may cover it: a stem as
-    UTF-8 read as latin-1 (WSGI's form), or as it is (a server that decoded the
-    path), or ``//`` (request_path would normalise it). A PATH_INFO that starts
-    with "/" and with none of these is covered by no route, without decoding it."""
-    if any("\ufffd" in stem for stem in stems):
-        return ("",)  # a stem a bad byte could decode to: every path goes the long way
-    found = {"//"}
-    for stem in stems:
-        found.update((stem, stem.encode("utf-8").decode("latin-1")))
-    return tuple(sorted(found))
+def _answer(code: int, headers: list[tuple[str, str]], body: bytes, head: bool) -> _Answer:
+    return _Answer(status_line(code), headers, b"" if head else body)
 
 
-def _status_code(status: str) -> int | None:
+def _status_code(status: str | None) -> int | None:
     try:
-        return int(status.split(" ", 1)[0])
+        return int(status.split(" ", 1)[0])  # type: ignore[union-attr]
     except (ValueError, AttributeError):
         return None
-
-
-def _wants_json(environ: Mapping[str, Any]) -> bool:
-    return wants_json(
-        environ.get("HTTP_ACCEPT"), environ.get("CONTENT_TYPE"), environ.get("HTTP_X_REQUESTED_WITH")
-    )
-
-
-def _is_head(environ: Mapping[str, Any]) -> bool:
-    return str(environ.get("REQUEST_METHOD", "GET")).upper() == "HEAD"
 
 
 def _run_app(app: Callable[..., Any], environ: WSGIEnvironment) -> FallbackResponse:
@@ -174,9 +113,7 @@ def _run_app(app: Callable[..., Any], environ: WSGIEnvironment) -> FallbackRespo
         for chunk in result:
             chunks.append(bytes(chunk))
     finally:
-        close = getattr(result, "close", None)
-        if close is not None:
-            close()
+        _close(result)
     if not started:
         raise RuntimeError("the fallback's WSGI app never called start_response()")
     status, headers = started[0]
@@ -186,45 +123,12 @@ def _run_app(app: Callable[..., Any], environ: WSGIEnvironment) -> FallbackRespo
     return FallbackResponse(b"".join(chunks), code, tuple(headers))
 
 
-def _read_response(value: Any) -> FallbackResponse | None:
-    """A response object with ``status_code``, ``content`` and ``items()`` (a
-    Django HttpResponse) as a FallbackResponse; None for anything else."""
-    content = getattr(value, "content", None)
-    if isinstance(getattr(value, "status_code", None), int) and isinstance(content, bytes):
-        items = getattr(value, "items", None)
-        headers_seen = tuple((str(k), str(v)) for k, v in items()) if callable(items) else ()
-        return FallbackResponse(content, int(value.status_code), headers_seen)
-    return None
-
-
-def _as_response(value: Any, environ: WSGIEnvironment) -> FallbackResponse:
-    """What a function fallback returned, as a complete response
-    (http_policy.as_response: a Django HttpResponse read, a WSGI app run on the
-    request's environ and its body read whole)."""
-    response = http_policy.as_response(value, _read_response)
-    return response if isinstance(response, FallbackResponse) else _run_app(response, environ)
-
-
-# -- the middleware --------------------------------------------------------------------------
-
-
-class BreakerMiddleware(Middleware[Breaker]):
+class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
     """Circuit breakers in front of any WSGI app, by path prefix.
 
-    ``app``: the WSGI app (Django's ``get_wsgi_application()``, a Falcon
-    ``App``, any callable). ``breakers``: the ``Breakers`` the routes'
-    breakers live in (nothing connects until the first request, so build it
-    before gunicorn forks if you like). ``routes``: path prefix -> a breaker
-    name, a dict (``breaker`` plus the Flask route options ``fallback``,
-    ``failure_statuses``, ``ignore_statuses``, ``classify``, ``message``,
-    ``fallback_on_failure`` and any BreakerConfig fields over the Breakers'
-    defaults) or a RouteSpec. Bad routes or configs fail here, at start-up.
-
-    A ``BreakerOpen`` escaping the app (an outbound breaker refused inside
-    it and nothing caught it) becomes the same 503, named after that
-    breaker, on any path; a protected route's own breaker ignores that
-    request (its service was not asked).
-    """
+    ``app``: the WSGI app (Django's ``get_wsgi_application()``, a Falcon ``App``,
+    any callable). ``breakers``: the ``Breakers`` the routes' breakers live in (no
+    I/O until the first request). ``routes``: see breaker_redis.web.middleware."""
 
     breakers: Breakers
 
@@ -237,7 +141,7 @@ class BreakerMiddleware(Middleware[Breaker]):
             raise TypeError(f"breakers must be a breaker_redis.Breakers (got {type(breakers).__name__})")
         super().__init__(breakers, routes)
         self.app = app
-        self._raw_stems = _raw_stems(self._table.stems)
+        self._entry = self._table.entry  # see __call__
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
 
@@ -247,7 +151,7 @@ class BreakerMiddleware(Middleware[Breaker]):
         raw = environ.get("PATH_INFO")
         # A path that starts with no route's stem is unprotected, decided on sight;
         # any other is matched the long way.
-        if type(raw) is not str or raw[:1] != "/" or raw.startswith(self._raw_stems):
+        if type(raw) is not str or raw[:1] != "/" or raw.startswith(self._entry):
             guarded = self._guard(environ, start_response)
             if guarded is not None:
                 return guarded
@@ -263,153 +167,96 @@ class BreakerMiddleware(Middleware[Breaker]):
         try:
             return self.app(environ, start)
         except BreakerOpen as refused:
-            answer = self.refusal_answer(refused, environ, None)
+            answer = self.refusal_answer(self.refusal(refused, environ, None), environ)
             # after the app's own start_response, only exc_info allows another
             start_response(answer.status, answer.headers, sys.exc_info() if called else None)
-            return [b"" if _is_head(environ) else answer.body]
+            return [answer.body]
 
     def _guard(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes] | None:
         """A request a route covers, admitted or refused; None: it goes through unprotected
         (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
         method = environ.get("REQUEST_METHOD", "GET")
-        route = route_to_ask(self._table, request_path(environ), method, environ)
+        route = web_routes.route_to_ask(self._table, request_path(environ), method, environ)
         if route is None:
             return None
-        spec, breaker = route.spec, cast(Breaker, route.breaker)
         try:
-            permit = breaker.acquire()
+            permit = route.breaker.acquire()
         except BreakerOpen as refused:
-            note_refusal(environ, spec.name)
-            answer = self.fallback_answer(spec, environ, refused) or self.refusal_answer(
-                refused, environ, spec
-            )
+            spec = route.spec
+            web_routes.note_refusal(environ, spec.name)
+            answer = self.fallback_answer(spec, environ, refused)
+            if answer is None:
+                answer = self.refusal_answer(self.refusal(refused, environ, spec), environ)
             start_response(answer.status, answer.headers)
-            return [b"" if _is_head(environ) else answer.body]
+            return [answer.body]
         except Exception:
             # Not an outage (the store gate handles those) but a bug: let the
             # request through rather than turn the breaker into the outage.
-            self.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
+            self.warn(route.spec.name, shared.UNPROTECTED)
             return None
-        guards = hold(environ, route.guard, permit)  # seen by a Flask app inside
-        return _Exchange(self, spec, breaker, permit, guards, environ, start_response).run()
+        guards = web_routes.hold(environ, route.guard, permit)  # seen by a Flask app inside
+        return _Exchange(self, route, permit, guards, environ, start_response).run()
 
     def _settle_orphans(self) -> None:
-        while True:
-            try:
-                exchange = self._orphans.popleft()
-            except IndexError:
-                return
-            exchange.closed()
+        with contextlib.suppress(IndexError):  # IndexError: none left (another thread took it)
+            while True:
+                self._orphans.popleft().closed()
 
-    # -- what the middleware answers itself -----------------------------------------------
+    # -- the request, read; what the middleware answers itself ------------------------------
 
-    def refusal_answer(
-        self, refused: BreakerOpen, environ: WSGIEnvironment, spec: RouteSpec | None
-    ) -> _Answer:
-        """The route's refusal (Middleware.refusal) as a WSGI answer."""
-        refusal = self.refusal(refused, _wants_json(environ), spec)
-        return _Answer(http_policy.status_line(refusal.status), list(refusal.headers), refusal.body)
+    def method(self, request: WSGIEnvironment) -> str:
+        return str(request.get("REQUEST_METHOD", "GET"))
 
-    def fallback_context(
-        self, name: str, environ: WSGIEnvironment, cause: BaseException | None
-    ) -> FallbackContext:
-        """The request as a fallback sees it (http_policy.fallback_context);
-        ``request`` is the WSGI environ (what ``cached(key=...)`` is given)."""
-        return http_policy.fallback_context(
-            self.breakers,
-            name,
-            cause,
-            method=str(environ.get("REQUEST_METHOD", "GET")),
-            path=request_path(environ),
-            query=str(environ.get("QUERY_STRING") or ""),
-            request=environ,
-        )
+    def path(self, request: WSGIEnvironment) -> str:
+        return request_path(request)
+
+    def query(self, request: WSGIEnvironment) -> str:
+        return str(request.get("QUERY_STRING") or "")
+
+    def wants_json(self, request: WSGIEnvironment) -> bool:
+        return environ_wants_json(request)
+
+    def refusal_answer(self, refusal: Refusal, environ: WSGIEnvironment) -> _Answer:
+        return _answer(refusal.status, list(refusal.headers), refusal.body, self.is_head(environ))
 
     def fallback_answer(
         self, spec: RouteSpec, environ: WSGIEnvironment, cause: BaseException | None
     ) -> _Answer | None:
-        """The route's fallback as a response marked as the Flask extension marks
-        it, or None: no fallback, nothing to give, or a fallback that failed
-        (a broken fallback must not become a 500)."""
+        """The route's fallback as a marked response (a WSGI app it gave run on the
+        request's environ), or None: no fallback, nothing to give, or a fallback
+        that failed (a broken fallback must not become a 500)."""
         if spec.fallback is None:
             return None
         try:
             served = spec.fallback.serve(self.fallback_context(spec.name, environ, cause))
             if served is None:
                 return None
-            response = _as_response(served.value, environ)
-            marks = http_policy.fallback_marks(spec.name, served.kind, cause)
-            headers = http_policy.served_headers(response, marks)
-            return _Answer(http_policy.status_line(response.status), headers, response.body)
+            response = as_response(served.value)
+            if not isinstance(response, FallbackResponse):
+                response = _run_app(response, environ)
+            headers = served_headers(response, fallback_marks(spec.name, served.kind, cause))
+            return _answer(response.status, headers, response.body, self.is_head(environ))
         except Exception:
-            self.warn(spec.name, "the fallback of breaker %r failed")
+            self.warn(spec.name, shared.FALLBACK_FAILED)
             return None
 
 
-class _Exchange(KeptBody):
-    """One admitted request, from the app's call to the end of its body.
+class _Exchange(shared.Exchange[dict[str, Any]]):
+    """One admitted request: the app's ``start_response`` held back until the
+    response commits, and the iterable the server gets (the app's body, chunk
+    by chunk, its iterable closed exactly once)."""
 
-    The app's ``start_response`` is held back until the response commits
-    (see the module docstring); then the outcome is decided and recorded,
-    and either the app's status and headers or a fallback's go to the server.
+    __slots__ = ("ended", "is_closed", "iterator", "result", "server_write")
 
-    It is also the iterable the server gets: the app's body, passed on chunk
-    by chunk, committing the response at its first non-empty chunk (or its
-    end), and closing the app's iterable exactly once.
-    """
-
-    # middleware, spec, breaker, permit, guards and replaced are the ASGI exchange's too; each
-    # class assigns its own in __init__, without a super().__init__() call per request.
-    __slots__ = (
-        "breaker",
-        "committed",
-        "environ",
-        "guards",
-        "headers",
-        "is_closed",
-        "iterator",
-        "middleware",
-        "permit",
-        "replaced",
-        "result",
-        "sent_all",
-        "server_start_response",
-        "server_write",
-        "spec",
-        "status",
-    )
-
-    def __init__(
-        self,
-        middleware: BreakerMiddleware,
-        spec: RouteSpec,
-        breaker: Breaker,
-        permit: Permit,
-        guards: RequestGuards,
-        environ: WSGIEnvironment,
-        start_response: StartResponse,
-    ) -> None:
-        self.middleware = middleware
-        self.spec = spec
-        self.breaker = breaker
-        self.permit = permit
-        self.environ = environ
-        self.server_start_response = start_response
-        self.guards = guards  # where a guard inside notes a refusal
-        self.status: str | None = None
-        self.headers: list[tuple[str, str]] = []
-        self.committed = False
-        self.replaced = False  # an answer of ours went to the server instead of the app's
-        self.server_write: Callable[[bytes], object] | None = None
-        self.kept = None  # a successful body, for fallback.remember (KeptBody)
-        self.result: Iterable[bytes] = ()  # the app's body
-        self.iterator: Iterator[bytes] | None = None
-        self.sent_all = False  # the body's end went to the server (or ours replaced it)
-        self.is_closed = False
+    info = ResponseInfo
+    middleware: BreakerMiddleware
 
     def run(self) -> Iterable[bytes]:
+        self.ended = self.is_closed = False  # ended: the body's end went out (or ours replaced it)
+        self.iterator: Iterator[bytes] | None = None
+        self.server_write: Callable[[bytes], object] | None = None
         try:
-            result = self.middleware.app(self.environ, self.start_response)
+            result = self.middleware.app(self.request, self.start_response)
         except BaseException as exc:
             body = self.failed(exc)
             if body is None:
@@ -418,7 +265,7 @@ class _Exchange(KeptBody):
         self.result = result
         if self.committed:  # the app wrote its body through write(): nothing left to decide
             return self
-        file_wrapper = self.environ.get("wsgi.file_wrapper")
+        file_wrapper = self.request.get("wsgi.file_wrapper")
         if self.status is not None and isinstance(file_wrapper, type) and isinstance(result, file_wrapper):
             # Returned whole, so the server can still send the file its own way (sendfile).
             body = self.commit()
@@ -439,7 +286,7 @@ class _Exchange(KeptBody):
                 if exc_info is not None and exc_info[1] is not None:
                     raise exc_info[1].with_traceback(exc_info[2])
                 raise AssertionError("start_response() called again after the response started")
-            return self.server_start_response(status, headers, exc_info)  # the server decides
+            return self.server(status, headers, exc_info)  # type: ignore[no-any-return]
         if exc_info is None and self.status is not None:
             raise AssertionError("start_response() called a second time without exc_info")
         # With exc_info before the commit: nothing has gone out, the new status replaces the old.
@@ -463,89 +310,76 @@ class _Exchange(KeptBody):
 
     # -- deciding and recording ------------------------------------------------------------
 
+    def code(self) -> int:
+        return _status_code(self.status) or 0
+
+    def status_text(self) -> str:
+        return self.status or ""
+
+    def header_pairs(self) -> list[tuple[str, str]]:
+        return list(self.headers)
+
     def classify(self) -> str:
-        """success, failure or ignored, from the status and headers (http_policy.judge)."""
-        status = self.status or ""
-        code = _status_code(status)
+        code = _status_code(self.status)
         if code is None:
             return "failure"  # not a status a server can send: it will answer 500
         return judge(self.spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
-
-    def response_info(self) -> ResponseInfo:
-        """What the route's classify() is given (see classify)."""
-        status = self.status or ""
-        code = _status_code(status) or 0
-        return ResponseInfo(code, status, Headers(list(self.headers)), self.environ)
 
     def settle(self, outcome: str) -> None:
         try:
             self.permit.record(outcome)
         except Exception:  # recording must never turn a served response into a 500
-            self.middleware.warn(self.spec.name, "could not record an outcome of breaker %r")
+            self.middleware.warn(self.spec.name, shared.UNRECORDED)
 
     def commit(self) -> bytes | None:
-        """The response starts now: decide by its status, record, and give the
-        server a status. Returns the body to send instead of the app's when
-        the route's fallback answers a failed response, else None."""
+        """The response starts now: decided, recorded, and a status to the server.
+        Returns the body of the route's fallback answering in the app's place, or None."""
         self.committed = True
         outcome = self.classify()
         self.settle(outcome)
-        spec = self.spec
-        if spec.fallback is not None and self.fallback_takes(spec, outcome, _is_head(self.environ)):
-            answer = self.middleware.fallback_answer(spec, self.environ, None)
+        if self.spec.fallback is not None and self.answers(outcome):
+            answer = self.middleware.fallback_answer(self.spec, self.request, None)
             if answer is not None:
                 return self.answer(answer)
-        assert self.status is not None
-        self.server_write = self.server_start_response(self.status, self.headers)
+        self.server_write = self.server(self.status, self.headers)
         return None
 
     def failed(self, exc: BaseException) -> bytes | None:
-        """An exception before the response started: classified by the breaker's
-        config and recorded. Returns the body of an answer of ours (the
-        fallback of a failure, the 503 of an outbound refusal), or None: the
-        caller re-raises. After the response committed (the app called write()),
-        the status is out: the outcome was recorded then, and nothing may be
-        answered in its place."""
+        """An exception before the commit, recorded (Exchange.after_exception). Returns
+        the body of an answer of ours in the app's place, or None: the caller re-raises."""
         if self.committed:
             return None
-        if isinstance(exc, BreakerOpen):
-            self.settle("ignored")  # an outbound breaker refused: this route's service was not asked
-            return self.answer(self.middleware.refusal_answer(exc, self.environ, None))
-        outcome = http_policy.judge_exception(self.breaker, exc, self.guards)
+        outcome, then = self.after_exception(exc)
         self.settle(outcome)
-        spec = self.spec
-        if spec.fallback is not None and self.fallback_takes(spec, outcome, _is_head(self.environ)):
-            answer = self.middleware.fallback_answer(spec, self.environ, exc)
+        if isinstance(then, Refusal):
+            return self.answer(self.middleware.refusal_answer(then, self.request))
+        if then is shared.FALLBACK:
+            answer = self.middleware.fallback_answer(self.spec, self.request, exc)
             if answer is not None:
+                self.middleware.warn(self.spec.name, shared.FALLBACK_ANSWERED)
                 return self.answer(answer)
         return None
 
     def answer(self, answer: _Answer) -> bytes:
         """Our answer goes to the server in place of the app's; returns its body."""
         self.committed = self.replaced = True
-        self.server_write = self.server_start_response(answer.status, answer.headers)
-        return b"" if _is_head(self.environ) else answer.body
+        self.server_write = self.server(answer.status, answer.headers)
+        return answer.body
 
     def body_done(self) -> None:
         """The whole body went out: a successful one is handed to the fallback to
         remember (cached). A body cut short never is."""
-        kept, self.kept = self.kept, None
-        if kept is None or self.spec.fallback is None:
+        response, fallback = self.kept_response(), self.spec.fallback
+        if response is None or fallback is None:
             return
         try:
-            code = _status_code(self.status or "") or 0
-            response = FallbackResponse(b"".join(kept), code, tuple(self.headers))
-            self.spec.fallback.remember(
-                self.middleware.fallback_context(self.spec.name, self.environ, None), response
-            )
+            fallback.remember(self.middleware.fallback_context(self.spec.name, self.request, None), response)
         except Exception:
-            self.middleware.warn(self.spec.name, "could not remember a response of breaker %r")
+            self.middleware.warn(self.spec.name, shared.UNREMEMBERED)
 
     def closed(self) -> None:
-        """The server is done with the response, or gave up on it (the client
-        went away, it stopped reading). A permit not settled yet is settled now:
-        by the status when the app gave one (the app answered; nobody read the
-        body), else as ignored (nothing is known)."""
+        """The server is done with the response, or gave up on it: a permit not settled
+        yet is settled by the status the app gave (nobody read the body), else as ignored."""
         self.kept = None
         if self.permit.recorded:
             return
@@ -557,58 +391,32 @@ class _Exchange(KeptBody):
         return self
 
     def __next__(self) -> bytes:
-        if self.sent_all:
+        if self.ended or self.replaced:  # replaced: a fallback answered through write()
             raise StopIteration
-        if not self.committed:
-            return self._first()
-        if self.replaced:  # a fallback answered through write(): the app's chunks go nowhere
-            self.sent_all = True
-            raise StopIteration
-        iterator = self.iterator
-        if iterator is None:
-            iterator = self.iterator = iter(self.result)
+        committed = self.committed
         try:
-            chunk = next(iterator)
-        except StopIteration:
-            self.sent_all = True
-            if self.kept is not None:
-                self.body_done()
-            raise
-        # An exception here (after the commit) reaches the server as it is: the
-        # response was counted by its status, which the client already has.
-        if self.kept is not None:
-            self.keep(chunk)
-        return chunk
-
-    def _first(self) -> bytes:
-        """Up to the first non-empty chunk (empty ones would make some servers
-        send the headers), then commit."""
-        chunk = b""
-        ended = False
-        try:
-            iterator = self.iterator
-            if iterator is None:
-                iterator = self.iterator = iter(self.result)
-            while not chunk:
-                try:
-                    chunk = next(iterator)
-                except StopIteration:
-                    ended = True
-                    break
+            if self.iterator is None:
+                self.iterator = iter(self.result)
+            chunk = next(self.iterator, None)  # None: the end
+            while not committed and chunk is not None and not chunk:
+                chunk = next(self.iterator, None)  # an empty chunk would make some servers start
             if self.status is None:
                 raise RuntimeError("the WSGI app returned its body without calling start_response()")
         except BaseException as exc:
-            body = self.failed(exc)
+            # After the commit, as it is: the response was counted by its status,
+            # which the client already has.
+            body = None if committed else self.failed(exc)
             if body is None:
                 raise
-            self.sent_all = True
+            self.ended = True
             return body
-        body = self.commit()
-        if body is not None:
-            self.sent_all = True
-            return body
-        if ended:
-            self.sent_all = True
+        if not committed:
+            body = self.commit()
+            if body is not None:
+                self.ended = True
+                return body
+        if chunk is None:
+            self.ended = True
             if self.kept is not None:
                 self.body_done()
             raise StopIteration

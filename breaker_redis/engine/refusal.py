@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
 
 from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.errors import BreakerOpen
@@ -33,6 +36,16 @@ def retry_after_seconds(refused: BreakerOpen, config: BreakerConfig | None = Non
     if refused.reason == "forced_open" and config is not None:
         return max(1, math.ceil(config.open_seconds))
     return 1
+
+
+def header_value(value: str) -> str:
+    """A header value as HTTP can carry it (latin-1): one beyond latin-1 (a
+    breaker named in another script) is percent-encoded as UTF-8."""
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return quote(value, safe=" !#$&'()*+,-./:;<=>?@[]^_`{|}~")
+    return value
 
 
 def default_message(breaker: str) -> str:
@@ -78,6 +91,27 @@ def wants_json(
     if explicit:
         return json_q > 0 and json_q >= html_q
     return "json" in (content_type or "").lower() or requested_with == "XMLHttpRequest"
+
+
+def environ_wants_json(environ: Mapping[str, Any] | None) -> bool:
+    """wants_json, from a WSGI environ's headers."""
+    if environ is None:
+        return False
+    return wants_json(
+        environ.get("HTTP_ACCEPT"), environ.get("CONTENT_TYPE"), environ.get("HTTP_X_REQUESTED_WITH")
+    )
+
+
+def refusal_for(refused: BreakerOpen, breakers: Any, *, as_json: bool, message: str | None = None) -> Refusal:
+    """The 503 an integration answers ``refused`` with: a guard's own refusal
+    (``message``: its route's) or an outbound one that escaped the app. Every
+    integration makes its refusal here, so the bytes are the same whichever
+    answers. The refusing breaker's config comes from ``breakers`` (the
+    integration's Breakers, sync or asyncio; None: none), when it built that
+    breaker: a forced-open one then advertises its open period as Retry-After."""
+    name = refused.breaker
+    config = breakers.get(name).config if breakers is not None and name in breakers else None
+    return Refusal.build(refused, as_json=as_json, message=message, config=config)
 
 
 @dataclass(frozen=True)

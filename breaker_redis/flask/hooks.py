@@ -46,7 +46,8 @@ from werkzeug.exceptions import HTTPException
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.permit import Permit
-from breaker_redis.flask.refusal import BreakerOpenError, retry_after_seconds
+from breaker_redis.engine.refusal import refusal_for
+from breaker_redis.flask.refusal import BreakerOpenError, refusal_response, retry_after_seconds, wants_json
 from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.flask.serving import fallback_context, freeze, serve
 from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
@@ -299,10 +300,7 @@ def inner_refusal(refused: BreakerOpen) -> Any:
     The route's own breaker ignores this request (its service was not asked)."""
     # The route's own hooks and a WSGI middleware around the app see it in the request's guards.
     note_refusal(request.environ, refused.breaker)
-    config = None
     state = current_app.extensions.get(EXTENSION_KEY)
-    if isinstance(state, AppState) and refused.breaker in state.resolved:
-        config = state.resolved[refused.breaker].config
-    error = BreakerOpenError(refused, None, retry_after_seconds(refused, config))
-    return error.get_response(request.environ)
+    breakers = state.breakers if isinstance(state, AppState) else None
+    return refusal_response(refusal_for(refused, breakers, as_json=wants_json(request.environ)))
 

@@ -6,7 +6,6 @@ escapes a view turns into, and what an app's own error handler receives.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from werkzeug.exceptions import ServiceUnavailable
@@ -18,27 +17,27 @@ from breaker_redis.engine.refusal import (
     REASON_HEADER,
     Refusal,
     default_message,
+    environ_wants_json,
     retry_after_seconds,
 )
-from breaker_redis.engine.refusal import wants_json as _wants_json
 
 __all__ = [
     "BREAKER_HEADER",
     "REASON_HEADER",
     "BreakerOpenError",
     "default_message",
+    "refusal_response",
     "retry_after_seconds",
     "wants_json",
 ]
 
+wants_json = environ_wants_json  # from a WSGI environ (or None)
 
-def wants_json(environ: Mapping[str, Any] | None) -> bool:
-    """breaker_redis.engine.refusal.wants_json, from a WSGI environ."""
-    if environ is None:
-        return False
-    return _wants_json(
-        environ.get("HTTP_ACCEPT"), environ.get("CONTENT_TYPE"), environ.get("HTTP_X_REQUESTED_WITH")
-    )
+
+def refusal_response(refusal: Refusal) -> WerkzeugResponse:
+    """The refusal as a Werkzeug response: the bytes every integration sends."""
+    headers = [(k, v) for k, v in refusal.headers if k.lower() != "content-length"]
+    return WerkzeugResponse(refusal.body, refusal.status, headers)
 
 
 class BreakerOpenError(ServiceUnavailable):
@@ -60,5 +59,4 @@ class BreakerOpenError(ServiceUnavailable):
         refusal = Refusal.build(
             self.refused, as_json=wants_json(env), message=self.description, retry_after=self._retry_seconds
         )
-        headers = [(k, v) for k, v in refusal.headers if k.lower() != "content-length"]
-        return WerkzeugResponse(refusal.body, refusal.status, headers)
+        return refusal_response(refusal)

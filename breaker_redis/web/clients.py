@@ -21,7 +21,7 @@ import dataclasses
 import email.utils
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from breaker_redis.engine.config import BreakerConfig
@@ -31,7 +31,14 @@ from breaker_redis.web.http_policy import Warnings, judge
 from breaker_redis.web.routes import DEFAULT_FAILURE_STATUSES as ROUTE_FAILURE_STATUSES
 from breaker_redis.web.routes import RouteSpec, route_config, status_codes
 
-R = TypeVar("R")
+
+class Response(Protocol):
+    """What a client library's response is read for here: its status."""
+
+    status_code: int
+
+
+R = TypeVar("R", bound=Response)
 
 # 5xx: the service failed; 429: the service says it is overloaded. Both ask the caller to back off.
 DEFAULT_FAILURE_STATUSES = ROUTE_FAILURE_STATUSES | {429}
@@ -241,6 +248,46 @@ class Outbound:
         return seconds if known is not None and known.state == "open" and not known.forced else None
 
 
+class OutboundClient:
+    """What an adapter or a transport (breaker_redis.requests, breaker_redis.httpx)
+    takes, checked when it is built (Outbound, named after the class), then the
+    client library's own options, which ``_attach`` hands to its base."""
+
+    _asynchronous = False
+
+    def __init__(
+        self,
+        breakers: Any,
+        *args: Any,
+        name: str | NameRule | None = None,
+        config: BreakerConfig | None = None,
+        configs: Mapping[str, BreakerConfig | Mapping[str, Any]] | None = None,
+        failure_statuses: Iterable[int] | None = None,
+        ignore_statuses: Iterable[int] | None = None,
+        classify: Callable[[Any], str | bool | None] | None = None,
+        honor_retry_after: bool = True,
+        groups: Iterable[Any] = (),
+        **options: Any,
+    ) -> None:
+        self.outbound = Outbound(
+            breakers,
+            name=name,
+            config=config,
+            configs=configs,
+            failure_statuses=failure_statuses,
+            ignore_statuses=ignore_statuses,
+            classify=classify,
+            honor_retry_after=honor_retry_after,
+            where=type(self).__name__,
+            groups=groups,
+            asynchronous=self._asynchronous,
+        )
+        self._attach(*args, **options)
+
+    def _attach(self, *args: Any, **options: Any) -> None:
+        raise NotImplementedError
+
+
 def _checked_name(value: Any, where: str, *, url: bool = False) -> str:
     try:
         if url and isinstance(value, str):
@@ -255,18 +302,18 @@ def send(
     request: Any,
     url: str,
     transport: Callable[[], R],
-    status: Callable[[R], int],
-    refused: Callable[[BreakerOpen], BaseException],
+    refused: Callable[[BreakerOpen, Any], BaseException],
     failures: tuple[type[BaseException], ...],
 ) -> R:
-    """One request behind its breaker: ``transport()`` sends it; ``status(response)``
-    is its status code; ``refused`` makes the client's exception of
-    a refusal; an exception in ``failures`` is a failure, any other is ignored."""
+    """One request behind its breaker: ``transport()`` sends it and returns a
+    response with a ``status_code``; ``refused(exc, request)`` is the client's
+    exception of a refusal; an exception in ``failures`` is a failure, any other
+    is ignored."""
     breaker, spec = outbound.resolve(request, url)
     try:
         permit = breaker.acquire()
     except BreakerOpen as exc:
-        raise refused(exc) from None
+        raise refused(exc, request) from None
     except Exception:  # a bug, not an outage (the store gate handles those): do not fail the call
         outbound.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
         return transport()
@@ -278,7 +325,7 @@ def send(
         if group is not None:
             group.settle()
         raise
-    outcome = outbound.judge(spec, status(response), response)
+    outcome = outbound.judge(spec, response.status_code, response)
     permit.record(outcome)
     group = outbound.group_due(spec.name)
     if group is not None:
@@ -294,8 +341,7 @@ async def send_async(
     request: Any,
     url: str,
     transport: Callable[[], Awaitable[R]],
-    status: Callable[[R], int],
-    refused: Callable[[BreakerOpen], BaseException],
+    refused: Callable[[BreakerOpen, Any], BaseException],
     failures: tuple[type[BaseException], ...],
 ) -> R:
     """``send`` for asyncio breakers and an awaited transport."""
@@ -303,7 +349,7 @@ async def send_async(
     try:
         permit = await breaker.acquire()
     except BreakerOpen as exc:
-        raise refused(exc) from None
+        raise refused(exc, request) from None
     except Exception:
         outbound.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
         return await transport()
@@ -315,7 +361,7 @@ async def send_async(
         if group is not None:
             await group.settle()
         raise
-    outcome = outbound.judge(spec, status(response), response)
+    outcome = outbound.judge(spec, response.status_code, response)
     await permit.record(outcome)
     group = outbound.group_due(spec.name)
     if group is not None:

@@ -11,7 +11,8 @@ timing and I/O: when a response counts as started, how its status and
 headers are read, how an answer is sent. A rule changed here changes for all
 of them, so a deployment that mixes frameworks behaves as one. The routes
 themselves (their options, the table, the guards one request shares) are
-breaker_redis/web/routes.py. No web framework is imported here.
+breaker_redis/web/routes.py; what the two middlewares and their exchanges
+share, breaker_redis/web/middleware.py. No web framework is imported here.
 """
 
 from __future__ import annotations
@@ -19,35 +20,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 from wsgiref.headers import Headers
 
+from breaker_redis import fallbacks
 from breaker_redis.engine.core import BreakerCore
 from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import BREAKER_HEADER, REASON_HEADER, Refusal
-from breaker_redis.fallbacks import (
-    FALLBACK_HEADER,
-    Cached,
-    Chain,
-    Fallback,
-    FallbackContext,
-    FallbackResponse,
-    Static,
-)
-from breaker_redis.web.routes import (
-    RequestGuards,
-    Route,
-    RouteSpec,
-    RouteTable,
-    parse_routes,
-    route_table,
-)
+from breaker_redis.engine.refusal import BREAKER_HEADER, REASON_HEADER
+from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackContext, FallbackResponse, Static
+from breaker_redis.web.routes import RequestGuards, RouteSpec
 
 log = logging.getLogger("breaker_redis")
-B = TypeVar("B", bound="BreakerCore[Any]")
 T = TypeVar("T")
 
 OUTCOMES = ("success", "failure", "ignored")
@@ -168,16 +154,14 @@ def fallback_context(
     )
 
 
-def as_response(
-    value: Any, read: Callable[[Any], FallbackResponse | None]
-) -> FallbackResponse | Callable[..., Any]:
+def as_response(value: Any) -> FallbackResponse | Callable[..., Any]:
     """What a function fallback returned, as a complete response, or an app of
     the integration's protocol for it to run (any other callable).
 
     A FallbackResponse as it is; ``(body, status)`` or ``(body, status,
-    headers)``; a framework's response object as ``read`` (the integration's)
-    makes of it, when it returns one; any other value is a body as
-    ``static()`` takes it (bytes, str as text, anything else as JSON).
+    headers)``; a framework's response object as read_response reads it; any
+    other value is a body as ``static()`` takes it (bytes, str as text,
+    anything else as JSON).
     """
     if isinstance(value, FallbackResponse):
         return value
@@ -187,12 +171,38 @@ def as_response(
         if headers is not None and not isinstance(headers, Mapping):
             headers = dict(headers)
         return Static(body, int(status), headers).response
-    response = read(value)
+    response = read_response(value)
     if response is not None:
         return response
     if callable(value):
         return value  # type: ignore[no-any-return]
     return Static(value).response
+
+
+def read_response(value: Any) -> FallbackResponse | None:
+    """A framework's complete response object as a FallbackResponse, or None: an
+    int ``status_code`` and a bytes body, ``content`` (a Django HttpResponse)
+    or ``body`` (a Starlette Response), with its ``raw_headers``, ``items()``
+    or ``headers.items()``. A streaming one has neither body: it is an app of
+    its protocol, which the integration runs on the request."""
+    status = getattr(value, "status_code", None)
+    body = getattr(value, "content", None)
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        body = getattr(value, "body", None)
+    if not isinstance(status, int) or not isinstance(body, (bytes, bytearray, memoryview)):
+        return None
+    raw = getattr(value, "raw_headers", None)
+    items = getattr(value, "items", None) or getattr(getattr(value, "headers", None), "items", None)
+    if raw is not None:
+        headers = decode_headers(raw)
+    else:
+        headers = [(str(k), str(v)) for k, v in items()] if callable(items) else []
+    return FallbackResponse(bytes(body), status, tuple(headers))
+
+
+def decode_headers(raw: Iterable[Any]) -> list[tuple[str, str]]:
+    """ASGI's header pairs (bytes) as str pairs."""
+    return [(bytes(k).decode("latin-1"), bytes(v).decode("latin-1")) for k, v in raw]
 
 
 def fallback_marks(name: str, kind: str, cause: BaseException | None) -> list[tuple[str, str]]:
@@ -216,88 +226,13 @@ def served_headers(response: FallbackResponse, marks: list[tuple[str, str]]) -> 
     return headers
 
 
-def remember_limit(fallback: Fallback) -> int:
+def remember_limit(fallback: fallbacks.Fallback) -> int:
     """The most body bytes worth keeping for ``fallback.remember`` (0: none)."""
-    if isinstance(fallback, Cached):
+    if isinstance(fallback, fallbacks.Cached):
         return fallback.max_bytes
-    if isinstance(fallback, Chain):
+    if isinstance(fallback, fallbacks.Chain):
         return max((remember_limit(item) for item in fallback.fallbacks), default=0)
     return 1 << 20 if fallback.remembers else 0
-
-
-# -- what both middlewares hold ----------------------------------------------------------------
-
-
-class Middleware(Generic[B]):
-    """The routes a middleware guards, built at start-up: each route's Breaker
-    (sync for WSGI, asyncio for ASGI), the table a path is looked up in, the
-    refusal a route answers and the warnings. The WSGI and ASGI
-    BreakerMiddleware add their protocol's side."""
-
-    def __init__(self, breakers: Any, routes: Mapping[str, Any] | None) -> None:
-        self.breakers = breakers
-        self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
-        self._resolved: dict[str, B]
-        self._table: RouteTable[Route]
-        self._resolved, self._table = route_table(breakers, self.routes, configs)
-        self._warnings = Warnings()
-        # Bound once, not per response: the exchanges hand it to judge() on every one.
-        self.warn: Callable[[str, str], None] = self._warnings.warn
-
-    def breaker(self, name: str) -> B:
-        """The Breaker a route uses (for ``snapshot()``, ``force_open()``...)."""
-        return self._resolved[name]
-
-    def route_for(self, path: str) -> RouteSpec | None:
-        """The spec of the longest prefix covering path, or None."""
-        route = self._table.match(path)
-        return None if route is None else route.spec
-
-    def refusal(self, refused: BreakerOpen, as_json: bool, spec: RouteSpec | None) -> Refusal:
-        """The 503 every integration answers (breaker_redis.engine.refusal): Retry-After,
-        X-Breaker headers, the route's message or the friendly default, JSON
-        when the client asks for it."""
-        breaker = self._resolved.get(refused.breaker)
-        return Refusal.build(
-            refused,
-            as_json=as_json,
-            message=spec.message if spec is not None else None,
-            config=breaker.config if breaker is not None else None,
-        )
-
-
-class KeptBody:
-    """The body of a successful response, kept while it goes out, for a route's
-    fallback that remembers (``cached()``), up to what it would keep. The base
-    of both middlewares' exchanges; each sets ``kept = None`` when it starts."""
-
-    __slots__ = ("kept", "kept_limit", "kept_size")
-
-    kept: list[bytes] | None
-    kept_limit: int
-    kept_size: int
-
-    def fallback_takes(self, spec: RouteSpec, outcome: str, head: bool) -> bool:
-        """What the route's fallback does with an outcome (asked only when the
-        route has one, so a route without costs nothing): True when it answers
-        in place of the app (a failure, unless ``fallback_on_failure`` is off);
-        for a success it keeps the body, if it remembers any (not for HEAD,
-        which has none)."""
-        if outcome == "failure":
-            return spec.fallback_on_failure
-        if outcome == "success" and not head and spec.fallback is not None:
-            limit = remember_limit(spec.fallback)
-            if limit > 0:
-                self.kept, self.kept_size, self.kept_limit = [], 0, limit
-        return False
-
-    def keep(self, chunk: bytes) -> None:
-        if self.kept is not None:
-            self.kept_size += len(chunk)
-            if self.kept_size > self.kept_limit:
-                self.kept = None  # too big to cache: stop holding it
-            else:
-                self.kept.append(chunk)
 
 
 # -- the log that stays quiet ------------------------------------------------------------------

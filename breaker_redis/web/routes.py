@@ -143,11 +143,12 @@ class RouteTable(Generic[T]):
     stem is compared prefix by prefix, longest first.
     """
 
-    __slots__ = ("routes", "stems")
+    __slots__ = ("entry", "routes", "stems")
 
     def __init__(self, routes: Iterable[tuple[str, T]]) -> None:
         self.routes = list(routes)
         self.stems = tuple(sorted({prefix.rstrip("/") for prefix, _ in self.routes}))
+        self.entry = entry_stems(self.stems)
 
     def match(self, path: str) -> T | None:
         """What guards the longest prefix covering path, or None."""
@@ -157,6 +158,21 @@ class RouteTable(Generic[T]):
             if prefix_matches(prefix, path):
                 return value
         return None
+
+
+def entry_stems(stems: tuple[str, ...]) -> tuple[str, ...]:
+    """What a path as a server hands it over starts with when a route may cover
+    it: a stem as it is (an ASGI path, a PATH_INFO the server decoded), as UTF-8
+    read as latin-1 (WSGI's PATH_INFO), or ``//`` (which a middleware's
+    request_path normalises). A path that starts with "/" and with none of these
+    is covered by no route: a middleware tells so with one ``str.startswith``,
+    without decoding the path."""
+    if any("\ufffd" in stem for stem in stems):
+        return ("",)  # a stem a bad byte could decode to: every path goes the long way
+    found = {"//"}
+    for stem in stems:
+        found.update((stem, stem.encode("utf-8").decode("latin-1")))
+    return tuple(sorted(found))
 
 
 def status_codes(value: Any, default: frozenset[int], where: str, option: str) -> frozenset[int]:

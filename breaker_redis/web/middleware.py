@@ -1,0 +1,245 @@
+"""What the WSGI and the ASGI middleware hold and decide alike, written once.
+
+Both guard an app by path prefix (breaker_redis/web/routes.py). For each
+request a route covers, its breaker is asked for a permit; a refusal becomes
+the route's fallback or the 503 every integration answers; an admitted
+request becomes an *exchange*, which records the outcome once the response's
+status is known, before the server sends it, so the next request on any
+worker already sees a trip this one made.
+
+A permit is settled exactly once (``Permit`` ignores a second record) and
+never leaks: the status records it when the response starts; an exception
+before that is recorded as the breaker's config classifies it; a
+cancellation, an exit, or a response that never started is recorded as
+ignored (nothing is known of the service, and a half-open probe slot is
+handed back at once). An exception *after* the start changes nothing: the
+response was counted by its status, which the client already has
+(recording at the end of the body would hold a half-open probe for a whole
+download and time slow calls by the client's reading speed).
+
+One permit per breaker and request: an admitted request carries its permit
+(``RequestGuards``, in the environ or a copy of the scope), so a guard of
+the same breaker inside it (the Flask extension, a FastAPI dependency,
+another middleware) neither asks nor records, and a guard of another breaker
+that refuses inside makes this one count the request as ignored. A
+``BreakerOpen`` escaping the app (an outbound breaker refused and nothing
+caught it) becomes the same 503, named after that breaker, on any path.
+
+What stays in breaker_redis/wsgi.py and breaker_redis/asgi.py is their
+protocol's: when a response counts as started (WSGI: the body's first bytes;
+ASGI: the start message), how a request, a status and headers are read, how
+an answer goes out (a returned body, sent messages), and whether a step is a
+call or an await. No web framework is imported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+from wsgiref.headers import Headers
+
+from breaker_redis.engine.core import BreakerCore
+from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.engine.refusal import Refusal, refusal_for
+from breaker_redis.fallbacks import FallbackContext, FallbackResponse
+from breaker_redis.web.http_policy import (
+    ResponseInfo,
+    Warnings,
+    fallback_context,
+    judge_exception,
+    remember_limit,
+)
+from breaker_redis.web.routes import Route, RouteSpec, RouteTable, parse_routes, route_table
+
+B = TypeVar("B", bound="BreakerCore[Any]")
+R = TypeVar("R", bound=Mapping[str, Any])  # a request: a WSGI environ, an ASGI scope
+
+# What follows an exception that ended an admitted request before its response started.
+RAISE, FALLBACK = "raise", "fallback"
+UNPROTECTED = "could not ask breaker %r; the request goes through unprotected"
+UNRECORDED = "could not record an outcome of breaker %r"
+FALLBACK_FAILED = "the fallback of breaker %r failed"
+# Not re-raised (the client has a whole answer), but not hidden either: logged with its
+# traceback, at most once a minute per breaker.
+FALLBACK_ANSWERED = "a request of breaker %r raised; its fallback answered"
+UNREMEMBERED = "could not remember a response of breaker %r"
+
+
+class Middleware(Generic[B, R]):
+    """The routes a middleware guards, built at start-up: each route's Breaker
+    (sync for WSGI, asyncio for ASGI), the table a path is looked up in, the
+    refusal a route answers, a fallback's view of a request and the warnings.
+    Each protocol's BreakerMiddleware says how it reads a request (``method``,
+    ``path``, ``query``, ``wants_json``).
+
+    ``routes``: path prefix -> a breaker name, a dict (``breaker`` plus the
+    Flask route options ``fallback``, ``failure_statuses``,
+    ``ignore_statuses``, ``classify``, ``message``, ``fallback_on_failure``
+    and any BreakerConfig fields over the Breakers' defaults) or a
+    RouteSpec. Bad routes or configs fail here, at start-up.
+    """
+
+    def __init__(self, breakers: Any, routes: Mapping[str, Any] | None) -> None:
+        self.breakers = breakers
+        self.routes, configs = parse_routes(routes, defaults=breakers.defaults)
+        self._resolved: dict[str, B]
+        self._table: RouteTable[Route]
+        self._resolved, self._table = route_table(breakers, self.routes, configs)
+        self._warnings = Warnings()
+        # Bound once, not per response: the exchanges hand it to judge() on every one.
+        self.warn: Callable[[str, str], None] = self._warnings.warn
+
+    def breaker(self, name: str) -> B:
+        """The Breaker a route uses (for ``snapshot()``, ``force_open()``...)."""
+        return self._resolved[name]
+
+    def route_for(self, path: str) -> RouteSpec | None:
+        """The spec of the longest prefix covering path, or None."""
+        route = self._table.match(path)
+        return None if route is None else route.spec
+
+    # -- a request, as each protocol reads it ---------------------------------------------------
+
+    def method(self, request: R) -> str:
+        raise NotImplementedError
+
+    def path(self, request: R) -> str:
+        raise NotImplementedError
+
+    def query(self, request: R) -> str:
+        raise NotImplementedError
+
+    def wants_json(self, request: R) -> bool:
+        raise NotImplementedError
+
+    def is_head(self, request: R) -> bool:
+        return self.method(request).upper() == "HEAD"
+
+    # -- what the middleware answers itself -----------------------------------------------------
+
+    def refusal(self, refused: BreakerOpen, request: R, spec: RouteSpec | None) -> Refusal:
+        """The 503 every integration answers (engine.refusal.refusal_for), with
+        the route's message when its own breaker refused."""
+        message = spec.message if spec is not None else None
+        return refusal_for(refused, self.breakers, as_json=self.wants_json(request), message=message)
+
+    def fallback_context(
+        self, name: str, request: R, cause: BaseException | None, store: Any = None
+    ) -> FallbackContext:
+        """The request as a fallback sees it (http_policy.fallback_context), so a
+        response one worker's framework cached serves another's; ``request`` is
+        the environ or the scope (what ``cached(key=...)`` is given)."""
+        return fallback_context(
+            self.breakers,
+            name,
+            cause,
+            method=self.method(request),
+            path=self.path(request),
+            query=self.query(request),
+            request=request,
+            store=store,
+        )
+
+
+class Exchange(Generic[R]):
+    """One admitted request, from the app's call to the end of its response: what
+    it declares at each step, whatever the protocol. Each protocol's exchange
+    adds when those steps happen and their I/O, and reads its status and headers
+    (``code``, ``status_text``, ``header_pairs``); ``server`` is the way out
+    (WSGI's start_response, ASGI's send)."""
+
+    __slots__ = (
+        "breaker",
+        "committed",
+        "guards",
+        "headers",
+        "kept",
+        "kept_limit",
+        "kept_size",
+        "middleware",
+        "permit",
+        "replaced",
+        "request",
+        "server",
+        "spec",
+        "status",
+    )
+
+    info: ClassVar[Callable[..., ResponseInfo]]  # the protocol's, with its request as its users know it
+    kept: list[bytes] | None
+    kept_limit: int
+    kept_size: int
+
+    def __init__(
+        self, middleware: Any, route: Route, permit: Any, guards: Any, request: R, server: Any
+    ) -> None:
+        self.middleware = middleware
+        self.spec: RouteSpec = route.spec
+        self.breaker = route.breaker
+        self.permit = permit
+        self.guards = guards  # the request's RequestGuards: where a guard inside notes a refusal
+        self.request = request
+        self.server = server
+        self.status: Any = None  # as the app gave it; None until it does
+        self.headers: Any = ()
+        self.committed = False  # the response's status (the app's or ours) went to the server
+        self.replaced = False  # an answer of ours went to the server instead of the app's
+        self.kept = None  # a successful body, for the route's fallback to remember
+
+    def code(self) -> int:
+        raise NotImplementedError
+
+    def status_text(self) -> str:
+        raise NotImplementedError
+
+    def header_pairs(self) -> list[tuple[str, str]]:
+        raise NotImplementedError
+
+    def response_info(self) -> ResponseInfo:
+        """What the route's classify() is given: status, headers and the request."""
+        return self.info(self.code(), self.status_text(), Headers(self.header_pairs()), self.request)
+
+    def answers(self, outcome: str) -> bool:
+        """Whether the route's fallback answers in the app's place after ``outcome``
+        (asked only when the route has a fallback, so a route without costs
+        nothing): a failure, unless ``fallback_on_failure`` is off. A success
+        has its body kept, when the fallback remembers (not for HEAD)."""
+        spec = self.spec
+        if outcome == "failure":
+            return spec.fallback_on_failure
+        if outcome == "success" and spec.fallback is not None:
+            limit = remember_limit(spec.fallback)
+            if limit > 0 and not self.middleware.is_head(self.request):
+                self.kept, self.kept_size, self.kept_limit = [], 0, limit
+        return False
+
+    def after_exception(self, exc: BaseException) -> tuple[str, Refusal | str]:
+        """(the outcome to record, what follows) for an exception that ended the
+        request before its response started: an outbound refusal is ignored and
+        answered with its 503 (the Refusal); anything else is judged
+        (http_policy.judge_exception: a cancellation or an exit is ignored) and
+        answered by the route's fallback when it answers that (FALLBACK), else
+        re-raised (RAISE)."""
+        if isinstance(exc, BreakerOpen):
+            return "ignored", self.middleware.refusal(exc, self.request, None)
+        outcome = judge_exception(self.breaker, exc, self.guards)
+        if self.spec.fallback is not None and self.answers(outcome):
+            return outcome, FALLBACK
+        return outcome, RAISE
+
+    def keep(self, chunk: bytes) -> None:
+        """A chunk of a kept body, until it is more than the fallback would keep."""
+        if self.kept is not None:
+            self.kept_size += len(chunk)
+            if self.kept_size > self.kept_limit:
+                self.kept = None  # too big to cache: stop holding it
+            else:
+                self.kept.append(chunk)
+
+    def kept_response(self) -> FallbackResponse | None:
+        """The whole successful response, taken for the route's fallback to remember
+        (a body cut short never is), or None: nothing was kept."""
+        kept, self.kept = self.kept, None
+        if kept is None:
+            return None
+        return FallbackResponse(b"".join(kept), self.code(), tuple(self.header_pairs()))
