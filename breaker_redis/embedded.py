@@ -23,7 +23,9 @@ patched):
   published message, a subscribe confirmation or a keyspace notification)
   encodes the value and writes it to that client's TCP socket at once, from
   whichever thread produced it, under the connection's write lock, instead of
-  queueing it for the connection's own thread.
+  queueing it for the connection's own thread. Those fakeredis internals are
+  reached through breaker_redis/storage/internals.py (``FakeClient``), which
+  says which fakeredis versions have them.
 - PUBLISH runs on the publisher's thread and, like every command, completes
   before fakeredis hands the publisher its reply. So each subscriber's message
   is written to the subscriber's socket (``send`` has returned) before the
@@ -53,9 +55,8 @@ from typing import Any
 
 import fakeredis
 import redis
-from fakeredis._clients._sync import FakeRedisConnection
-from fakeredis._clients._tcp_server import encode_reply
-from fakeredis._socket import FakeSocket
+
+from breaker_redis.storage.internals import FakeClient, fake_wire
 
 __all__ = ["EmbeddedServer", "EmbeddedTcpServer", "main"]
 
@@ -143,33 +144,6 @@ class _Output:
             self._sock.shutdown(socket.SHUT_RDWR)
 
 
-class _WireSocket(FakeSocket):
-    """A fakeredis socket whose responses go straight to the client's TCP socket."""
-
-    deliver: Any = None  # set by the handler once the internal handshake is done
-
-    def put_response(self, msg: Any) -> None:
-        deliver = self.deliver
-        if deliver is None:
-            super().put_response(msg)
-        elif self.responses is not None:  # None once closed: a late message for a gone client
-            deliver(msg)
-
-
-class _Connection(FakeRedisConnection):
-    """fakeredis's connection to its server, on a _WireSocket."""
-
-    def _connect(self) -> FakeSocket:
-        assert self._server is not None  # given by the handler
-        return _WireSocket(
-            self._server,
-            client_class=self._client_class,
-            db=self.db,
-            lua_modules=self._lua_modules,
-            client_info=self._client_info,
-        )
-
-
 class _Handler(socketserver.BaseRequestHandler):
     """One client connection: reads commands on its own thread; anyone may write to it."""
 
@@ -181,29 +155,21 @@ class _Handler(socketserver.BaseRequestHandler):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
         self.output = _Output(sock, threading.get_ident())
-        self.connection = _Connection(
-            server=self.server.fake_server,
-            client_info={"laddr": sock.getsockname(), "addr": sock.getpeername(), "fd": sock.fileno()},
-            protocol=2,  # a fresh connection speaks RESP2 until the client's own HELLO
+        # a fresh connection speaks RESP2 until the client's own HELLO
+        self.fake = FakeClient(
+            self.server.fake_server,
+            {"laddr": sock.getsockname(), "addr": sock.getpeername(), "fd": sock.fileno()},
+            self._deliver,
         )
-        # Connecting runs redis-py's handshake (CLIENT SETINFO) through the
-        # queue; only what comes after it goes to the wire.
-        fake = self.fake = self.connection.get_socket()
-        while self.connection.can_read():
-            with contextlib.suppress(redis.exceptions.RedisError):
-                self.connection.read_response()
-        if isinstance(fake, _WireSocket):
-            fake.deliver = self._deliver
         self.server.track(self, True)
 
     def _deliver(self, msg: Any) -> None:
         """Encode for this client's protocol and write now (called by whichever thread produced msg)."""
-        protocol = self.fake._client_info.protocol_version
         try:
-            data = encode_reply(msg, protocol)
+            data = self.fake.encode(msg)
         except TypeError as exc:  # never let a bad value break the thread that produced it
             log.error("cannot encode a reply: %s", exc)
-            data = encode_reply(RuntimeError(f"embedded server cannot encode a reply: {exc}"), protocol)
+            data = self.fake.encode(RuntimeError(f"embedded server cannot encode a reply: {exc}"))
         self.output.write(data)
 
     def handle(self) -> None:
@@ -211,7 +177,7 @@ class _Handler(socketserver.BaseRequestHandler):
         with selectors.DefaultSelector() as selector:
             events = selectors.EVENT_READ
             selector.register(sock, events)
-            while not self.server.closing.is_set() and not self.fake._killed:
+            while not self.server.closing.is_set() and not self.fake.killed:
                 # Like Redis, it keeps reading while replies wait to be sent.
                 wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if output.backlog else 0)
                 if wanted != events:
@@ -235,7 +201,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 try:
                     # Parses and runs the commands; replies and messages are
                     # written by _WireSocket.put_response as they are produced.
-                    self.fake.sendall(data)
+                    self.fake.feed(data)
                 except redis.exceptions.ConnectionError:  # CLIENT KILL
                     return
                 except Exception as exc:  # a protocol error: fakeredis's parser cannot go on
@@ -245,8 +211,7 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def finish(self) -> None:
         self.server.track(self, False)
-        with contextlib.suppress(Exception):
-            self.connection.disconnect()  # type: ignore[no-untyped-call]
+        self.fake.close()
         self.output.close()
 
 
@@ -254,6 +219,7 @@ class EmbeddedTcpServer(fakeredis.TcpFakeServer):
     """fakeredis.TcpFakeServer whose connections write pub/sub messages before the publisher's reply."""
 
     def __init__(self, server_address: tuple[str, int], bind_and_activate: bool = True) -> None:
+        fake_wire()  # UnsupportedVersion now, for a fakeredis it cannot build on, not at the first client
         if ":" in server_address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(server_address, bind_and_activate, server_type="redis")

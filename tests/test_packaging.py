@@ -88,3 +88,66 @@ def test_no_log_message_repeats_the_loggers_name():
             if called in LOG_CALLS and any(_leading_text(a).startswith("breaker_redis") for a in node.args):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+# redis-py's and fakeredis's internals (and asyncio's StreamReader buffer, read with them):
+# only breaker_redis/storage/internals.py reaches them, behind its version checks.
+INTERNALS_MODULE = "breaker_redis/storage/internals.py"
+INTERNAL_ATTRIBUTES = {
+    "_sock", "_selector", "_writer", "_reader", "_buffer", "_connections", "_free", "_client_info",
+    "_killed", "_client_class", "_lua_modules", "_server", "_connect", "_normalize_keys",
+    "encoder", "shard_channels", "sentinels", "send_packed_command",
+}
+THIRD_PARTY = ("redis", "fakeredis")
+
+
+def _internal_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRIBUTES:
+            mine = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if not mine:  # an attribute of an object of ours (self._sock of embedded's _Output) is ours
+                found.append((node.lineno, f".{node.attr}"))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr", "setattr"):
+            name = node.args[1] if len(node.args) > 1 else None
+            if isinstance(name, ast.Constant) and name.value in INTERNAL_ATTRIBUTES:
+                found.append((node.lineno, f"{node.func.id}(..., {name.value!r})"))  # type: ignore[attr-defined]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            plain = isinstance(node, ast.Import)
+            modules = [alias.name for alias in node.names] if plain else [node.module or ""]
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] in THIRD_PARTY and any(part.startswith("_") for part in parts[1:]):
+                    found.append((node.lineno, f"import {module}"))
+    return found
+
+
+def test_only_the_internals_module_touches_redis_py_and_fakeredis_internals():
+    """A minor release of either library may change its internals: every use of them is in
+    one module, which checks each and names the supported versions (tests/test_internals.py)."""
+    found = []
+    for path in sorted((ROOT / "breaker_redis").rglob("*.py")):
+        where = path.relative_to(ROOT).as_posix()
+        if where != INTERNALS_MODULE:
+            uses = _internal_uses(ast.parse(path.read_text("utf-8")))
+            found += [f"{where}:{line}: {what}" for line, what in uses]
+    assert found == [], "use breaker_redis/storage/internals.py instead:\n" + "\n".join(found)
+
+
+def test_the_internals_scan_finds_what_it_looks_for():
+    source = (
+        "from fakeredis._clients._sync import FakeRedisConnection\n"
+        "import redis._parsers\n"
+        "sock = getattr(pubsub.connection, '_sock', None)\n"
+        "node._connections.clear()\n"
+        "pool.sentinel_manager.sentinels.reverse()\n"
+        "self._sock.close()\n"
+        "import fakeredis, redis.asyncio\n"
+    )
+    assert _internal_uses(ast.parse(source)) == [
+        (1, "import fakeredis._clients._sync"),
+        (2, "import redis._parsers"),
+        (3, "getattr(..., '_sock')"),
+        (4, "._connections"),
+        (5, ".sentinels"),
+    ]

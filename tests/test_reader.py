@@ -15,7 +15,7 @@ from breaker_redis import BreakerConfig, Breakers
 from breaker_redis.engine.config import BreakerConfig as Config
 from breaker_redis.ops import reader
 from breaker_redis.ops.reader import Reader
-from breaker_redis.storage.scripts import ScriptRunner, _packed
+from breaker_redis.storage.scripts import ScriptRunner
 from tests.conftest import STORES, Clock, make_store
 from tests.workers import fail
 
@@ -274,22 +274,6 @@ def test_one_round_trip_per_chunk_once_the_config_texts_are_known(
     finally:
         app.close()
         client.close()
-
-
-def test_the_chunks_are_sent_as_redis_py_packs_them():
-    """run_chunks packs each chunk itself, each distinct argument encoded once: the same
-    bytes as redis-py's pack_commands, for arguments equal across types (1, 1.0, "1",
-    b"1"), repeated, non-ASCII, empty, and with the client's own encoding."""
-    commands = [
-        ("FCALL", "f_read", 2, "p:{ünï}:state", "p:{ünï}:cfg", "ünï", 1, 1.0, "1", b"1", b"", "", 0),
-        ("FCALL", "f_read", 2, "p:{a}:state", "p:{a}:cfg", "a", 1.0, 1, b"1", "1", "", b"", 12345678901234),
-        ("EVALSHA", "ab" * 20, 0, 2.5, -3, "ünï"),
-    ]
-    for client in (redis.Redis(), redis.Redis(encoding="latin-1")):
-        conn = client.connection_pool.make_connection()
-        assert _packed(conn.encoder, commands) == [b"".join(conn.pack_commands(commands))]
-    with pytest.raises(redis.exceptions.DataError):  # as redis-py: a bool is no argument
-        _packed(redis.Redis().connection_pool.make_connection().encoder, [("FCALL", True)])
 
 
 def test_a_read_stopped_midway_leaves_no_reply_behind(redis_server, clock):

@@ -300,6 +300,8 @@ def _drop_connections(client: Any) -> None:
     """Forget a client's pooled connections without closing them: closing would
     need the loop that opened them (gone, or the parent's). A cluster client
     keeps a pool per node."""
+    from breaker_redis.storage.internals import forget_node_connections
+
     pools = [getattr(client, "connection_pool", None)]
     with contextlib.suppress(Exception):
         pools += [getattr(node, "connection_pool", None) for node in client.get_nodes()]
@@ -309,6 +311,5 @@ def _drop_connections(client: Any) -> None:
             reset()
     with contextlib.suppress(Exception):
         for node in client.get_nodes():  # redis.asyncio.cluster.ClusterNode: its own list
-            node._connections.clear()
-            node._free.clear()
+            forget_node_connections(node)
 

@@ -15,47 +15,36 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from breaker_redis.storage.failover import CHANNEL, RETRY_SECONDS, announces_switch
+import redis.asyncio.sentinel
+
+from breaker_redis.engine.background import LoopTask
+from breaker_redis.storage.failover import CHANNEL, RETRY_SECONDS, Follower
 from breaker_redis.storage.scripts import text
 
 
-class AsyncSentinelFollower:
+class AsyncSentinelFollower(Follower):
     """One task per event loop, started at the first call (after any fork)."""
 
+    pool_class = redis.asyncio.sentinel.SentinelConnectionPool
+
     def __init__(self, pool: Any, on_switch: Callable[[], None]) -> None:
-        self._pool = pool
-        self._service = str(pool.service_name)
-        self._sentinels: list[Any] = pool.sentinel_manager.sentinels
-        self._on_switch = on_switch
-        self._task: asyncio.Task[None] | None = None
-
-    @classmethod
-    def for_client(cls, client: Any, on_switch: Callable[[], None]) -> AsyncSentinelFollower | None:
-        """A follower when client's pool is Sentinel-managed, else None."""
-        from redis.asyncio.sentinel import SentinelConnectionPool
-
-        pool = getattr(client, "connection_pool", None)
-        return cls(pool, on_switch) if isinstance(pool, SentinelConnectionPool) else None
+        super().__init__(pool, on_switch)
+        self.task = LoopTask(self._follow)
 
     def ensure_running(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._follow())
+        self.task.start()
 
     def reset(self) -> None:
         """A new event loop or process: the old task went with the old loop."""
-        self._task = None
+        self.task.forget()
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await self.task.stop()
 
     async def _follow(self) -> None:
         turn = 0
         while True:
-            sentinel = self._sentinels[turn % len(self._sentinels)]
+            sentinel = self.sentinel(turn)
             pubsub = sentinel.pubsub()
             try:
                 await pubsub.subscribe(CHANNEL)
@@ -73,7 +62,7 @@ class AsyncSentinelFollower:
                     await pubsub.aclose()
 
     async def switched(self, sentinel: Any, data: str) -> None:
-        if not announces_switch(self._service, self._sentinels, sentinel, data):
+        if not self.announced(sentinel, data):
             return
         with contextlib.suppress(Exception):  # the pool learns the new address (see failover.py)
             await self._pool.get_master_address()

@@ -23,13 +23,13 @@ master, on sharded channels (breaker_redis/asyncio/sharded.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import select
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from breaker_redis.storage.invalidation import parse_payload
+from breaker_redis.engine.background import LoopTask
+from breaker_redis.storage.internals import detach_stream
+from breaker_redis.storage.invalidation import EventSubscriber
 from breaker_redis.storage.scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -147,25 +147,15 @@ class Subscription(asyncio.Protocol):
             return True
 
 
-class AsyncInvalidator:
-    def __init__(
-        self,
-        client: Any,
-        channel: str,
-        on_message: Callable[[dict[str, Any]], None],
-        on_subscribed: Callable[[], None],
-    ) -> None:
-        self._client = client
-        self._channel = channel
-        self._on_message = on_message
-        self._on_subscribed = on_subscribed
+class AsyncInvalidator(EventSubscriber):
+    """The one subscription of an event loop on a single Redis (or a Sentinel's master)."""
+
+    def __post_init__(self) -> None:
         self._subscription: Subscription | None = None
-        self._task: asyncio.Task[None] | None = None
-        self.healthy = False
+        self.keeper = LoopTask(self._keep)
 
     def ensure_running(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._keep())
+        self.keeper.start()
 
     def pending(self) -> bool:
         """Whether a message may have arrived that is not delivered yet: then memory does not decide."""
@@ -180,24 +170,20 @@ class AsyncInvalidator:
         subscription = self._subscription
         if subscription is not None:
             subscription.transport.close()
-        self._on_subscribed()
+        self.on_subscribed()
 
     def reset(self) -> None:
         """A new event loop or process: the old subscription belongs to the old one."""
-        self._task = None
+        self.keeper.forget()
         self._subscription = None
         self.healthy = False
 
     async def close(self) -> None:
-        task, self._task = self._task, None
         subscription, self._subscription = self._subscription, None
         self.healthy = False
         if subscription is not None:
             subscription.transport.close()
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await self.keeper.stop()
 
     # -- the keeper task -------------------------------------------------------
 
@@ -221,8 +207,8 @@ class AsyncInvalidator:
             delay = min(delay * 2, 5.0)
 
     async def _subscribe(self) -> Subscription:
-        subscription = await take_over(self._client.connection_pool.make_connection(), self)
-        subscription.send("SUBSCRIBE", self._channel)
+        subscription = await take_over(self.client.connection_pool.make_connection(), self)
+        subscription.send("SUBSCRIBE", self.channel)
         self._subscription = subscription
         return subscription
 
@@ -235,27 +221,19 @@ class AsyncInvalidator:
 
     def handle(self, subscription: Subscription, message: list[Any]) -> None:
         kind = text(message[0]).lower() if message else ""
-        if kind == "subscribe":
-            self.healthy = True
-            self._on_subscribed()  # what was learned before may have missed messages
-        elif kind == "message" and len(message) >= 3:
-            payload = parse_payload({"data": message[2]})
-            if payload is not None:
-                self._on_message(payload)
-        elif kind not in ("pong", "unsubscribe"):
-            log.info("the event subscription got %r; asking Redis at every call", message)
-            subscription.transport.close()
+        whole = kind != "message" or len(message) >= 3  # a message: kind, channel, data
+        if (whole and self.event(kind, message[-1] if message else None)) or kind in ("pong", "unsubscribe"):
+            return
+        log.info("the event subscription got %r; asking Redis at every call", message)
+        subscription.transport.close()
 
 
 async def take_over(connection: Any, owner: SubscriptionOwner) -> Subscription:
     """Connect a redis-py connection (AUTH, TLS, a unix socket, the Sentinel's master:
     as the client has them) and give its transport to a Subscription."""
     await connection.connect()
-    writer, reader = connection._writer, connection._reader
-    if writer is None or len(getattr(reader, "_buffer", b"")):
-        raise ConnectionError("the connection for the subscription is not a plain stream")
     # the transport is the subscription's from now on; the redis-py connection lets go of it
-    connection._writer = connection._reader = None
+    writer = detach_stream(connection)
     transport = writer.transport
     subscription = Subscription(owner, transport)
     # a StreamWriter closes its transport when it is collected: keep it while the transport lives

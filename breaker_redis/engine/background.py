@@ -18,13 +18,15 @@ up hooks nor keeps closed Breakers alive.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 log = logging.getLogger("breaker_redis")
@@ -121,6 +123,32 @@ class BackgroundThread:
         self._stopping = threading.Event()
         self._running = False
         self._thread = None
+
+
+class LoopTask:
+    """The asyncio side's BackgroundThread: one owner's task on the running event loop
+    (the event subscription's keeper, the Sentinel follower). ``start()`` creates it
+    unless it runs; ``forget()`` lets go of it untouched (a new loop or a forked child:
+    it went with the old loop); ``stop()`` cancels it and waits until it is done."""
+
+    def __init__(self, target: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._target = target
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._target())
+
+    def forget(self) -> None:
+        self._task = None
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None or task.done():
+            return
+        task.cancel()
+        with contextlib.suppress(BaseException):  # whatever it ended with, it has ended
+            await task
 
 
 def stop_all(threads: Iterable[BackgroundThread], timeout: float = STOP_SECONDS) -> bool:

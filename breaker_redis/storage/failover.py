@@ -25,9 +25,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, TypeVar
+
+import redis.sentinel
 
 from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.storage.internals import connection_socket, prefer_sentinel, sentinel_list
 from breaker_redis.storage.invalidation import shut_down
 from breaker_redis.storage.scripts import text
 
@@ -37,24 +40,54 @@ CHANNEL = "+switch-master"
 RETRY_SECONDS = 1.0
 
 
-class SentinelFollower:
-    """One thread per process, started at its first call (after any fork)."""
+F = TypeVar("F", bound="Follower")
+
+
+class Follower:
+    """What the two followers share: the pool, its service, the sentinels it asks, and
+    what a ``+switch-master`` message means. ``SentinelFollower`` here listens in a
+    thread, ``AsyncSentinelFollower`` (breaker_redis/asyncio/failover.py) in a task."""
+
+    pool_class: ClassVar[type[Any]]  # the Sentinel-managed pool of the follower's side
 
     def __init__(self, pool: Any, on_switch: Callable[[], None]) -> None:
         self._pool = pool
         self._service = str(pool.service_name)
-        self._sentinels: list[Any] = pool.sentinel_manager.sentinels
+        self._sentinels = sentinel_list(pool)
         self._on_switch = on_switch
-        self._pubsub: Any = None  # the subscription being read, shut down by close() to wake the thread
-        self.thread = BackgroundThread(self._loop, "breaker-redis-sentinel", wake=self._interrupt)
 
     @classmethod
-    def for_client(cls, client: Any, on_switch: Callable[[], None]) -> SentinelFollower | None:
+    def for_client(cls: type[F], client: Any, on_switch: Callable[[], None]) -> F | None:
         """A follower when client's pool is Sentinel-managed, else None (not for a cluster client)."""
-        from redis.sentinel import SentinelConnectionPool
-
         pool = getattr(client, "connection_pool", None)
-        return cls(pool, on_switch) if isinstance(pool, SentinelConnectionPool) else None
+        return cls(pool, on_switch) if isinstance(pool, cls.pool_class) else None
+
+    def sentinel(self, turn: int) -> Any:
+        """The sentinel to listen to after ``turn`` failures: each in turn."""
+        return self._sentinels[turn % len(self._sentinels)]
+
+    def announced(self, sentinel: Any, data: str) -> bool:
+        """Whether a ``+switch-master`` message (``<service> <old ip> <old port> <new ip>
+        <new port>``) from ``sentinel`` is about our service; if so the sentinel that
+        announced it is asked first from now on (it already knows the new master) and
+        the switch is logged."""
+        parts = data.split()
+        if len(parts) != 5 or parts[0] != self._service:
+            return False
+        prefer_sentinel(self._sentinels, sentinel)
+        log.warning("Sentinel moved master %r from %s:%s to %s:%s; reconnecting to the new master", *parts)
+        return True
+
+
+class SentinelFollower(Follower):
+    """One thread per process, started at its first call (after any fork)."""
+
+    pool_class = redis.sentinel.SentinelConnectionPool
+
+    def __init__(self, pool: Any, on_switch: Callable[[], None]) -> None:
+        super().__init__(pool, on_switch)
+        self._pubsub: Any = None  # the subscription being read, shut down by close() to wake the thread
+        self.thread = BackgroundThread(self._loop, "breaker-redis-sentinel", wake=self._interrupt)
 
     def ensure_running(self) -> None:
         self.thread.start()
@@ -66,13 +99,13 @@ class SentinelFollower:
     def _interrupt(self) -> None:
         pubsub = self._pubsub
         if pubsub is not None:
-            shut_down(getattr(pubsub.connection, "_sock", None))
+            shut_down(connection_socket(pubsub.connection))
 
     def _loop(self) -> None:
         thread = self.thread
         turn = 0
         while not thread.stopped():
-            sentinel = self._sentinels[turn % len(self._sentinels)]
+            sentinel = self.sentinel(turn)
             pubsub = None
             try:
                 pubsub = self._pubsub = sentinel.pubsub()
@@ -92,7 +125,7 @@ class SentinelFollower:
 
     def switched(self, sentinel: Any, data: str) -> None:
         """``<service> <old ip> <old port> <new ip> <new port>`` from ``sentinel``."""
-        if not announces_switch(self._service, self._sentinels, sentinel, data):
+        if not self.announced(sentinel, data):
             return
         # Asks the sentinels now: the pool learns the new address and closes its
         # idle connections; one in use is closed when its thread releases it (the
@@ -102,17 +135,3 @@ class SentinelFollower:
             self._pool.get_master_address()
         self._on_switch()
 
-
-def announces_switch(service: str, sentinels: list[Any], sentinel: Any, data: str) -> bool:
-    """Whether a ``+switch-master`` message (``<service> <old ip> <old port> <new ip>
-    <new port>``) from ``sentinel`` is about ``service``; if so the sentinel that
-    announced it moves to the front of ``sentinels`` (it already knows the new
-    master) and the switch is logged. Shared with breaker_redis/asyncio/failover.py."""
-    parts = data.split()
-    if len(parts) != 5 or parts[0] != service:
-        return False
-    with contextlib.suppress(ValueError):  # ask the sentinel that announced it first
-        index = sentinels.index(sentinel)
-        sentinels[0], sentinels[index] = sentinels[index], sentinels[0]
-    log.warning("Sentinel moved master %r from %s:%s to %s:%s; reconnecting to the new master", *parts)
-    return True

@@ -27,12 +27,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
 
 from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl
+from breaker_redis.storage.internals import connection_socket, fake_readable
 from breaker_redis.storage.scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -61,10 +63,10 @@ class Link:
     def attach(self) -> None:
         """Remember the socket and how to wait for it without reading it. Holds lock."""
         connection = self.pubsub.connection
-        sock = getattr(connection, "_sock", None)
-        selector = getattr(connection, "_selector", None)
-        if selector is not None and hasattr(selector, "check_can_read"):  # fakeredis in-process
-            self.readable = selector.check_can_read
+        sock = connection_socket(connection)
+        in_process = fake_readable(connection)
+        if in_process is not None:
+            self.readable = in_process
         elif isinstance(sock, socket.socket):
             self.readable = _poll_for(sock)
         else:  # unknown transport: let drain() read under the lock each time
@@ -96,7 +98,7 @@ class Link:
                     if self.owner.refused(self, exc):
                         continue
                     raise
-                if getattr(pubsub.connection, "_sock", None) is not self.socket:
+                if connection_socket(pubsub.connection) is not self.socket:
                     # the client reconnected and re-subscribed by itself: messages
                     # may have been missed, so nothing known is trusted until the
                     # new subscription is confirmed (perhaps by this very message)
@@ -134,37 +136,61 @@ class LinkOwner(Protocol):
     def lost(self, link: Link, exc: BaseException | None) -> None: ...
 
 
-def parse_payload(message: dict[str, Any]) -> dict[str, Any] | None:
+def parse_payload(data: Any) -> dict[str, Any] | None:
     """A message's data as a JSON object, or None (not JSON, or not an object)."""
     try:
-        payload = json.loads(text(message.get("data")))
+        payload = json.loads(text(data))
     except ValueError:
         return None
     return payload if isinstance(payload, dict) else None
 
 
-class Invalidator:
+OnMessage = Callable[[dict[str, Any]], None]  # given each event's payload
+
+
+@dataclass(eq=False)
+class EventSubscriber:
+    """What a process's subscription to ``<prefix>:events`` does with what it reads,
+    the same on both sides: ``Invalidator`` here reads it in a thread,
+    ``AsyncInvalidator`` (breaker_redis/asyncio/invalidation.py) in the event loop's
+    protocol callback."""
+
+    client: Any
+    channel: str
+    on_message: OnMessage
+    on_subscribed: Callable[[], None]  # told when what was learned may have missed messages
+    healthy: bool = field(default=False, init=False)  # subscribed: memory may decide
+
+    def __post_init__(self) -> None:
+        """What each side adds (its thread, its task)."""
+
+    def event(self, kind: str, data: Any) -> bool:
+        """Act on one message read: the subscription confirmed (what was learned before
+        may have missed messages), or an event (a hint: see knowledge.py). False for
+        any other kind."""
+        if kind == "subscribe":
+            self.healthy = True
+            self.on_subscribed()
+        elif kind == "message":
+            payload = parse_payload(data)
+            if payload is not None:
+                self.on_message(payload)
+        else:
+            return False
+        return True
+
+
+class Invalidator(EventSubscriber):
     """The one subscription of a process on a single Redis (or a Sentinel's master)."""
 
-    def __init__(
-        self,
-        client: Any,
-        channel: str,
-        on_message: Callable[[dict[str, Any]], None],
-        on_subscribed: Callable[[], None],
-    ) -> None:
-        self._client = client
-        self._channel = channel
-        self._on_message = on_message
-        self._on_subscribed = on_subscribed
+    def __post_init__(self) -> None:
         self.thread = BackgroundThread(self._loop, "breaker-redis-events", wake=self._interrupt)
         # Held by whoever reads the subscription (Link): the same lock for every
         # connection this process subscribes on in turn.
         self._read_lock = threading.Lock()
         self._link: Link | None = None
-        self.healthy = False
-        prefix = channel.removesuffix(":events")
-        self._permission = acl.PermissionLog(client, prefix, "the event subscription")
+        prefix = self.channel.removesuffix(":events")
+        self._permission = acl.PermissionLog(self.client, prefix, "the event subscription")
 
     def listener(self, name: str) -> Invalidator:
         """What a breaker drains and checks: on one server, the one subscription."""
@@ -211,7 +237,7 @@ class Invalidator:
             link, self._link = self._link, None
             if link is not None:  # no longer read; the listener thread closes it
                 link.closed, link.readable = True, _never
-        self._on_subscribed()
+        self.on_subscribed()
 
     # -- the listener thread --------------------------------------------------
 
@@ -222,10 +248,10 @@ class Invalidator:
             link = None
             try:
                 with self._read_lock:
-                    pubsub = self._client.pubsub()
+                    pubsub = self.client.pubsub()
                     link = Link(pubsub, self, self._read_lock)
                     self._link = link
-                    pubsub.subscribe(self._channel)
+                    pubsub.subscribe(self.channel)
                     link.attach()
                     link.read_all()
                 while not thread.stopped() and self._link is link:
@@ -245,21 +271,14 @@ class Invalidator:
     # -- what the link reports ------------------------------------------------
 
     def handle(self, link: Link, message: dict[str, Any]) -> None:
-        kind = text(message.get("type"))
-        if kind == "subscribe":
-            self.healthy = True
-            self._on_subscribed()  # what was learned before may have missed messages
-        elif kind == "message":
-            payload = parse_payload(message)
-            if payload is not None:
-                self._on_message(payload)
+        self.event(text(message.get("type")), message.get("data"))
 
     def refused(self, link: Link, exc: BaseException) -> bool:
         return False  # SUBSCRIBE refused (an ACL without the channel): the connection ends
 
     def reconnected(self, link: Link) -> None:
         self.healthy = False
-        self._on_subscribed()
+        self.on_subscribed()
 
     def lost(self, link: Link, exc: BaseException | None) -> None:
         self._lost(link, exc)

@@ -325,27 +325,6 @@ def _evalsha(client: Any, sha: str, source: str, keys: list[str], argv: list[Any
         return client.eval(source, len(keys), *keys, *argv)
 
 
-def _packed(encoder: Any, commands: Iterable[Sequence[Any]]) -> list[bytes]:
-    """The commands in Redis's protocol, as redis-py's pack_commands writes them, each
-    distinct argument encoded once: the calls of one chunk share most of theirs (the
-    function, the channel, the time, the config), and redis-py encoding each argument
-    of 2,000 read calls anew took about a quarter of a Prometheus scrape's time."""
-    encoding, errors = encoder.encoding, encoder.encoding_errors
-    encoded: dict[Any, bytes] = {}  # by the str, or by (type, value): 1 and 1.0 are sent differently
-    out = []
-    for command in commands:
-        out.append(b"*%d\r\n" % len(command))
-        for arg in command:
-            text_arg = type(arg) is str
-            key = arg if text_arg else (type(arg), arg)
-            piece = encoded.get(key)
-            if piece is None:
-                data = arg.encode(encoding, errors) if text_arg else encoder.encode(arg)
-                piece = encoded[key] = b"$%d\r\n%s\r\n" % (len(data), data)
-            out.append(piece)
-    return [b"".join(out)]  # (send_packed_command takes a list of buffers)
-
-
 class ScriptRunner(Scripts):
     """The scripts registered on one client, run against one key prefix."""
 
@@ -404,17 +383,15 @@ class ScriptRunner(Scripts):
             for calls in chunks:
                 yield self.run_many(operation, calls)
             return
+        from breaker_redis.storage.internals import pooled_connection, send_commands
+
         pool = self.client.connection_pool
-        conn: Any
-        try:
-            conn = pool.get_connection()
-        except TypeError:  # redis-py < 5.3 wants a command name
-            conn = pool.get_connection("FCALL")
+        conn = pooled_connection(pool)
         sent: deque[Sequence[Call]] = deque()
         drained = False
         try:
             for calls in chunks:
-                conn.send_packed_command(_packed(conn.encoder, self._commands(operation, calls)), False)
+                send_commands(conn, self._commands(operation, calls))
                 sent.append(calls)
                 if len(sent) == 2:
                     done = sent.popleft()

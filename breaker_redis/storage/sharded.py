@@ -57,6 +57,7 @@ import redis
 from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl
 from breaker_redis.storage.cluster import Slots, notices_channel
+from breaker_redis.storage.internals import connection_socket, forget_shard_channel
 from breaker_redis.storage.invalidation import Link, parse_payload
 from breaker_redis.storage.scripts import text
 
@@ -194,7 +195,7 @@ class Channels(Generic[X]):
         """A message, confirmation or unsubscription read on connection; False if it is
         none of those (an error, an unknown kind)."""
         if kind == "smessage":
-            payload = parse_payload({"data": data})
+            payload = parse_payload(data)
             if payload is not None:
                 self._on_message(payload)
             return True
@@ -391,7 +392,7 @@ class ShardedInvalidator(Channels[Link]):
             except Exception as exc:
                 self.lost(link, exc)
                 raise
-            if link.socket is not getattr(link.pubsub.connection, "_sock", None):
+            if link.socket is not connection_socket(link.pubsub.connection):
                 link.attach()  # a new connection
             link.read_all()
 
@@ -424,7 +425,7 @@ class ShardedInvalidator(Channels[Link]):
     def handle(self, link: Link, message: dict[str, Any]) -> None:
         kind, channel = text(message.get("type")), text(message.get("channel"))
         if kind == "sunsubscribe":  # redis-py forgets only the channels it was asked to leave
-            link.pubsub.shard_channels.pop(message.get("channel"), None)
+            forget_shard_channel(link.pubsub, message.get("channel"))
         self._handled(link, kind, channel, message.get("data"))
 
     def refused(self, link: Link, exc: BaseException) -> bool:
@@ -433,7 +434,7 @@ class ShardedInvalidator(Channels[Link]):
         if not isinstance(exc, redis.exceptions.MovedError):
             return False
         for channel in self._moved_away(link, exc.slot_id):
-            link.pubsub.shard_channels.pop(link.pubsub.encoder.encode(channel.channel), None)
+            forget_shard_channel(link.pubsub, channel.channel)
         return True
 
     def reconnected(self, link: Link) -> None:

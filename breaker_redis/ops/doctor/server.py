@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from breaker_redis.ops.doctor.checkup import NOTE, OK, PROBLEM, WARN, Checkup, Lines, count
+from breaker_redis.storage.internals import sentinel_list
 from breaker_redis.storage.scripts import text
 
 CLUSTER_SLOTS = 16384
@@ -63,17 +64,18 @@ def check_topology(up: Checkup) -> Lines:
 def _sentinel(pool: Any, service: str) -> Lines:
     manager = pool.sentinel_manager
     host, port = manager.discover_master(service)
+    sentinels = sentinel_list(pool)
     answers = []
-    for sentinel in manager.sentinels:
+    for sentinel in sentinels:
         with contextlib.suppress(redis.exceptions.RedisError, OSError):
             answers.append(sentinel.sentinel_master(service))
     line = (f"Sentinel service {service!r}: master {text(host)}:{port}; {len(answers)} of "
-            f"{len(manager.sentinels)} sentinels in the URL answer")
+            f"{len(sentinels)} sentinels in the URL answer")
     if answers:
         state = answers[0]
         line += (f" (they know {int(state.get('num-other-sentinels', 0)) + 1}, quorum {state.get('quorum')}, "
                  f"{count(int(state.get('num-slaves', 0)), 'replica')})")
-    if len(answers) < len(manager.sentinels):
+    if len(answers) < len(sentinels):
         return [(WARN, f"{line}: a worker asks the sentinels in the URL's order, so fix or remove the ones "
                  "that do not answer")]
     return [(OK, line)]

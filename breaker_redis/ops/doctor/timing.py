@@ -19,6 +19,7 @@ from redis.crc import key_slot
 
 from breaker_redis.ops.doctor.checkup import OK, PROBLEM, SKIP, WARN, Checkup, Lines
 from breaker_redis.ops.doctor.permissions import confirmed
+from breaker_redis.storage.internals import connection_socket
 from breaker_redis.storage.invalidation import _poll_for
 from breaker_redis.storage.scripts import text
 
@@ -64,7 +65,7 @@ def _ordering(up: Checkup, client: Any, channel: str, *, sharded: bool) -> Lines
         else:
             pubsub.subscribe(channel)
         confirmed(pubsub, "ssubscribe" if sharded else "subscribe")
-        sock = getattr(pubsub.connection, "_sock", None)
+        sock = connection_socket(pubsub.connection)
         if sock is None:
             return [(SKIP, "the subscription's socket cannot be polled here")]
         readable = _poll_for(sock)
