@@ -403,6 +403,43 @@ def test_a_healthy_async_call_costs_no_redis_command(redis_server):
     assert commands <= 2000 * 0.01, f"{commands} Redis commands for 2,000 healthy calls"
 
 
+def test_an_async_call_admitted_from_memory_is_timed_under_a_slow_call_rule(redis_server, clock):
+    """As on the sync side (test_api): a call admitted from memory reads the clock only
+    when the knowledge it admits from has a slow-call rule. With one, a slow call is
+    counted as slow, through call() and through a permit (this fails when they never
+    time); without, the healthy call never reads the clock and a long call is a plain
+    success."""
+    redis_server.client().flushall()
+    reads = [0]
+
+    def counting_clock() -> int:
+        reads[0] += 1
+        return clock()
+
+    async def main() -> tuple[int, int, int]:
+        breakers = Breakers.from_url(redis_server.url, clock=counting_clock, batch_successes=True)
+        slow_rule = BreakerConfig(trip="consecutive", failure_threshold=99, slow_call_seconds=1.0,
+                                  slow_call_rate=0.9, minimum_calls=50)
+        timed, untimed = breakers.get("timed", slow_rule), breakers.get("untimed", BreakerConfig())
+        await subscribed(breakers)
+        for b in (timed, untimed):
+            await b.call(lambda: None)  # learns the config from the reply
+            assert b.known is not None and b.known.calm
+            await b.call(clock.advance, 1500)
+            permit = await b.acquire()  # the permit of a call admitted from memory, timed the same way
+            clock.advance(1500)
+            await permit.success()
+        reads[0] = 0
+        for _ in range(5):
+            await untimed.call(lambda: None)
+        untimed_reads = reads[0]
+        slow = ((await timed.snapshot())["window_slow"], (await untimed.snapshot())["window_slow"])
+        await breakers.aclose()
+        return (*slow, untimed_reads)
+
+    assert run(main()) == (2, 0, 0)
+
+
 def _commands(server: RedisServer) -> int:
     stats = server.client().info("commandstats")
     return sum(int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info",))

@@ -1,10 +1,11 @@
 """Breaker and Permit for asyncio: the sync Breaker's four steps, awaited.
 
-The same rules as breaker_redis/engine/breaker.py, and the same modules for them:
-the replies are decoded and kept by ``knowledge.Memory``, memory decides by
-``Knowledge.decide``, and the scripts are the same files with the same
-arguments, so a sync worker and an async worker of one deployment share one
-breaker and one boundary. What differs is only how a step waits:
+The same rules as breaker_redis/engine/breaker.py, and the same code for them:
+core.py decides and counts without I/O, steps.py holds every sequence around a
+script call (this side awaits them), permit.py the Permit's rules, wrappers.py
+what call, @decorator and ``async with`` share. So a sync worker and an async
+worker of one deployment share one breaker and one boundary. What differs is
+only how a step waits:
 
 - deciding from memory never awaits (no I/O), and is trusted only when the
   subscription has nothing unread (``AsyncInvalidator.pending``), which
@@ -27,27 +28,26 @@ nothing between two awaits can interleave.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
+import contextlib
 import inspect
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Protocol, TypeVar, cast
 
-from breaker_redis.asyncio.store import AsyncStoreGate, StoreUnavailable
+from breaker_redis.asyncio.store import AsyncStoreGate
+from breaker_redis.engine import steps
 from breaker_redis.engine.breaker import State
 from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.core import BreakerCore
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
-from breaker_redis.engine.snapshot import snapshot_dict
+from breaker_redis.engine.permit import Recording
+from breaker_redis.engine.steps import BreakerSteps
+from breaker_redis.engine.wrappers import MISSING, Wraps
 
 log = logging.getLogger("breaker_redis")
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
-MISSING: Any = object()
 
 
 class Listener(Protocol):
@@ -59,91 +59,52 @@ class Listener(Protocol):
     def pending(self) -> bool: ...
 
 
-class Shared(Protocol):
-    """The per-process machinery a breaker uses (``breaker_redis.asyncio.Breakers``)."""
-
-    batch_successes: bool
-    pid: int
-    reporter: str
+class Shared(steps.Shared, Protocol):
+    """The per-process machinery a breaker uses (``breaker_redis.asyncio.Breakers``):
+    the steps' (steps.py), and this side's I/O, awaited."""
 
     def gate_for(self, name: str) -> AsyncStoreGate: ...
     def listener(self, name: str) -> Listener | None: ...
-
-    def clock_ms(self) -> int | None: ...
-    def now_ms(self) -> int: ...
-    def observe_clock(self, redis_now_ms: int) -> None: ...
     def ensure_loop(self) -> None: ...
     def schedule(self, breaker: Breaker) -> None: ...
     async def register_name(self, name: str) -> None: ...
     async def barrier(self, name: str) -> None: ...
-    def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None: ...
 
 
-class Permit:
+class _Done:
+    """An awaitable that is done at once: what a second record of a permit returns."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from ()
+
+
+class Permit(Recording[Awaitable[None]]):
     """One admitted call. Await ``success()``, ``failure()`` or ``ignore()``
-    exactly once (later ones are no-ops); or use it as an async context manager."""
+    exactly once (later ones are no-ops); or use it as an async context manager.
+    The rules are the sync Permit's (engine/permit.py); its records are awaited."""
 
-    __slots__ = ("_breaker", "_done", "batchable", "epoch", "generation", "lease", "observing", "probe",
-                 "started")
-
-    def __init__(
-        self,
-        breaker: Breaker,
-        epoch: int,
-        lease: str,
-        generation: int,
-        *,
-        batchable: bool = False,
-        observing: bool = False,
-    ) -> None:
-        self._breaker = breaker
-        self.epoch = epoch
-        self.lease = lease
-        self.generation = generation
-        self.probe = lease.startswith("p:")
-        self.batchable = batchable
-        self.observing = observing
-        self.started = breaker.now_ms()
-        self._done = False
-
-    async def success(self) -> None:
-        await self.record("success")
-
-    async def failure(self) -> None:
-        await self.record("failure")
-
-    async def ignore(self) -> None:
-        await self.record("ignored")
-
-    async def record(self, outcome: str) -> None:
-        if outcome not in ("success", "failure", "ignored"):
-            raise ValueError(f"outcome must be success, failure or ignored (got {outcome!r})")
-        if self._done:
-            return
-        self._done = True
-        await self._breaker._record(self, outcome, self._breaker.now_ms() - self.started)
-
-    @property
-    def recorded(self) -> bool:
-        return self._done
+    __slots__ = ()
+    _nothing = _Done()
 
     async def __aenter__(self) -> Permit:
         return self
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None:
-            await self.success()
-        else:
-            await self.record(self._breaker.classify(exc))
+        await self._exit(exc)
 
 
-class Breaker(BreakerCore[Permit]):
+class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
     """One named breaker in this process, shared through Redis with every
     worker, sync or async, that uses the same key prefix. What it decides and
-    counts without I/O is breaker_redis/engine/core.py's, as on the sync side."""
+    counts without I/O is breaker_redis/engine/core.py's, and its calls to Redis
+    are steps.py's, as on the sync side."""
 
     _permit = Permit
     _shared: Shared
+    _gate: AsyncStoreGate
+    _lock = contextlib.nullcontext()  # one event loop: nothing to guard (module doc)
 
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
@@ -151,9 +112,6 @@ class Breaker(BreakerCore[Permit]):
         # told the events of every reply of the store in use (a breaker group's hook, groups.py)
         self.on_events: Callable[[Breaker, str], None] | None = None
         super().__init__(name, config)
-        self._permits: contextvars.ContextVar[tuple[Permit, ...]] = contextvars.ContextVar(
-            f"breaker_redis:{name}", default=()
-        )
         self._gate = shared.gate_for(name)  # on a cluster, its master's (store.MasterGates)
         self._listener = shared.listener(name)
         self.reset_process()
@@ -170,32 +128,35 @@ class Breaker(BreakerCore[Permit]):
         else:
             self._memory.forget()
 
+    # -- the steps' I/O (steps.py), awaited on redis-py's asyncio client -----------
+
+    async def _script(self, operation: str, args: list[Any], fallback: bool) -> tuple[Any, int]:
+        return await self._gate.run(operation, self.name, self._shared.clock_ms(), args, fallback=fallback)
+
+    async def _remote(self, operation: str, args: list[Any]) -> Any:
+        return await self._gate.run_remote(operation, self.name, self._shared.clock_ms(), args)
+
+    async def _register(self) -> None:
+        await self._shared.register_name(self.name)
+
+    async def _barrier(self) -> None:
+        await self._shared.barrier(self.name)
+
+    async def _finish(self, step: Coroutine[Any, Any, None]) -> None:
+        self._shared.ensure_loop()
+        await step
+
     # -- admission -----------------------------------------------------------
 
     async def acquire(self) -> Permit:
         """A Permit for one call, or BreakerOpen. Decides from memory when it can."""
-        shared = self._shared
-        shared.ensure_loop()
+        self._shared.ensure_loop()
         known = self._memory.known
         if known is not None and self._trusted(known):
             permit = self._from_memory(known)
             if permit is not None:
                 return permit
-        return await _shielded(self._acquire_from_redis(), _hand_back)
-
-    async def _acquire_from_redis(self) -> Permit:
-        pending = self._take_pending()
-        try:
-            reply, generation, stamp = await self._run("acquire", self._acquire_args(pending))
-        except StoreUnavailable:
-            self._put_back(pending)
-            if self._gate.policy == "allow":
-                return Permit(self, -1, "", -1)
-            raise BreakerOpen(None, self.name, "open") from None
-        except BaseException:
-            self._put_back(pending)
-            raise
-        return self._from_reply(reply, generation, await self._learn(reply, generation, stamp))
+        return await _shielded(self._acquiring(), _hand_back)
 
     def _trusted(self, known: Knowledge) -> bool:
         listener = self._listener
@@ -232,59 +193,9 @@ class Breaker(BreakerCore[Permit]):
     async def _send(
         self, epoch: int, outcome: str, duration_ms: int, lease: str, generation: int = -1
     ) -> None:
-        """As the sync Breaker._send: an outcome whose store was switched while it
-        waited for the send lock is dropped."""
+        """steps.py _sending, under this side's send lock (awaited: an asyncio.Lock)."""
         async with self._send_lock:
-            pending, batch = self._take_for_send(self._gate.live)
-            if outcome and not self._gate.live(generation):
-                outcome = ""
-            if not outcome and not batch[1] and not any(pending):
-                return
-            try:
-                reply, generation, stamp = await self._run(
-                    "record",
-                    self._record_args(epoch, outcome, duration_ms, lease, pending, batch),
-                    fallback=False,
-                )
-            except StoreUnavailable:
-                return
-            except Exception:
-                self._put_back(pending, batch)
-                log.exception("could not record an outcome of breaker %r", self.name)
-                return
-            await self._learn(reply, generation, stamp)
-
-    # -- learning ----------------------------------------------------------------
-
-    async def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int, int]:
-        shared = self._shared
-        stamp = self._memory.stamp()
-        raw, generation = await self._gate.run(
-            operation,
-            self.name,
-            shared.clock_ms(),
-            self._script_args(args),
-            fallback=fallback,
-        )
-        return Reply.decode(raw), generation, stamp
-
-    async def _learn(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
-        shared = self._shared
-        shared.observe_clock(reply.now)
-        current = self._gate.shared(generation)
-        known = self._learn_reply(reply, generation, stamp, current)
-        if current:
-            if self._listing_due(shared.pid, self._gate.remote.ttl_ms):
-                await shared.register_name(self.name)
-            if reply.events:
-                await shared.barrier(self.name)
-                shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
-        if reply.events and self.on_events is not None and self._gate.live(generation):
-            self.on_events(self, reply.events)
-        return known
-
-    def _key_prefix(self) -> str:
-        return self._gate.remote.prefix
+            await self._sending(epoch, outcome, duration_ms, lease, generation)
 
     def hint(self, payload: dict[str, Any]) -> bool:
         """A pushed message about this breaker; True when it was news and a batch is
@@ -293,12 +204,7 @@ class Breaker(BreakerCore[Permit]):
             return False
         return self._gate.healthy and self._memory.hint(payload) and self.holds_counts
 
-    @property
-    def store_healthy(self) -> bool:
-        """Whether this breaker's scripts run on Redis now (on a cluster: on its master)."""
-        return self._gate.healthy
-
-    # -- the ways to protect a call ----------------------------------------------
+    # -- the ways to protect a call (what they share: wrappers.py) -----------------
 
     async def call(self, fn: Callable[..., Awaitable[T] | T], /, *args: Any, fallback: Any = MISSING,
                    **kwargs: Any) -> T:
@@ -312,9 +218,7 @@ class Breaker(BreakerCore[Permit]):
         try:
             permit = await self.acquire()
         except BreakerOpen as refused:
-            if fallback is MISSING:
-                raise
-            return cast(T, await _fall_back(fallback, refused))
+            return cast(T, await _resolved(self._answer_refusal(refused, fallback)))
         try:
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
@@ -322,38 +226,24 @@ class Breaker(BreakerCore[Permit]):
         except BaseException as exc:
             outcome = self.classify(exc)
             await permit.record(outcome)
-            if outcome == "failure" and fallback is not MISSING:
-                return cast(T, await _fall_back(fallback, exc))
-            raise
+            return cast(T, await _resolved(self._answer_raised(outcome, exc, fallback)))
         await permit.success()
         return cast(T, result)
 
-    def decorate(self, fallback: Any = MISSING) -> Callable[[F], F]:
-        """``@breaker.decorate(fallback=...)`` on an async function; plain ``@breaker`` has no fallback."""
+    def _wrapper(self, fn: Callable[..., Any], fallback: Any) -> Callable[..., Any]:
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:  # a coroutine function, as fn is
+            return await self.call(fn, *args, fallback=fallback, **kwargs)
 
-        def wrap(fn: F) -> F:
-            @functools.wraps(fn)
-            async def wrapper(*args: Any, **kwargs: Any) -> Any:
-                return await self.call(fn, *args, fallback=fallback, **kwargs)
-
-            return cast(F, wrapper)
-
-        return wrap
-
-    def __call__(self, fn: F) -> F:
-        return self.decorate()(fn)
+        return wrapper
 
     async def __aenter__(self) -> Permit:
-        permit = await self.acquire()
-        self._permits.set((*self._permits.get(), permit))
-        return permit
+        return self._hold(await self.acquire())
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        *rest, permit = self._permits.get()
-        self._permits.set(tuple(rest))
+        permit: Permit = self._release()
         await permit.__aexit__(exc_type, exc, tb)
 
-    # -- reading and administration ----------------------------------------------
+    # -- reading and administration (the actions: steps.py) -------------------------
 
     async def state(self) -> State:
         """The state as Redis has it now (one script call)."""
@@ -361,71 +251,21 @@ class Breaker(BreakerCore[Permit]):
 
     async def snapshot(self) -> dict[str, Any]:
         self._shared.ensure_loop()
-        await self.flush_batch()
-        pending = self._take_pending()
-        shared = self._shared
-        try:
-            args = self._script_args(pending)
-            raw, _ = await self._gate.run("snapshot", self.name, shared.clock_ms(), args)
-        except StoreUnavailable:
-            self._put_back(pending)
-            raise
-        return snapshot_dict(self.name, raw, self._gate.kind)
-
-    async def force_open(self) -> None:
-        await self._admin("force_open")
-
-    async def force_closed(self) -> None:
-        await self._admin("force_closed")
-
-    async def clear_force(self) -> None:
-        await self._admin("clear_force")
-
-    async def reset(self) -> None:
-        await self._admin("reset")
-
-    async def trip(self) -> None:
-        """Open now for this worker's open_seconds, then half_open as after any trip."""
-        await self._admin("trip", self._lua_config)
-
-    async def half_open(self) -> None:
-        """half_open now: the next call is a probe."""
-        await self._admin("half_open")
-
-    async def hold_open(self, seconds: float) -> None:
-        """As the sync Breaker.hold_open: if open, keep it open at least ``seconds``
-        from now, for every worker (a service's Retry-After)."""
-        await self.run_script("hold", [max(0, round(seconds * 1000))])
+        await self.flush_batch()  # this worker's own successes and counts show at once
+        return await self._snapshotting()
 
     async def run_script(self, operation: str, args: list[Any]) -> Reply | None:
         """As the sync Breaker.run_script, awaited."""
         self._shared.ensure_loop()
-        try:
-            reply, generation, stamp = await self._run(operation, args)
-        except StoreUnavailable:
-            return None
-        await self._learn(reply, generation, stamp)
-        return reply
-
-    async def _admin(self, op: str, config: bytes | str = "") -> None:
-        shared = self._shared
-        shared.ensure_loop()
-        await shared.register_name(self.name)
-        gate, stamp = self._gate, self._memory.stamp()
-        args = [config, self._memory.epoch_seen, op]
-        raw = await gate.run_remote("admin", self.name, shared.clock_ms(), args)
-        await self._learn(Reply.decode(raw), gate.generation, stamp)
+        return await self._scripting(operation, args)
 
     def __repr__(self) -> str:
         return f"<breaker_redis.asyncio.Breaker {self.name!r}>"
 
 
-async def _fall_back(fallback: Any, cause: BaseException) -> Any:
-    """A callable fallback is given the cause (and awaited if it returns an awaitable)."""
-    if not callable(fallback):
-        return fallback
-    result = fallback(cause)
-    return await result if inspect.isawaitable(result) else result
+async def _resolved(answer: Any) -> Any:
+    """A fallback's answer, awaited if it is awaitable."""
+    return await answer if inspect.isawaitable(answer) else answer
 
 
 # -- running a script call to its end --------------------------------------------------------

@@ -16,27 +16,27 @@ One call, in four steps:
 
 Sends are serialised per breaker (``_send_lock``), so Redis sees this
 worker's outcomes in the order they happened, whichever thread sends them.
+Every sequence around a script call is steps.py's, shared with the asyncio
+Breaker; the healthy call (steps 1 to 3 from memory) is written out here.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from enum import Enum
 from typing import Any, Protocol, TypeVar, cast
 
+from breaker_redis.engine import steps
 from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.core import BreakerCore
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.recorder import Recorder
-from breaker_redis.engine.snapshot import snapshot_dict
+from breaker_redis.engine.steps import BreakerSteps, run_sync
 from breaker_redis.engine.wrappers import MISSING, Protects
-from breaker_redis.storage.store import StoreGate, StoreUnavailable
+from breaker_redis.storage.store import StoreGate
 
-log = logging.getLogger("breaker_redis")
 T = TypeVar("T")
 
 
@@ -58,33 +58,28 @@ class Listener(Protocol):
     def drain(self) -> None: ...
 
 
-class Shared(Protocol):
-    """The per-process machinery a breaker uses (``Breakers`` provides it)."""
+class Shared(steps.Shared, Protocol):
+    """The per-process machinery a breaker uses (``Breakers`` provides it): the
+    steps' (steps.py), and this side's I/O."""
 
     recorder: Recorder
-    batch_successes: bool
-    pid: int
-    reporter: str
 
     def gate_for(self, name: str) -> StoreGate: ...
     def listener(self, name: str) -> Listener | None: ...
-    def clock_ms(self) -> int | None: ...
-    def now_ms(self) -> int: ...
-    def observe_clock(self, redis_now_ms: int) -> None: ...
     def ensure_process(self) -> None: ...
     def register_name(self, name: str) -> None: ...
     def barrier(self, name: str) -> None: ...
-    def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None: ...
 
 
-class Breaker(BreakerCore[Permit], Protects):
+class Breaker(BreakerSteps[Permit, None], Protects):
     """One named breaker, shared by every thread of this process and, through
     Redis, by every worker of every host using the same key prefix. What it
     decides and counts without I/O is breaker_redis/engine/core.py's, done here under
-    ``_lock``."""
+    ``_lock``; its calls to Redis are steps.py's, run with blocking I/O."""
 
     _permit = Permit
     _shared: Shared
+    _gate: StoreGate
 
     def __init__(self, shared: Shared, name: str, config: BreakerConfig) -> None:
         self._shared = shared
@@ -103,7 +98,23 @@ class Breaker(BreakerCore[Permit], Protects):
         self._send_lock = threading.Lock()  # one record call at a time: outcomes in order
         self._memory = Memory()
         self._forget_counts()
-        self._local_permits = threading.local()
+
+    # -- the steps' I/O (steps.py): blocking calls, 'async' in form only, run by run_sync
+
+    async def _script(self, operation: str, args: list[Any], fallback: bool) -> tuple[Any, int]:
+        return self._gate.run(operation, self.name, self._shared.clock_ms(), args, fallback=fallback)
+
+    async def _remote(self, operation: str, args: list[Any]) -> Any:
+        return self._gate.run_remote(operation, self.name, self._shared.clock_ms(), args)
+
+    async def _register(self) -> None:
+        self._shared.register_name(self.name)
+
+    async def _barrier(self) -> None:
+        self._shared.barrier(self.name)
+
+    def _finish(self, step: Coroutine[Any, Any, None]) -> None:
+        run_sync(step)
 
     # -- 1. admission -------------------------------------------------------
 
@@ -120,23 +131,21 @@ class Breaker(BreakerCore[Permit], Protects):
         if known is not None and known.admits and self._trusted(known):
             # the healthy call: admitted from memory, nothing counted (core.py _from_memory)
             return Permit(self, known.epoch, "", known.generation, known.calm, timed=known.slow_ms != 0)
-        with self._lock:
-            if known is not None and self._trusted(known):
+        if known is not None and self._trusted(known):
+            with self._lock:
                 permit = self._from_memory(known)
-                if permit is not None:
-                    return permit
-            pending = self._take_pending()
-        try:
-            reply, generation, stamp = self._run("acquire", self._acquire_args(pending))
-        except StoreUnavailable:
-            self._restore_pending(pending)
-            if self._gate.policy == "allow":
-                return Permit(self, -1, "", -1)  # detached: records nothing
-            raise BreakerOpen(None, self.name, "open") from None
-        except Exception:
-            self._restore_pending(pending)
-            raise
-        return self._from_reply(reply, generation, self._learn(reply, generation, stamp))
+            if permit is not None:
+                return permit
+        return run_sync(self._acquiring())
+
+    def call(self, fn: Callable[..., T], /, *args: Any, fallback: Any = MISSING, **kwargs: Any) -> T:
+        """Run fn behind the breaker.
+
+        With ``fallback`` (a value, or a callable given the BreakerOpen or the
+        exception), a refused call or a call that failed returns the fallback
+        instead of raising; ignored exceptions are always re-raised.
+        """
+        return self.guard(fn, args, kwargs, fallback=fallback)
 
     def guard(
         self,
@@ -147,8 +156,11 @@ class Breaker(BreakerCore[Permit], Protects):
         fallback: Any = MISSING,
         failed: Callable[[T], BaseException | None] | None = None,
     ) -> T:
-        """Protects.guard with the healthy call written out: admitted from calm,
-        trusted knowledge and returning, it makes no Permit and joins the batch
+        """``call`` with one more rule: ``failed(result)`` returning an exception
+        marks a returned result as a failure (the fallback gets that exception).
+
+        The healthy call is written out here: admitted from calm, trusted
+        knowledge and returning, it makes no Permit and joins the batch
         directly (about a third of the breaker's own time per call). The same
         steps as acquire() and _record(); anything else takes the general path."""
         shared = self._shared
@@ -185,20 +197,10 @@ class Breaker(BreakerCore[Permit], Protects):
             permit.started = started
         return permit
 
-    def _drain(self) -> None:
-        listener = self._listener
-        if listener is not None:
-            listener.drain()
-
     def _trusted(self, known: Knowledge) -> bool:
-        """Whether memory may decide (knowledge.py). Call after _drain()."""
+        """Whether memory may decide (knowledge.py). Call after the listener's drain()."""
         listener = self._listener
         return known.trusted(self._gate, listener is not None and listener.healthy)
-
-    def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
-        """Put back what a script call that failed did not deliver."""
-        with self._lock:
-            self._put_back(pending, batch)
 
     # -- 3. outcomes --------------------------------------------------------
 
@@ -241,71 +243,9 @@ class Breaker(BreakerCore[Permit], Protects):
             self._send(0, "", 0, "")
 
     def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str, generation: int = -1) -> None:
-        """Run the record script with this outcome ('' for none) and the batch held.
-
-        ``generation``: the store generation the outcome's permit came from. The
-        store may have switched while this waited for the send lock: then the
-        outcome belongs to a store no longer in use and is dropped, as the
-        batch is (its epoch and lease mean nothing to the other store)."""
+        """steps.py _sending, under this side's send lock (a thread lock)."""
         with self._send_lock:
-            with self._lock:
-                pending, batch = self._take_for_send(self._gate.live)
-            if outcome and not self._gate.live(generation):
-                outcome = ""
-            if not outcome and not batch[1] and not any(pending):
-                return
-            try:
-                reply, generation, stamp = self._run(
-                    "record",
-                    self._record_args(epoch, outcome, duration_ms, lease, pending, batch),
-                    fallback=False,
-                )
-            except StoreUnavailable:
-                return
-            except Exception:
-                self._restore_pending(pending, batch)
-                log.exception("could not record an outcome of breaker %r", self.name)
-                return
-            self._learn(reply, generation, stamp)
-
-    # -- 4. learning ----------------------------------------------------------
-
-    def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int, int]:
-        """(reply, store generation, the invalidation count when it was sent)."""
-        shared = self._shared
-        stamp = self._memory.stamp()
-        raw, generation = self._gate.run(
-            operation,
-            self.name,
-            shared.clock_ms(),
-            self._script_args(args),
-            fallback=fallback,
-        )
-        return Reply.decode(raw), generation, stamp
-
-    def _learn(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
-        """Learn from a reply (knowledge.Memory); after a change, the barrier."""
-        shared = self._shared
-        shared.observe_clock(reply.now)
-        gate = self._gate
-        current = gate.shared(generation)
-        known = self._learn_reply(reply, generation, stamp, current)
-        if current and self._listing_due(shared.pid, gate.remote.ttl_ms):
-            shared.register_name(self.name)
-        if reply.events and current:
-            shared.barrier(self.name)
-            shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
-        if reply.events and self.on_events is not None and self._gate.live(generation):
-            self.on_events(self, reply.events)
-        return known
-
-    def _key_prefix(self) -> str:
-        return self._gate.remote.prefix
-
-    @property
-    def store_healthy(self) -> bool:
-        """Whether this breaker's scripts run on Redis now (on a cluster: on its master)."""
-        return self._gate.healthy
+            run_sync(self._sending(epoch, outcome, duration_ms, lease, generation))
 
     def hint(self, payload: dict[str, Any]) -> None:
         """A pushed message about this breaker: if it is news, the next call asks
@@ -316,7 +256,7 @@ class Breaker(BreakerCore[Permit], Protects):
         if self._gate.healthy and self._memory.hint(payload):
             self.flush_batch()
 
-    # -- reading and administration -----------------------------------------
+    # -- reading and administration (the actions: steps.py) -------------------
 
     @property
     def state(self) -> State:
@@ -325,61 +265,13 @@ class Breaker(BreakerCore[Permit], Protects):
 
     def snapshot(self) -> dict[str, Any]:
         self.flush_batch()  # this worker's own successes and counts show at once
-        with self._lock:
-            pending = self._take_pending()
-        shared = self._shared
-        try:
-            args = self._script_args(pending)
-            raw, _ = self._gate.run("snapshot", self.name, shared.clock_ms(), args)
-        except StoreUnavailable:
-            self._restore_pending(pending)
-            raise
-        return snapshot_dict(self.name, raw, self._gate.kind)
-
-    def force_open(self) -> None:
-        self._admin("force_open")
-
-    def force_closed(self) -> None:
-        self._admin("force_closed")
-
-    def clear_force(self) -> None:
-        self._admin("clear_force")
-
-    def reset(self) -> None:
-        self._admin("reset")
-
-    def trip(self) -> None:
-        """Open now for this worker's open_seconds, then half_open as after any trip
-        (pybreaker's open(); unlike force_open it ends by itself)."""
-        self._admin("trip", self._lua_config)
-
-    def half_open(self) -> None:
-        """half_open now: the next call is a probe."""
-        self._admin("half_open")
-
-    def hold_open(self, seconds: float) -> None:
-        """If the breaker is open, keep it open at least ``seconds`` from now, for
-        every worker (lua/hold.lua; capped at max_open_seconds): a service's own
-        Retry-After, honoured by the HTTP client integrations. Never shortens it."""
-        self.run_script("hold", [max(0, round(seconds * 1000))])
+        return run_sync(self._snapshotting())
 
     def run_script(self, operation: str, args: list[Any]) -> Reply | None:
         """Run one of this breaker's scripts that answer with the common reply (hold,
         member) with this worker's config, and learn from the reply; None when Redis
         is down and the policy is allow or deny."""
-        try:
-            reply, generation, stamp = self._run(operation, args)
-        except StoreUnavailable:
-            return None
-        self._learn(reply, generation, stamp)
-        return reply
-
-    def _admin(self, op: str, config: bytes | str = "") -> None:
-        self._shared.register_name(self.name)  # a breaker only ever forced is listed too
-        gate, stamp = self._gate, self._memory.stamp()
-        args = [config, self._memory.epoch_seen, op]
-        raw = gate.run_remote("admin", self.name, self._shared.clock_ms(), args)
-        self._learn(Reply.decode(raw), gate.generation, stamp)
+        return run_sync(self._scripting(operation, args))
 
     def __repr__(self) -> str:
         return f"<Breaker {self.name!r}>"

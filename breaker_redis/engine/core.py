@@ -116,9 +116,12 @@ class BreakerCore(Generic[P]):
         Counts kept in memory go to Redis with the next script call; once per
         FLUSH_SECONDS that call is this one.
         """
+        if known.admits:  # what decide() admits, whatever the time: no clock read for it
+            # timed: a duration matters only to the slow-call rule; untimed, the clock is not read
+            return self._permit(
+                self, known.epoch, "", known.generation, batchable=known.calm, timed=known.slow_ms != 0
+            )
         verdict = known.decide(self._shared.now_ms())
-        if verdict is Verdict.ADMIT:
-            return self._permit(self, known.epoch, "", known.generation, batchable=known.calm)
         if verdict is Verdict.ASK or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             return None
         if verdict is Verdict.OBSERVE:

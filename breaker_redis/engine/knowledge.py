@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Protocol
 
@@ -69,26 +70,18 @@ class Reply:
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
-        return cls(
-            int(raw[0]),
-            text(raw[1]),
-            text(raw[2]),
-            int(raw[3]),
-            int(raw[4]),
-            text(raw[5]),
-            text(raw[6]),
-            int(raw[7]),
-            text(raw[8]),
-            int(raw[9]),
-            text(raw[10]),
-            int(raw[11]),
-            bool(int(raw[12])),
-            int(raw[13]),
-            int(raw[14]),
-            text(raw[15]) if len(raw) > 15 else "",
-            text(raw[16]) if len(raw) > 16 else "",
-            int(raw[17]) if len(raw) > 17 else 0,
-        )
+        """The reply's fields in their order; a shorter reply (an older script's)
+        leaves the trailing ones at their defaults."""
+        return cls(*[convert(value) for convert, value in zip(_DECODERS, raw, strict=False)])
+
+
+def _flag(value: Any) -> bool:
+    return bool(int(value))
+
+
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {"int": int, "str": text, "bool": _flag}
+# Reply's fields' converters, in order, from its annotations: the layout is written once
+_DECODERS = tuple(_CONVERTERS[str(f.type)] for f in fields(Reply))
 
 
 class Gate(Protocol):

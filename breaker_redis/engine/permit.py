@@ -1,24 +1,31 @@
-"""Permit: one admitted call, whose outcome is recorded exactly once."""
+"""Permit: one admitted call, whose outcome is recorded exactly once.
+
+One class of rules for both sides (``Recording``): a permit returns what its
+breaker's ``_record`` returns, None on the sync side and an awaitable on the
+asyncio side, so ``permit.success()`` and ``await permit.success()`` are the
+same code. What stays twinned is the context manager: ``with`` and ``async
+with`` are two protocols (``Permit`` here, ``breaker_redis.asyncio.Permit``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
+
+D = TypeVar("D")  # what recording returns: None (sync) or an awaitable (asyncio)
+D_co = TypeVar("D_co", covariant=True)
+OUTCOMES = ("success", "failure", "ignored")
 
 
-class Settles(Protocol):
+class Settles(Protocol[D_co]):
     """What a permit needs from the breaker that issued it."""
 
     def now_ms(self) -> int: ...
     def classify(self, exc: BaseException) -> str: ...
-    def _record(self, permit: Permit, outcome: str, duration_ms: int) -> None: ...
+    def _record(self, permit: Any, outcome: str, duration_ms: int) -> D_co: ...
 
 
-class Permit:
-    """One admitted call. Record its outcome exactly once (later calls are no-ops).
-
-    Usable as a context manager: an exception is classified by the breaker's
-    config, a normal exit is a success.
-    """
+class Recording(Generic[D]):
+    """One admitted call. Record its outcome exactly once (later calls are no-ops)."""
 
     __slots__ = (
         "_breaker",
@@ -31,10 +38,11 @@ class Permit:
         "probe",
         "started",
     )
+    _nothing: D  # what a record after the first returns: None, or an awaitable that is done
 
     def __init__(
         self,
-        breaker: Settles,
+        breaker: Settles[D],
         epoch: int,
         lease: str,
         generation: int,
@@ -60,35 +68,44 @@ class Permit:
         # several threads recording at once goes on, without a lock per permit
         self._unrecorded = [True]
 
-    def success(self) -> None:
-        self.record("success")
+    def success(self) -> D:
+        return self.record("success")
 
-    def failure(self) -> None:
-        self.record("failure")
+    def failure(self) -> D:
+        return self.record("failure")
 
-    def ignore(self) -> None:
-        self.record("ignored")
+    def ignore(self) -> D:
+        return self.record("ignored")
 
-    def record(self, outcome: str) -> None:
-        if outcome not in ("success", "failure", "ignored"):
+    def record(self, outcome: str) -> D:
+        if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be success, failure or ignored (got {outcome!r})")
         try:
             self._unrecorded.pop()
         except IndexError:
-            return  # recorded already
+            return self._nothing  # recorded already
         breaker = self._breaker
         started = self.started
-        breaker._record(self, outcome, breaker.now_ms() - started if started else 0)
+        return breaker._record(self, outcome, breaker.now_ms() - started if started else 0)
 
     @property
     def recorded(self) -> bool:
         return not self._unrecorded
 
+    def _exit(self, exc: BaseException | None) -> D:
+        """Leaving the permit's block: an exception is classified by the breaker's config,
+        a normal exit is a success."""
+        return self.success() if exc is None else self.record(self._breaker.classify(exc))
+
+
+class Permit(Recording[None]):
+    """One admitted call of a sync Breaker; usable as a context manager."""
+
+    __slots__ = ()
+    _nothing = None
+
     def __enter__(self) -> Permit:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None:
-            self.success()
-        else:
-            self.record(self._breaker.classify(exc))
+        self._exit(exc)
