@@ -442,8 +442,12 @@ def test_a_dead_redis_fails_the_command_within_a_second(dead_redis, args):
 
 
 def test_the_console_script_gives_up_on_a_dead_redis_within_a_second(dead_redis):
-    """The installed command, interpreter start and imports included (about 0.4 s
-    here): generous for a busy machine, yet far below the 5.3 s it took."""
+    """The installed command, less what the same command takes to start and print
+    its help (interpreter start and imports: about 0.4 s here, over 2 s at load
+    average 20): far below the 5.3 s it took when it waited 5."""
+    started = time.monotonic()
+    subprocess.run([str(SCRIPT), "status", "--help"], capture_output=True, timeout=60, cwd=ROOT, check=True)
+    starting = time.monotonic() - started
     started = time.monotonic()
     done = subprocess.run(
         [str(SCRIPT), "--url", dead_redis.url, "status"], capture_output=True, text=True, timeout=60, cwd=ROOT
@@ -452,7 +456,7 @@ def test_the_console_script_gives_up_on_a_dead_redis_within_a_second(dead_redis)
     assert done.returncode == 1, done.stderr
     _one_clear_line(done.stderr, dead_redis, hung=dead_redis.process is not None)
     assert done.stdout == ""
-    assert took < 2 * DEAD_REDIS_SECONDS, f"took {took:.2f} s"
+    assert took - starting < 2 * DEAD_REDIS_SECONDS, f"took {took:.2f} s, of which {starting:.2f} s to start"
 
 
 def test_the_timeout_comes_from_the_option_then_the_url_then_half_a_second():
