@@ -15,7 +15,8 @@ from breaker_redis import BreakerConfig, Breakers
 from breaker_redis.engine.config import BreakerConfig as Config
 from breaker_redis.ops import reader
 from breaker_redis.ops.reader import Reader
-from breaker_redis.storage.scripts import ScriptRunner, _packed
+from breaker_redis.storage.batches import packed
+from breaker_redis.storage.scripts import ScriptRunner
 from tests.conftest import STORES, Clock, make_store
 from tests.workers import fail
 
@@ -287,9 +288,9 @@ def test_the_chunks_are_sent_as_redis_py_packs_them():
     ]
     for client in (redis.Redis(), redis.Redis(encoding="latin-1")):
         conn = client.connection_pool.make_connection()
-        assert _packed(conn.encoder, commands) == [b"".join(conn.pack_commands(commands))]
+        assert packed(conn.encoder, commands) == [b"".join(conn.pack_commands(commands))]
     with pytest.raises(redis.exceptions.DataError):  # as redis-py: a bool is no argument
-        _packed(redis.Redis().connection_pool.make_connection().encoder, [("FCALL", True)])
+        packed(redis.Redis().connection_pool.make_connection().encoder, [("FCALL", True)])
 
 
 def test_a_read_stopped_midway_leaves_no_reply_behind(redis_server, clock):

@@ -18,7 +18,9 @@ up hooks nor keeps closed Breakers alive.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -121,6 +123,15 @@ class BackgroundThread:
         self._stopping = threading.Event()
         self._running = False
         self._thread = None
+
+
+async def cancelled(task: asyncio.Task[Any] | None) -> None:
+    """Cancel an event loop's background task (the asyncio side's prober, subscription
+    keeper, batch sender) and wait until it has ended, whatever it raised."""
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
 
 
 def stop_all(threads: Iterable[BackgroundThread], timeout: float = STOP_SECONDS) -> bool:
