@@ -16,6 +16,7 @@ import logging
 from typing import Any, cast
 
 from breaker_redis.asyncio.invalidation import Subscription, take_over
+from breaker_redis.engine.background import cancelled
 from breaker_redis.storage.scripts import text
 from breaker_redis.storage.sharded import Channel, Channels
 
@@ -62,10 +63,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
             subscription.transport.close()
         self._subscriptions = {}
         self._forget_connections()
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await cancelled(task)
 
     def _wake(self) -> None:
         if self._wake_event is not None:

@@ -144,10 +144,15 @@ class LoopTask:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is None or task.done():
-            return
+        await cancelled(task)
+
+
+async def cancelled(task: asyncio.Task[Any] | None) -> None:
+    """Cancel an event loop's background task (the asyncio side's prober, subscription
+    keeper, batch sender) and wait until it has ended, whatever it raised."""
+    if task is not None and not task.done():
         task.cancel()
-        with contextlib.suppress(BaseException):  # whatever it ended with, it has ended
+        with contextlib.suppress(BaseException):
             await task
 
 

@@ -15,6 +15,15 @@ NOSCRIPT the call is sent again as EVAL, which loads and runs the body in one
 command: one extra round trip and nothing else, even when the cache is
 flushed again meanwhile. The same text serves both: each script starts with
 ``begin(KEYS, ARGV)``.
+
+That sequence is written once, as data: a step is FCALL, FCALL_AGAIN,
+FUNCTION_LOAD, EVALSHA or EVAL, and ``Scripts.after`` says which follows one
+that failed. The sync runner (``ScriptRunner.send``) and the asyncio one
+(breaker_redis/asyncio/store.py) execute it in loops of a few lines that
+differ by ``await`` only. Data, not a generator each side drives (the sans-I/O
+way), as it is on the path of every call that goes to Redis: the first step
+answers nearly every call, and costs here what sending FCALL directly did,
+where a generator adds its creation, a resume and a StopIteration to each.
 """
 
 from __future__ import annotations
@@ -26,7 +35,6 @@ import os
 import re
 import time
 import unicodedata
-from collections import deque
 from collections.abc import Generator, Iterable, Sequence
 from functools import cache
 from importlib import resources
@@ -36,6 +44,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from breaker_redis.storage import batches
 from breaker_redis.storage.cluster import Slots, is_cluster, notices_channel
 from breaker_redis.storage.lua_rules import with_live_rules
 
@@ -54,6 +63,12 @@ KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
 # call one more key, for a feature off by default.
 UNDECLARED_SUFFIXES = ("reporters",)
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
+
+# The steps of one script call (the module's docstring; Scripts.after), and what sends each:
+# a redis-py client's method, or the command's name for execute_command.
+FCALL, FCALL_AGAIN, FUNCTION_LOAD, EVALSHA, EVAL = range(5)
+METHODS = ("fcall", "fcall", "function_load", "evalsha", "eval")
+COMMANDS = ("FCALL", "FCALL", "FUNCTION LOAD", "EVALSHA", "EVAL")
 
 # A name becomes part of a key (prefix:{NAME}:suffix), of the names SET and of
 # the JSON messages the scripts publish (encoded there with cjson), so it may
@@ -160,10 +175,6 @@ def library() -> tuple[str, dict[str, str]]:
     return source, {op: f"{tag}_{op}" for op in OPERATIONS}
 
 
-def _with_sha(source: str) -> tuple[str, str]:
-    return hashlib.sha1(source.encode("utf-8")).hexdigest(), source
-
-
 def text(value: Any) -> str:
     """Decode a reply element, whatever decode_responses the client was built with."""
     if isinstance(value, bytes):
@@ -201,7 +212,6 @@ class Scripts:
         self.health_key = f"{prefix}:health"  # lua/health.lua's, outside every breaker's hash tag
         self.groups_key = f"{prefix}:groups"  # the names of the breaker groups (breaker_redis/groups.py)
         self.ttl_ms = ttl_ms
-        self._scripts = {op: _with_sha(script_source(op)) for op in OPERATIONS}
         self._keys: dict[str, list[str]] = {}
         self._swept = (0, 0.0)  # (pid, when) of this process's last sweep
         # Redis Functions (FCALL) while the server takes them, EVALSHA on a server
@@ -211,26 +221,53 @@ class Scripts:
         self.library, self.function_names = library()
         if functions is None:
             functions = isinstance(client, (redis.Redis, redis.asyncio.Redis))
-        self.use_functions = functions
+        self.use_functions = functions and not is_cluster(client)
+        self.heads: dict[str, tuple[str, ...]] = {}  # each step's first argument, by operation
+        for op, function in self.function_names.items():
+            source = script_source(op)
+            sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+            self.heads[op] = (function, function, self.library, sha, source)
         # On Redis Cluster: where each breaker lives, and each call sent to its master
         # (breaker_redis/storage/cluster.py); the scripts also SPUBLISH on the breaker's own channel.
         self.slots: Slots | None = Slots(client) if is_cluster(client) else None
         self._argv2: dict[str, str] = {}
 
-    def fcall_failed(self, exc: redis.exceptions.ResponseError, attempt: int) -> bool:
-        """After FCALL failed with ``exc``: True to load the library and call
-        again, False to run this call with EVALSHA; raises ``exc`` when the
-        function itself failed."""
-        message = str(exc)
-        refused = isinstance(exc, redis.exceptions.NoPermissionError)
+    def after(self, step: int, failure: redis.exceptions.ResponseError | None) -> int:
+        """The step to send after ``step`` failed with ``failure`` (None: a FUNCTION LOAD
+        that succeeded); raises ``failure`` when it is the call's answer (the script's own
+        error, or one no step can mend)."""
+        if step == FUNCTION_LOAD:
+            if failure is not None:
+                self.load_failed(failure)
+            return FCALL_AGAIN
+        assert failure is not None
+        if step >= EVALSHA:
+            if step == EVALSHA and isinstance(failure, redis.exceptions.NoScriptError):
+                # A flushed script cache or a restarted server: EVAL sends the body
+                # and runs it in one command, so a second SCRIPT FLUSH landing
+                # between a SCRIPT LOAD and the EVALSHA that follows (redis-py's
+                # own retry) cannot fail the call. EVAL caches the script again.
+                return EVAL
+            raise failure
+        message = str(failure)
+        refused = isinstance(failure, redis.exceptions.NoPermissionError)
         if refused or message.lower().startswith("unknown command"):
             self.use_functions = False  # an ACL without FCALL, Redis < 7: EVALSHA from now on
-            return False
+            return EVALSHA
         if not message.startswith("Function not found"):
-            raise exc
-        # not loaded there (a new, restarted or flushed server); loaded and gone
-        # again (a FUNCTION FLUSH right after the load): EVAL runs this call
-        return attempt == 1
+            raise failure  # the function's own error
+        # not loaded there (a new, restarted or flushed server): loaded, and FCALL again;
+        # loaded and gone again (a FUNCTION FLUSH right after the load): EVALSHA this time
+        return FUNCTION_LOAD if step == FCALL else EVALSHA
+
+    def corrupted(self, name: str, exc: redis.exceptions.ResponseError) -> bool:
+        """Whether a call failed on a key of the wrong type (written by hand, or by another
+        program), which would fail every call for good: the runners then drop the breaker's
+        keys (keys_to_drop), say it once in the log, and make the call again."""
+        if "WRONGTYPE" not in str(exc):
+            return False
+        log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
+        return True
 
     def load_failed(self, exc: redis.exceptions.ResponseError) -> None:
         if isinstance(exc, redis.exceptions.NoPermissionError):
@@ -250,6 +287,13 @@ class Scripts:
         self._swept = (pid, now)
         return last_pid != pid, True
 
+    def listing(self, name: str) -> Any:
+        """The pipeline that adds a name to the listing set (register_name sends it)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(self.names_key, name)
+        pipe.persist(self.names_key)  # a TTL an older version gave it
+        return pipe
+
     def check_memory_policy(self, info: dict[str, Any]) -> None:
         """A WARNING when the server may evict the breakers' keys (doctor.memory says
         why); ``info`` is INFO memory, per node on a cluster."""
@@ -263,18 +307,48 @@ class Scripts:
                             "breaker-redis doctor checks it)", problem)
                 return
 
-    def call(
+    def prepared(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
-    ) -> tuple[str, str, list[str], list[Any]]:
-        """(sha, source, keys, argv) of one script call."""
+    ) -> tuple[tuple[str, ...], list[Any]]:
+        """One script call: (heads, tail), each step sent as (heads[step], *tail), where
+        tail is the number of keys, the keys, then ARGV (FUNCTION LOAD excepted)."""
         keys = self.script_keys(operation, name)
         channel = self._publish_to
         if self.slots is not None:  # ARGV 2: '<prefix>:events 0 <sharded channel>' (lua/_lib.lua)
             channel = self._argv2.get(keys[0]) or self._argv2.setdefault(keys[0], self.argv2(keys[0], name))
-        argv: list[Any] = [name, channel, "" if now_ms is None else int(now_ms), self.ttl_ms]
-        argv.extend(args)
-        sha, source = self._scripts[operation]
-        return sha, source, keys, argv
+        now = "" if now_ms is None else int(now_ms)
+        return self.heads[operation], [len(keys), *keys, name, channel, now, self.ttl_ms, *args]
+
+    def call(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
+    ) -> tuple[str, str, list[str], list[Any]]:
+        """(sha, source, keys, argv) of one script call."""
+        heads, tail = self.prepared(operation, name, now_ms, args)
+        count = tail[0]
+        return heads[EVALSHA], heads[EVAL], tail[1 : count + 1], tail[count + 1 :]
+
+    def commands(self, operation: str, calls: Sequence[Call]) -> list[tuple[Any, ...]]:
+        """The commands of calls pipelined (batches.py), each the first step of its call,
+        by name: redis-py's cluster pipeline refuses evalsha(), yet sends EVALSHA by its keys."""
+        step = FCALL if self.use_functions else EVALSHA
+        commands = []
+        for name, now_ms, args in calls:
+            heads, tail = self.prepared(operation, name, now_ms, args)
+            commands.append((COMMANDS[step], heads[step], *tail))
+        return commands
+
+    def missing(self, result: Any) -> bool:
+        """Whether a pipelined call failed for want of its script, not by its own error;
+        an FCALL the server does not take (fcall_failed) turns to EVALSHA from now on."""
+        if isinstance(result, redis.exceptions.NoScriptError):
+            return True
+        if not isinstance(result, redis.exceptions.ResponseError):
+            return False
+        try:
+            self.after(FCALL if self.use_functions else EVALSHA, result)
+        except redis.exceptions.ResponseError:
+            return False  # the script's own error
+        return True
 
     def keys_to_drop(self, operation: str, name: str) -> list[str]:
         """A script's keys, and a breaker's undeclared ones (a corrupted breaker is dropped whole)."""
@@ -314,165 +388,51 @@ class Scripts:
         return keys[0]
 
 
-def _evalsha(client: Any, sha: str, source: str, keys: list[str], argv: list[Any]) -> Any:
-    try:
-        return client.evalsha(sha, len(keys), *keys, *argv)
-    except redis.exceptions.NoScriptError:
-        # A flushed script cache or a restarted server: EVAL sends the body
-        # and runs it in one command, so a second SCRIPT FLUSH landing
-        # between a SCRIPT LOAD and the EVALSHA that follows (redis-py's
-        # own retry) cannot fail the call. EVAL caches the script again.
-        return client.eval(source, len(keys), *keys, *argv)
-
-
 class ScriptRunner(Scripts):
     """The scripts registered on one client, run against one key prefix."""
 
     def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
-        sha, source, keys, argv = self.call(operation, name, now_ms, args)
-        if self.slots is not None:  # straight to the breaker's master (cluster.py)
-            return self.slots.call(keys[0], lambda target: _evalsha(target, sha, source, keys, argv))
-        if self.use_functions:
-            function = self.function_names[operation]
-            for attempt in (1, 2):
-                try:
-                    return self.client.fcall(function, len(keys), *keys, *argv)
-                except redis.exceptions.ResponseError as exc:
-                    if not self.fcall_failed(exc, attempt):
-                        break
-                try:
-                    self.client.function_load(self.library)
-                except redis.exceptions.ResponseError as exc:
-                    self.load_failed(exc)
-        return _evalsha(self.client, sha, source, keys, argv)
+        heads, tail = self.prepared(operation, name, now_ms, args)
+        if self.slots is None:
+            return self.send(self.client, heads, tail)
+        # straight to the breaker's master (cluster.py), whose key is tail[1]
+        return self.slots.call(tail[1], lambda target: self.send(target, heads, tail))
+
+    def send(self, target: Any, heads: tuple[str, ...], tail: list[Any]) -> Any:
+        """One script call's steps (the module's docstring) on target: the client, or a
+        client of the breaker's master. AsyncScriptRunner.send is this loop, awaited."""
+        step = FCALL if self.use_functions else EVALSHA
+        while True:
+            failure = None
+            try:
+                if step != FUNCTION_LOAD:
+                    return getattr(target, METHODS[step])(heads[step], *tail)
+                target.function_load(self.library)
+            except redis.exceptions.ResponseError as exc:
+                failure = exc
+            step = self.after(step, failure)
 
     def run_repairing(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
-        """run(), except that a key of the wrong type (written by hand, or by another
-        program), which would fail every call for good, is dropped with the rest of
-        the breaker's keys, said once in the log, and the call made again on a fresh,
-        closed breaker."""
+        """run(), except that a breaker with a corrupted key is reset and the call made
+        again on a fresh, closed breaker (Scripts.corrupted)."""
         try:
             return self.run(operation, name, now_ms, args)
         except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
+            if not self.corrupted(name, exc):
                 raise
-            log.warning("breaker %r had a corrupted key (%s); its keys were reset", name, exc)
-            self.drop_keys(name, operation)
-            return self.run(operation, name, now_ms, args)
+        self.client.delete(*self.keys_to_drop(operation, name))
+        return self.run(operation, name, now_ms, args)
 
     def run_many(self, operation: str, calls: Sequence[Call]) -> list[Any]:
-        """Calls of one script, each (name, now_ms, args), in one pipeline (on a
-        cluster, redis-py's sends one per node): each call's reply, or the
-        ResponseError it got, in order.
+        return batches.run_many(self, operation, calls)  # in one pipeline
 
-        Calls that found the script missing there (a new, restarted or flushed
-        server: every call of the pipeline) are sent again in one more pipeline
-        once it is loaded; one that misses it even then runs alone (run())."""
-        return self._loaded(operation, calls, self._pipelined(operation, calls))
-
-    def run_chunks(
-        self, operation: str, chunks: Iterable[Sequence[Call]]
-    ) -> Generator[list[Any], None, None]:
-        """run_many() of each chunk in turn, except that on one server the next
-        chunk is sent before this one's replies are handed over: Redis runs it
-        while the caller decodes these (a third less time for 2,000 breakers read,
-        bench/status.py). Two chunks at most are in flight, on one connection of
-        the client's pool, which is dropped if the caller stops before the end
-        (replies would be left in it). A cluster's chunks go one after the other."""
-        if not isinstance(self.client, redis.Redis):
-            for calls in chunks:
-                yield self.run_many(operation, calls)
-            return
-        from breaker_redis.storage.internals import pooled_connection, send_commands
-
-        pool = self.client.connection_pool
-        conn = pooled_connection(pool)
-        sent: deque[Sequence[Call]] = deque()
-        drained = False
-        try:
-            for calls in chunks:
-                send_commands(conn, self._commands(operation, calls))
-                sent.append(calls)
-                if len(sent) == 2:
-                    done = sent.popleft()
-                    yield self._loaded(operation, done, self._replies(conn, len(done)))
-            while sent:
-                done = sent.popleft()
-                yield self._loaded(operation, done, self._replies(conn, len(done)))
-            drained = True
-        finally:
-            if not drained:
-                conn.disconnect()
-            pool.release(conn)
-
-    @staticmethod
-    def _replies(conn: Any, count: int) -> list[Any]:
-        replies: list[Any] = []
-        for _ in range(count):
-            try:
-                replies.append(conn.read_response())
-            except redis.exceptions.ResponseError as exc:
-                replies.append(exc)
-        return replies
-
-    def _commands(self, operation: str, calls: Sequence[Call]) -> list[tuple[Any, ...]]:
-        commands = []
-        for name, now_ms, args in calls:
-            sha, _, keys, argv = self.call(operation, name, now_ms, args)
-            if self.use_functions:
-                commands.append(("FCALL", self.function_names[operation], len(keys), *keys, *argv))
-            else:  # by name: redis-py's cluster pipeline refuses evalsha(), yet sends EVALSHA by its keys
-                commands.append(("EVALSHA", sha, len(keys), *keys, *argv))
-        return commands
-
-    def _loaded(self, operation: str, calls: Sequence[Call], results: list[Any]) -> list[Any]:
-        """The results of calls, those that found the script missing sent again once it is loaded."""
-        missing = [i for i, result in enumerate(results) if self._not_loaded(result)]
-        if not missing:
-            return results
-        self._load(operation)
-        for i, result in zip(missing, self._pipelined(operation, [calls[i] for i in missing]), strict=True):
-            results[i] = self.run(operation, *calls[i]) if self._not_loaded(result) else result
-        return results
-
-    def _pipelined(self, operation: str, calls: Sequence[Call]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for command in self._commands(operation, calls):
-            pipe.execute_command(*command)
-        return list(pipe.execute(raise_on_error=False))
-
-    def _not_loaded(self, result: Any) -> bool:
-        """Whether a pipelined call failed for want of its script, not by its own error;
-        an FCALL the server does not take (fcall_failed) turns to EVALSHA from now on."""
-        if isinstance(result, redis.exceptions.NoScriptError):
-            return True
-        if not (self.use_functions and isinstance(result, redis.exceptions.ResponseError)):
-            return False
-        try:
-            self.fcall_failed(result, 1)
-        except redis.exceptions.ResponseError:
-            return False  # the function's own error
-        return True
-
-    def _load(self, operation: str) -> None:
-        if self.use_functions:
-            try:
-                self.client.function_load(self.library)
-            except redis.exceptions.ResponseError as exc:
-                self.load_failed(exc)
-        else:
-            self.client.script_load(self._scripts[operation][1])
-
-    def drop_keys(self, name: str, operation: str = "acquire") -> None:
-        self.client.delete(*self.keys_to_drop(operation, name))
+    def run_chunks(self, operation: str, chunks: Iterable[Sequence[Call]]) -> Generator[list[Any]]:
+        return batches.run_chunks(self, operation, chunks)  # pipelined, two chunks in flight
 
     def register_name(self, name: str, now_ms: int | None = None) -> None:
         """Add a name to the listing set (outside the scripts: it lives in another slot),
         and now and then sweep a few idle breakers (Scripts.chores_due)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.sadd(self.names_key, name)
-        pipe.persist(self.names_key)  # a TTL an older version gave it
-        pipe.execute()
+        self.listing(name).execute()
         check, sweep = self.chores_due()
         if check:
             with contextlib.suppress(Exception):  # INFO refused (an ACL without it): no check

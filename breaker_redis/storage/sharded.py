@@ -56,10 +56,10 @@ import redis
 
 from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl
-from breaker_redis.storage.cluster import Slots, notices_channel
+from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.internals import connection_socket, forget_shard_channel
 from breaker_redis.storage.invalidation import Link, parse_payload
-from breaker_redis.storage.scripts import text
+from breaker_redis.storage.scripts import Scripts, text
 
 log = logging.getLogger("breaker_redis")
 
@@ -97,26 +97,21 @@ class Channels(Generic[X]):
 
     def __init__(
         self,
-        client: Any,
-        slots: Slots,
-        prefix: str,
-        route_key: Callable[[str], str],
+        scripts: Scripts,
         on_message: Callable[[dict[str, Any]], None],
         on_forget: Callable[[list[str]], None],
     ) -> None:
+        """The channels of the breakers of scripts (its client, slot map and key prefix)."""
+        assert scripts.slots is not None
         self._lock: Any = self._new_lock()
-        self._client = client
-        self._slots = slots
-        self._prefix = prefix
-        self._route_key = route_key
-        self._on_message = on_message
-        self._on_forget = on_forget
+        self._client, self._slots, self._scripts = scripts.client, scripts.slots, scripts
+        self._on_message, self._on_forget = on_message, on_forget
         self._channels: dict[str, Channel[X]] = {}  # by breaker name
         self._by_channel: dict[str, Channel[X]] = {}  # by channel name
         self._wanted: set[str] = set()  # breaker names to subscribe (again)
         self._unverified: list[Channel[X]] = []  # confirmed; its node not yet seen a master since
         self._refresh = False  # read the slot map again before subscribing
-        slots.listeners.append(self._redirected)
+        self._slots.listeners.append(self._redirected)
         self._started()
 
     def _new_lock(self) -> Any:
@@ -130,8 +125,8 @@ class Channels(Generic[X]):
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
-                slot = self._slots.slot(self._route_key(name))
-                channel = self.channel_class(name, notices_channel(self._prefix, name), slot)
+                slot = self._slots.slot(self._scripts.route_key(name))
+                channel = self.channel_class(name, notices_channel(self._scripts.prefix, name), slot)
                 self._channels[name] = self._by_channel[channel.channel] = channel
                 self._wanted.add(name)
         self._wake()
@@ -284,7 +279,7 @@ class Channels(Generic[X]):
 class ShardedInvalidator(Channels[Link]):
     def _started(self) -> None:
         self.thread = BackgroundThread(self._loop, "breaker-redis-events", wake=self._wake)
-        self._permission = acl.PermissionLog(self._client, self._prefix, "the event subscription")
+        self._permission = acl.PermissionLog(self._client, self._scripts.prefix, "the event subscription")
         self.after_fork()
 
     def after_fork(self) -> None:

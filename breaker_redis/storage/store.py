@@ -22,11 +22,12 @@ of health, at most one a minute while it flaps.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import redis
@@ -44,7 +45,7 @@ POLICIES = ("local", "allow", "deny")
 # of memory or busy with a script, a cluster in trouble, and any other error
 # reply a script gets (after the WRONGTYPE repair below). Whatever Redis
 # answers, the caller gets a decision from the fallback, never the error.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
+UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis.exceptions.RedisError,
     redis.exceptions.RedisClusterException,  # not a RedisError: "Cluster down", no slot map
     OSError,
@@ -67,29 +68,26 @@ STEADY_SECONDS = 60.0  # Redis healthy this long: the next outage starts afresh
 _GENERATIONS = itertools.count()
 
 
-def _make_local_runner(prefix: str, ttl_ms: int) -> ScriptRunner:
-    import fakeredis  # imported only when a process first needs it
-
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    return ScriptRunner(client, prefix, ttl_ms, functions=False)  # the embedded store keeps EVALSHA
-
-
 class GateHealth:
-    """What both gates (this one and breaker_redis/asyncio/store.py) keep about
-    Redis's health, and the log lines of each change: down or up since when,
-    the probe backoff, the returns that did not last. No I/O and no lock: the
-    sync gate calls it under its own lock, the asyncio one from its loop."""
+    """What both store gates (StoreGate here, AsyncStoreGate in breaker_redis/asyncio/store.py)
+    share, all but sending and waiting: what they keep about Redis's health (down or up
+    since when, the probe backoff, the returns that did not last) and the log line of each
+    change, the fallback's decisions and the local store. ``_lock`` guards it: a
+    threading.Lock on the sync side, a null context on an event loop, which runs it all."""
 
-    policy: str
-    generation: int
-    remote: Scripts
-    _min_backoff: float
-    _max_backoff: float
     _local: ScriptRunner | None
 
-    def _init_health(
-        self, policy: str, min_backoff: float, max_backoff: float, per_master: bool = False
+    def __init__(
+        self,
+        remote: Scripts,
+        policy: str = "local",
+        *,
+        min_backoff: float = 0.25,
+        max_backoff: float = 2.0,
+        on_switch: Callable[[], None] | None = None,
+        per_master: bool = False,
     ) -> None:
+        self.remote = remote
         self.policy = check_policy(policy)
         self.generation = next(_GENERATIONS)
         # On Redis Cluster (MasterGates) the probe runs the health script in the slot of
@@ -99,6 +97,7 @@ class GateHealth:
         self.probe_name = "health"
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
+        self._on_switch = on_switch
         self._down_since: float | None = None
         self._up_since: float | None = None  # when Redis last came back
         self._delay = min_backoff  # the probe backoff, kept while Redis flaps
@@ -107,7 +106,71 @@ class GateHealth:
         self._local = None
         self.problem: str | None = None  # a permission Redis refuses, while it does (acl.explain)
         what = f"the breakers' scripts (on_store_error={policy} until granted)"
-        self._permission = acl.PermissionLog(self.remote.client, self.remote.prefix, what)
+        self._permission = acl.PermissionLog(remote.client, remote.prefix, what)
+        self._lock: Any = threading.Lock()
+        self._started()
+
+    def _started(self) -> None:
+        """The side's own state: how it probes Redis while it is down."""
+
+    def _start_probing(self) -> None:
+        """Redis went down: re-probe it in the background (under _lock)."""
+
+    def _failed_remote(self, exc: BaseException, name: str, generation: int, fallback: bool) -> None:
+        """A script call on Redis failed with exc (one of UNAVAILABLE): Redis is down.
+        StoreUnavailable unless the call may fall back (see StoreGate.run)."""
+        if self.per_master:
+            self.probe_name = name
+        self._mark_down(exc, generation)
+        if not fallback:
+            raise StoreUnavailable(self.policy) from exc
+
+    def run_local(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
+    ) -> tuple[Any, int]:
+        """The fallback's answer while Redis is down: the local store's (CPU only, never
+        I/O, so the asyncio gate calls it from its loop too); StoreUnavailable for allow
+        and deny."""
+        if self.policy != "local":
+            raise StoreUnavailable(self.policy)
+        with self._lock:
+            if self._local is None:
+                import fakeredis  # imported only when a process first needs it
+
+                client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+                # the embedded store keeps EVALSHA
+                self._local = ScriptRunner(client, self.remote.prefix, self.remote.ttl_ms, functions=False)
+            local, generation = self._local, self.generation
+        return local.run(operation, name, now_ms, args), generation
+
+    def _mark_down(self, exc: BaseException, seen_generation: int) -> None:
+        with self._lock:
+            if not self._went_down(exc, seen_generation):
+                return
+            self._start_probing()
+        if self._on_switch:
+            self._on_switch()
+
+    @contextlib.contextmanager
+    def _probing(self) -> Iterator[None]:
+        """Around one probe of Redis (each side's ``_probe``): a failure, whatever it is,
+        grows the backoff; a success is the switch back to Redis."""
+        try:
+            yield
+        except Exception as exc:
+            self._probe_failed(exc)
+            return
+        with self._lock:
+            self._came_back()
+        if self._on_switch:
+            self._on_switch()
+
+    def _new_process(self) -> None:
+        """A forked child, or (asyncio) a new event loop: no local store of its own yet,
+        and its own probe if Redis is down."""
+        self._local = None
+        if self._down_since is not None:
+            self._start_probing()
 
     @property
     def healthy(self) -> bool:
@@ -193,21 +256,11 @@ class StoreGate(GateHealth):
 
     remote: ScriptRunner
 
-    def __init__(
-        self,
-        remote: ScriptRunner,
-        policy: str = "local",
-        *,
-        min_backoff: float = 0.25,
-        max_backoff: float = 2.0,
-        on_switch: Callable[[], None] | None = None,
-        per_master: bool = False,
-    ) -> None:
-        self.remote = remote
-        self._init_health(policy, min_backoff, max_backoff, per_master)
-        self._on_switch = on_switch
-        self._lock = threading.Lock()
+    def _started(self) -> None:
         self.thread = BackgroundThread(self._probe_loop, "breaker-redis-probe")  # while Redis is down
+
+    def _start_probing(self) -> None:
+        self.thread.start()
 
     def run(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
@@ -222,31 +275,13 @@ class StoreGate(GateHealth):
             generation = self.generation
             try:
                 return self.remote.run_repairing(operation, name, now_ms, args), generation
-            except _UNAVAILABLE as exc:
-                if self.per_master:
-                    self.probe_name = name
-                self._mark_down(exc, generation)
-                if not fallback:
-                    raise StoreUnavailable(self.policy) from exc
-        if self.policy != "local":
-            raise StoreUnavailable(self.policy)
-        with self._lock:
-            if self._local is None:
-                self._local = _make_local_runner(self.remote.prefix, self.remote.ttl_ms)
-            local, generation = self._local, self.generation
-        return local.run(operation, name, now_ms, args), generation
+            except UNAVAILABLE as exc:
+                self._failed_remote(exc, name, generation, fallback)
+        return self.run_local(operation, name, now_ms, args)
 
     def run_remote(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         """Admin operations go to Redis only: a force must not land in one process."""
         return self.remote.run_repairing(operation, name, now_ms, args)
-
-    def _mark_down(self, exc: BaseException, seen_generation: int) -> None:
-        with self._lock:
-            if not self._went_down(exc, seen_generation):
-                return
-            self.thread.start()
-        if self._on_switch:
-            self._on_switch()
 
     def _probe(self) -> None:
         """Raises unless Redis runs a script that writes and calls every command the
@@ -257,24 +292,16 @@ class StoreGate(GateHealth):
 
     def _probe_loop(self) -> None:
         while not self.thread.wait(self._delay):
-            try:
+            with self._probing():
                 self._probe()
-            except Exception as exc:
-                self._probe_failed(exc)
-                continue
-            with self._lock:
-                self._came_back()
-            if self._on_switch:
-                self._on_switch()
-            return
+            if self.healthy:
+                return
 
     def after_fork(self) -> None:
         """A child process starts with no thread and no local store of its own."""
         self._lock = threading.Lock()
         self.thread.after_fork()
-        self._local = None
-        if self._down_since is not None:
-            self.thread.start()
+        self._new_process()
 
 
 G = TypeVar("G", bound=GateHealth)
@@ -376,14 +403,3 @@ class BreakerGate:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._gates.at(self._slot), attr)
-
-
-class ClusterStoreGate(MasterGates[StoreGate]):
-    """MasterGates of StoreGate: the sync side's."""
-
-    def after_fork(self) -> None:
-        for gate in self.gates():
-            gate.after_fork()
-
-    def threads(self) -> list[BackgroundThread]:
-        return [gate.thread for gate in self.gates()]
