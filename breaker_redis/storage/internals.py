@@ -151,9 +151,7 @@ def connection_socket(connection: Any) -> Any:
     thread holding the subscription's lock may do."""
     if connection is None:
         return None
-    from redis.connection import AbstractConnection
-
-    if not isinstance(connection, AbstractConnection):
+    if not isinstance(connection, redis.connection.AbstractConnection):
         return None  # not redis-py's: its socket is unknown, its callers read under the lock
     try:
         return connection._sock
