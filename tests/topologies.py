@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import redis
 
 from breaker_redis.urls import no_retry
-from tests.redis_server import free_port, wait_until
+from tests.redis_server import free_port, redis_server_binary, wait_until
 
 T = TypeVar("T")
 TopologyT = TypeVar("TopologyT", bound="Topology")
@@ -41,6 +41,8 @@ HOST = "127.0.0.1"
 
 
 def _binary(name: str) -> str:
+    if name == "redis-server":
+        return redis_server_binary()  # $BREAKER_REDIS_SERVER or PATH's
     path = shutil.which(name)
     if path is None:
         hint = (

