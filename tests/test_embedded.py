@@ -144,7 +144,11 @@ def test_our_scripts_run_there(server):
 def test_a_trip_reaches_the_other_worker_before_its_next_decision(server):
     """The product's guarantee: the request after a trip is refused by whichever worker it reaches."""
     config = BreakerConfig(trip="consecutive", failure_threshold=1, open_seconds=60)
-    workers = [Breakers.from_url(server.url, prefix="embedded-workers") for _ in range(2)]
+    # clients that wait up to 0.9 s for a reply, as the process tests' do: at load
+    # average 20 a reply stalled past the default 0.25 s sent a worker to its local
+    # store, which knows nothing of the other worker's trip (14 of 20 refused)
+    url = server.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
+    workers = [Breakers.from_url(url, prefix="embedded-workers") for _ in range(2)]
     try:
         for w in workers:
             w.get("warmup", config).acquire().ignore()  # the first use starts the listener
