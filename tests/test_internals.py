@@ -48,6 +48,8 @@ def test_the_declared_range_is_read_from_the_requirements():
     assert internals.declared_range("fakeredis", requires) == ">=2.26,<3"
     assert internals.declared_range("flask", requires) == ">=2.3"
     assert internals.declared_range("lupa", requires) is None
+    # installed metadata lists a range's clauses in its own order: the floor comes first
+    assert internals.declared_range("redis", ["redis<9,>=5.0"]) == ">=5.0,<9"
 
 
 def test_the_installed_libraries_are_in_the_range_breaker_redis_declares():

@@ -65,7 +65,10 @@ def declared_range(library: str, requires: Iterable[str] | None = None) -> str |
     for requirement in requires:
         found = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?:\[[^\]]*\])?\s*(.*?)\s*", requirement.split(";")[0])
         if found and found.group(1).lower().replace("_", "-") == library:
-            return found.group(2).replace(" ", "")
+            # the floor first, as pyproject.toml writes it: installed metadata may
+            # list the clauses in another order ("<9,>=5.0")
+            clauses = found.group(2).replace(" ", "").split(",")
+            return ",".join(sorted(clauses, key=lambda clause: not clause.startswith(">")))
     return None
 
 
