@@ -26,6 +26,7 @@ from breaker_redis.engine.background import cancelled
 from breaker_redis.engine.breakers_core import BreakersCore, Parts, configured
 from breaker_redis.engine.recorder import BATCH_SECONDS
 from breaker_redis.storage.cluster import notices_channel
+from breaker_redis.storage.internals import forget_node_connections
 from breaker_redis.storage.scripts import text
 
 
@@ -183,8 +184,6 @@ def _drop_connections(client: Any) -> None:
     """Forget a client's pooled connections without closing them: closing would
     need the loop that opened them (gone, or the parent's). A cluster client
     keeps a pool per node."""
-    from breaker_redis.storage.internals import forget_node_connections
-
     pools = [getattr(client, "connection_pool", None)]
     with contextlib.suppress(Exception):
         pools += [getattr(node, "connection_pool", None) for node in client.get_nodes()]
