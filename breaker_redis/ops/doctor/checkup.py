@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from breaker_redis.engine.breakers import DEFAULT_TTL_SECONDS
 from breaker_redis.storage import acl
 from breaker_redis.storage.scripts import Scripts, text
-from breaker_redis.urls import LazyCluster
+from breaker_redis.urls import LazyCluster, untyped
 
 # A check's lines: PROBLEM alone makes the exit code 1; WARN is a figure worth a
 # look, NOTE a fact with a cost, SKIP a check not possible here.
@@ -115,7 +115,7 @@ class Checkup:
         elif isinstance(self.client, RedisCluster):
             self.cluster = self.client
         if self.cluster is not None:
-            nodes = self.cluster.get_primaries()  # type: ignore[no-untyped-call]
+            nodes = untyped(self.cluster.get_primaries)()
             nodes.sort(key=lambda n: (n.host, n.port))
             self.servers = [Server(f"{n.host}:{n.port}", self.cluster.get_redis_connection(n)) for n in nodes]
         else:

@@ -11,6 +11,7 @@ import redis
 from breaker_redis.ops.doctor.checkup import NOTE, OK, PROBLEM, WARN, Checkup, Lines, count
 from breaker_redis.storage.internals import sentinel_list
 from breaker_redis.storage.scripts import text
+from breaker_redis.urls import untyped
 
 CLUSTER_SLOTS = 16384
 # What running the scripts without Redis Functions costs (README "Benchmarks":
@@ -83,8 +84,8 @@ def _sentinel(pool: Any, service: str) -> Lines:
 
 def _cluster(up: Checkup) -> Lines:
     assert up.cluster is not None
-    masters = len(up.cluster.get_primaries())  # type: ignore[no-untyped-call]
-    replicas = len(up.cluster.get_replicas())  # type: ignore[no-untyped-call]
+    masters = len(untyped(up.cluster.get_primaries)())
+    replicas = len(untyped(up.cluster.get_replicas)())
     served = len(up.cluster.nodes_manager.slots_cache)
     state = ""
     with contextlib.suppress(redis.exceptions.ResponseError):  # refused: the client's slot map says enough
