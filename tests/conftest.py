@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import itertools
+import multiprocessing.process
+import os
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,3 +110,54 @@ def make_breakers(store, clock):
     yield make
     for breakers in made:
         breakers.close()
+
+
+# -- the quick set (./dev test --quick, pytest -m quick) ---------------------------------------
+
+# Fixtures that start a process (a redis-server, a cluster, the demo's upstream): a test that
+# uses one, directly or through another fixture, is not quick.
+PROCESS_FIXTURES = frozenset({"redis_server", "cluster", "upstream_url"})
+# Parameters naming a store served by a process.
+PROCESS_PARAMS = frozenset({"real", "cluster", "sentinel"})
+
+
+# Markers of tests that start processes: `processes` says so; the others say which.
+PROCESS_MARKERS = ("processes", "multiprocess", "real")
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    if any(item.get_closest_marker(name) is not None for name in PROCESS_MARKERS):
+        return True
+    if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(
+        isinstance(value, str) and value in PROCESS_PARAMS for value in callspec.params.values()
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark quick every test that starts no process of its own (fakeredis in this process,
+    the embedded server's thread): the edit-test loop runs them alone."""
+    for item in items:
+        if not starts_processes(item):
+            item.add_marker(pytest.mark.quick)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the quick set a process started, by a test or by a fixture it uses, is an error
+    naming the test, rather than a quick set that slowly grows slow: mark that test
+    ``processes``."""
+    if config.getoption("markexpr") != "quick":
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "a test").split(" ")[0]
+        raise AssertionError(
+            f"{test} starts a process, so it is not in the quick set: "
+            "mark it @pytest.mark.processes (tests/conftest.py)"
+        )
+
+    subprocess.Popen.__init__ = refuse
+    os.fork = refuse
+    multiprocessing.process.BaseProcess.start = refuse

@@ -190,11 +190,19 @@ def steady(url: str, name: str, config: BreakerConfig, failure_rate: float, seco
            barrier: Any) -> tuple[int, int, int]:
     """Calls for ``seconds``, the i-th failing when floor((i + 1) * rate) > floor(i * rate):
     every prefix of this worker's calls fails at most ``failure_rate`` of the time.
-    Returns (calls, failures, refused); close() sends what is batched."""
+    Returns (calls, failures, refused); close() sends what is batched.
+
+    Its client waits up to 10 s for a connection or a reply, longer than a URL may ask
+    (under 1 s): the test counts what Redis saw against what the workers did, so a
+    worker must not go to its local store because 8 free-running processes on a busy
+    2-core machine kept the server from answering within a second (the embedded
+    server, a thread of the test's process, once took longer to accept a connection)."""
     import math
     import time
 
-    breakers = Breakers.from_url(url)
+    import redis
+
+    breakers = Breakers(redis.Redis.from_url(url.split("?")[0], socket_timeout=10, socket_connect_timeout=10))
     breaker = breakers.get(name, config)
     barrier.wait()
     calls = failures = refused = 0

@@ -509,6 +509,7 @@ def own_server() -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.mark.processes
 def test_the_event_loop_never_blocks_while_redis_hangs(own_server):
     """SIGSTOP: Redis accepts nothing and answers nothing. A blocking call would
     hold the loop for a whole socket timeout (250 ms); the loop's longest gap

@@ -431,6 +431,7 @@ DEAD_REDIS_SECONDS = 1.5  # the CLI waits 0.5 s at most; it took 5 s when it wai
 @pytest.mark.parametrize(
     "args", [["status"], ["status", "--json"], ["metrics"], ["show", "pay"], ["open", "pay"], ["events"]]
 )
+@pytest.mark.processes
 def test_a_dead_redis_fails_the_command_within_a_second(dead_redis, args):
     started = time.monotonic()
     result = CliRunner().invoke(cli.main, ["--url", dead_redis.url, *args])
@@ -441,6 +442,7 @@ def test_a_dead_redis_fails_the_command_within_a_second(dead_redis, args):
     assert took < DEAD_REDIS_SECONDS, f"{args} took {took:.2f} s"
 
 
+@pytest.mark.processes
 def test_the_console_script_gives_up_on_a_dead_redis_within_a_second(dead_redis):
     """The installed command, less what the same command takes to start and print
     its help (interpreter start and imports: about 0.4 s here, over 2 s at load
@@ -522,6 +524,7 @@ def test_watch_stops_on_ctrl_c_with_exit_0(url, prefix, app_breakers):
     assert "pay" in result.stdout
 
 
+@pytest.mark.processes
 def test_watch_goes_on_when_redis_stops_answering_after_the_first_refresh(prefix):
     server = RedisServer().start()
     try:
@@ -621,6 +624,7 @@ def test_events_follow_verbose_shows_arming(url, prefix, app_breakers, tmp_path)
 # -- entry points ------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_the_console_script_and_the_module_run_from_the_venv():
     for argv in ([str(SCRIPT), "--help"], [sys.executable, "-m", "breaker_redis.ops.cli", "--help"]):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -639,6 +643,7 @@ def test_every_command_has_help(command):
     assert result.stdout.startswith(f"Usage: breaker-redis {command} [OPTIONS]")
 
 
+@pytest.mark.processes
 def test_the_cli_never_imports_flask():
     program = (
         "import sys, breaker_redis.ops.cli\n"

@@ -531,6 +531,7 @@ def followed(group: ClusterGroup, workers: list[Worker], heir: int, slot: int) -
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("target", WORKERS)
+@pytest.mark.processes
 def test_a_manual_failover_is_followed_and_the_boundary_holds_after_it(target):
     """CLUSTER FAILOVER to the replica of the breaker's master while three worker
     processes keep calling: the old master, now a replica, unsubscribes them from the
@@ -575,6 +576,7 @@ def test_a_manual_failover_is_followed_and_the_boundary_holds_after_it(target):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("target", WORKERS)
+@pytest.mark.processes
 def test_a_killed_master_is_replaced_by_its_replica_and_the_workers_follow(target):
     """SIGKILL the breaker's master; its replica takes over after the node timeout (the
     cluster's automatic failover). Meanwhile every call is answered: the workers' calls

@@ -126,6 +126,7 @@ def test_the_permission_check_sends_every_command_breaker_redis_sends_itself() -
 # -- one server ----------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_a_healthy_server_passes_every_check_and_leaves_nothing_behind(
     server: RedisServer, prefix: str
 ) -> None:
@@ -168,6 +169,7 @@ def test_a_healthy_server_passes_every_check_and_leaves_nothing_behind(
     client.close()
 
 
+@pytest.mark.processes
 def test_allkeys_lru_is_the_one_problem_and_volatile_lru_none() -> None:
     evicting = RedisServer(extra=("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")).start()
     # 4 MB: a fresh Redis 7 uses about 0.9 MB, and the doctor's own commands make it
@@ -192,6 +194,7 @@ def test_allkeys_lru_is_the_one_problem_and_volatile_lru_none() -> None:
         volatile.stop()
 
 
+@pytest.mark.processes
 def test_a_stopped_server_is_one_line_at_once() -> None:
     stopped = RedisServer().start()
     stopped.stop()
@@ -208,6 +211,7 @@ def test_a_stopped_server_is_one_line_at_once() -> None:
     assert took < 1.5
 
 
+@pytest.mark.processes
 def test_a_read_only_replica_is_a_problem_and_no_write_is_tried(prefix: str) -> None:
     master = RedisServer().start()
     replica = RedisServer(extra=("--replicaof", "127.0.0.1", str(master.port))).start()
@@ -248,6 +252,7 @@ def make_user(server: RedisServer) -> Iterator:
 
 
 @pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+@pytest.mark.processes
 def test_the_least_privilege_user_passes(
     make_user, server: RedisServer, prefix: str, functions: bool
 ) -> None:
@@ -304,6 +309,7 @@ def test_the_least_privilege_user_passes(
     ],
     ids=["time", "keys", "channel"],
 )
+@pytest.mark.processes
 def test_a_missing_permission_is_one_problem_naming_the_rule(
     make_user,
     server: RedisServer,
@@ -333,6 +339,7 @@ def test_a_missing_permission_is_one_problem_naming_the_rule(
     assert statuses(result) == expected, result.output
 
 
+@pytest.mark.processes
 def test_a_wrong_password_is_one_line(make_user, server: RedisServer) -> None:
     url, _ = make_user(rules_of(acl.setuser_line()))
     result = doctor(url.replace(":secret@", ":wrong@"), "breaker")
@@ -415,6 +422,7 @@ class DelayingProxy:
         await asyncio.gather(to_server(), from_server(), to_client(), return_exceptions=True)
 
 
+@pytest.mark.processes
 def test_a_subscriber_served_late_fails_the_ordering_check_and_a_direct_one_passes(
     server: RedisServer, prefix: str
 ) -> None:
@@ -436,6 +444,7 @@ def test_a_subscriber_served_late_fails_the_ordering_check_and_a_direct_one_pass
     assert problems(result) == [f"ordering: {line}"]
 
 
+@pytest.mark.processes
 def test_a_far_redis_is_a_latency_warning(server: RedisServer, prefix: str) -> None:
     """Every answer 5 ms late (the proxy): the median PING is above LATENCY_WARN_MS."""
     with DelayingProxy(server.port, delay=0.005, everyone=True) as proxy:
@@ -487,6 +496,7 @@ def sentinels() -> Iterator[SentinelGroup]:
         yield group
 
 
+@pytest.mark.processes
 def test_sentinel_reports_the_master_it_found_and_the_sentinels(
     sentinels: SentinelGroup, prefix: str
 ) -> None:
@@ -502,6 +512,7 @@ def test_sentinel_reports_the_master_it_found_and_the_sentinels(
 # -- flask -------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_flask_breakers_doctor_checks_the_apps_redis_and_prefix(server: RedisServer, prefix: str) -> None:
     app = Flask(__name__)
     app.config.update(BREAKER_REDIS_URL=server.url, BREAKER_KEY_PREFIX=prefix)

@@ -185,6 +185,7 @@ def _read_line(stream, deadline: float) -> str:
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.processes
 def test_cli_prints_its_url_answers_and_stops_on_a_signal(stop_signal):
     process = subprocess.Popen(
         [sys.executable, "-m", "breaker_redis.embedded", "--port", "0"],
@@ -208,6 +209,7 @@ def test_cli_prints_its_url_answers_and_stops_on_a_signal(stop_signal):
             process.wait()
 
 
+@pytest.mark.processes
 def test_cli_reports_a_taken_port(server):
     out = subprocess.run(
         [sys.executable, "-m", "breaker_redis.embedded", "--port", str(server.port)],
@@ -230,6 +232,7 @@ def test_stop_closes_client_connections():
     conn.close()
 
 
+@pytest.mark.processes
 def test_the_module_never_imports_flask():
     program = (
         "import sys, breaker_redis.embedded\n"

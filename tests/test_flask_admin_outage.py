@@ -80,6 +80,7 @@ def check_every_endpoint(base: str) -> None:
         assert metrics.status_code == 200 and "breaker_redis_up 0.0" in metrics.text
 
 
+@pytest.mark.processes
 def test_admin_endpoints_answer_json_503_while_redis_is_stopped(served) -> None:
     redis_server, base, _ext = served
     with httpx.Client(base_url=base, timeout=CLIENT_TIMEOUT) as client:
@@ -93,6 +94,7 @@ def test_admin_endpoints_answer_json_503_while_redis_is_stopped(served) -> None:
         assert answer.status_code == 200 and answer.json()["forced"] == "open"
 
 
+@pytest.mark.processes
 def test_admin_endpoints_answer_json_503_while_redis_hangs(served) -> None:
     redis_server, base, _ext = served
     with httpx.Client(base_url=base, timeout=CLIENT_TIMEOUT) as client:

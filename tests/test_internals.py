@@ -393,6 +393,7 @@ def test_a_fake_client_without_its_protocol_is_a_clear_error():
     assert f"supports fakeredis>={internals.EMBEDDED_FAKEREDIS}" in str(raised.value)
 
 
+@pytest.mark.processes
 def test_a_fakeredis_built_otherwise_stops_the_embedded_server_at_start():
     """A fakeredis without the modules the embedded server builds on (those before
     2.39): one clear error when the server starts, not at its first client."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -56,6 +58,7 @@ print(pay.state)
     assert out.stdout.strip() == "open"
 
 
+@pytest.mark.processes
 def test_the_core_never_imports_flask():
     program = (
         "import sys, breaker_redis, breaker_redis.fallbacks, breaker_redis.web.clients\n"

@@ -168,6 +168,7 @@ def own_server():
     server.stop()
 
 
+@pytest.mark.processes
 def test_real_redis_stopped_and_restarted(own_server):
     breakers = Breakers.from_url(own_server.url)
     try:
@@ -190,6 +191,7 @@ def test_real_redis_stopped_and_restarted(own_server):
         breakers.close()
 
 
+@pytest.mark.processes
 def test_hung_redis_costs_one_timeout_then_no_waiting(own_server):
     breakers = Breakers.from_url(own_server.url, listen=False)
     try:

@@ -29,6 +29,8 @@ from tests.test_eviction import never_restores_another_databases_breaker
 from tests.topologies import HOST, SentinelGroup, started
 from tests.workers import TRIP_AT_3, admitted, fail, subscribed
 
+pytestmark = pytest.mark.processes  # every test starts servers of its own
+
 CALM = BreakerConfig(trip="consecutive", failure_threshold=1_000_000)
 
 

@@ -32,11 +32,13 @@ def made(tls: TLSServer) -> Iterator[list[Breakers]]:
         b.close()
 
 
+@pytest.mark.processes
 def test_the_server_speaks_only_tls(tls):
     assert tls.client().config_get("port") == {"port": "0"}
     assert tls.client().config_get("tls-auth-clients") == {"tls-auth-clients": "yes"}
 
 
+@pytest.mark.processes
 def test_breakers_from_a_rediss_url_trip_a_breaker(tls, made):
     made.append(breakers := Breakers.from_url(tls.url()))
     assert breakers.client.connection_pool.connection_class is SSLConnection
@@ -48,6 +50,7 @@ def test_breakers_from_a_rediss_url_trip_a_breaker(tls, made):
     assert breakers.store_healthy
 
 
+@pytest.mark.processes
 def test_invalidation_over_tls_keeps_the_trip_boundary(tls, made):
     """The subscription is an SSL socket too: a worker that knew the breaker
     closed refuses the call right after another worker's trip."""
@@ -61,6 +64,7 @@ def test_invalidation_over_tls_keeps_the_trip_boundary(tls, made):
         assert not admits(b)
 
 
+@pytest.mark.processes
 def test_a_wrong_ca_with_deny_refuses_every_call_at_once(tls, made, caplog):
     """on_store_error='deny' (README, "When Redis is unavailable"): BreakerOpen
     with reason 'open' and no retry_after; reads raise StoreUnavailable."""
@@ -86,6 +90,7 @@ def test_a_wrong_ca_with_deny_refuses_every_call_at_once(tls, made, caplog):
     assert not tls.client().exists("breaker:{pay}:state")  # nothing reached the server
 
 
+@pytest.mark.processes
 def test_a_wrong_ca_with_the_default_policy_keeps_a_local_breaker(tls, made):
     made.append(breakers := Breakers.from_url(tls.url(ca=tls.certs.other_ca), listen=False))
     pay = breakers.get("pay", TRIP_AT_3)
@@ -97,6 +102,7 @@ def test_a_wrong_ca_with_the_default_policy_keeps_a_local_breaker(tls, made):
     assert not tls.client().exists("breaker:{pay}:state")
 
 
+@pytest.mark.processes
 def test_no_client_certificate_is_refused_by_the_server(tls, made):
     made.append(
         breakers := Breakers.from_url(tls.url(client_cert=False), on_store_error="deny", listen=False)
@@ -106,6 +112,7 @@ def test_no_client_certificate_is_refused_by_the_server(tls, made):
     assert not breakers.store_healthy
 
 
+@pytest.mark.processes
 def test_cert_reqs_none_skips_the_server_check(tls, made):
     certs = tls.certs
     url = (
@@ -117,6 +124,7 @@ def test_cert_reqs_none_skips_the_server_check(tls, made):
     assert breakers.store_healthy
 
 
+@pytest.mark.processes
 def test_a_server_that_cannot_start_is_reported_with_its_log(monkeypatch):
     import tests.topologies as topologies
 

@@ -178,6 +178,7 @@ def test_a_route_config_must_agree_with_the_breaker_already_built():
         BreakerMiddleware(shop, breakers, routes={"/pay": {"breaker": "pay", "failure_threshold": 4}})
 
 
+@pytest.mark.processes
 def test_the_core_module_imports_no_web_framework():
     code = ("import sys, breaker_redis.wsgi; "
             "bad = [m for m in ('flask', 'werkzeug', 'django', 'falcon') if m in sys.modules]; "
