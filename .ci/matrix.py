@@ -10,8 +10,8 @@ thing:
   allow of everything (redis-py, fakeredis, Flask, httpx, requests, the test
   tools), resolved afresh at every run, ignoring uv.lock: an upstream release
   that breaks the product shows here, as this one cell with its versions, and
-  not in the locked suite. It also runs the Redis Cluster tests (the client
-  code that changes most between redis-py releases). When it fails, the change
+  not in the locked suite. It also runs mypy strict, and the Redis Cluster
+  tests (the client code that changes most between redis-py releases). When it fails, the change
   that sees it either fixes the product for the new release or narrows the pin
   below it (``redis>=5.0,<8.3``, with the reason beside the pin): never a skip.
 - ``py3.10``, ``py3.12``, ``py3.13``: another Python, with the newest redis-py
@@ -86,7 +86,8 @@ class Cell:
     leave_out: tuple[tuple[str, str], ...] = ()
     also: tuple[str, ...] = ()  # test files run in this cell besides CORE
     also_needs: tuple[str, ...] = ()  # what they import besides TEST_DEPENDENCIES (names in the test extra)
-    # every release resolved afresh (no lock, no reuse): the package with its test extra
+    # every release resolved afresh (no lock, no reuse): the package with its dev extra, and
+    # mypy strict runs first (a release that adds type hints can break it)
     fresh: bool = False
 
 
@@ -144,7 +145,7 @@ def floor(requirement: str) -> str:
 def requirements(cell: Cell) -> tuple[list[str], list[str]]:
     """(what the cell's venv is made with, what is upgraded at every run)."""
     if cell.fresh:
-        return ["-e", ".[test]"], []
+        return ["-e", ".[dev]"], []
     pinned = pins()
     libraries = [pinned["redis"], pinned["fakeredis"]]
     tests = [pinned[name] for name in (*TEST_DEPENDENCIES, *cell.also_needs)]
@@ -285,6 +286,13 @@ def run(cell: Cell) -> tuple[int, int, bool]:
         env["BREAKER_REDIS_SERVER"] = server
     selection = ["-k", " and ".join(f"not {expr}" for expr, _ in cell.leave_out)] if cell.leave_out else []
     python = str(venv / "bin" / "python")
+    if cell.fresh:
+        typed = subprocess.run([python, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+        if typed.returncode != 0:
+            print(f"{cell.name}: {what}: mypy failed:", flush=True)
+            for line in typed.stdout.splitlines():
+                print(f"    {line}", flush=True)
+            return 0, 0, False
     # in 3 processes, as ./dev test runs the suite in 4 (one cell at a time, on 2 cores)
     command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
                *selection, *CORE, *cell.also]
