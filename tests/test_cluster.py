@@ -13,6 +13,7 @@ new master; a dead master sends only its own breakers to the local store.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import multiprocessing
 import os
 import signal
@@ -754,3 +755,63 @@ def test_a_process_that_does_not_listen_follows_a_failover_at_its_first_call(mad
             fail(tripping, 3)
             assert not admits(mine)
         assert served(group, old) - before == 0
+
+
+async def done(result: Any) -> Any:
+    """A sync Breakers' result, or what an asyncio Breakers' awaitable gives."""
+    return await result if inspect.isawaitable(result) else result
+
+
+@pytest.mark.parametrize("side", ["sync", "asyncio"])
+def test_an_operator_follows_a_killed_master_after_one_failed_action(side, made):
+    """An operator's process (listen=False) sends its actions straight to the breaker's
+    master as its slot map names it, and reads that map only when told to. SIGKILL that
+    master; once its replica is promoted, the operator's first action still goes to the
+    dead master and raises (a connection error: nothing told the process of the
+    failover). That failure has the map read again, so every later action, and a
+    snapshot, reaches the promoted replica. Every action first adds the name to the
+    listing set, which lives on another master here and keeps answering: only the
+    action's own failure can have the map read again."""
+    from breaker_redis.asyncio import Breakers as AsyncBreakers
+
+    with started(ClusterGroup(replicas=1)) as group:
+        for port in group.ports:  # the other masters keep serving while one is down
+            group.node(port).config_set("cluster-require-full-coverage", "no")
+        listing = group.owner(int(key_slot(b"breaker:names")))
+        name = next(name for port, name in spread_over(group).items() if port != listing)
+        slot, state = slot_of(name), f"breaker:{{{name}}}:state"
+        victim = group.owner(slot)
+        heir = group.replica_of(victim)
+
+        async def main() -> None:
+            made_here = Breakers if side == "sync" else AsyncBreakers
+            operator: Any = made_here.from_url(patient(group), listen=False)
+            if side == "sync":
+                made.append(operator)
+            try:
+                pay = operator.get(name, TRIP_AT_3)
+                await done(pay.reset())
+                assert operator.gate.master_of(name) == f"{HOST}:{victim}"
+
+                group.kill(victim)
+                wait_until(lambda: group.promoted(heir, slot), timeout=30, what="the replica promoted")
+                assert operator.gate.master_of(name) == f"{HOST}:{victim}"  # nothing told it
+                with pytest.raises(redis.exceptions.ConnectionError):  # refused, or closed (asyncio)
+                    await done(pay.reset())
+                assert operator.gate.master_of(name) == f"{HOST}:{heir}"  # read again after it
+
+                await done(pay.force_open())
+                assert group.node(heir).hget(state, "forced") == b"open"
+                snap = await done(pay.snapshot())
+                assert (snap["store"], snap["state"], snap["forced"]) == ("redis", "open", "open")
+                configured = await done(operator.configure(name, failure_threshold=1))
+                assert configured["failure_threshold"] == "1"
+                await done(pay.reset())
+                snap = await done(pay.snapshot())
+                assert (snap["store"], snap["state"], snap["forced"]) == ("redis", "closed", None)
+                assert group.node(heir).hget(state, "state") == b"closed"
+            finally:
+                if side == "asyncio":
+                    await operator.aclose()
+
+        asyncio.run(main())

@@ -78,7 +78,10 @@ class AsyncScriptRunner(Scripts):
         return await self.run(operation, name, now_ms, args)
 
     async def register_name(self, name: str, now_ms: int | None = None) -> None:
-        await self.listing(name).execute()
+        """scripts.ScriptRunner.register_name, awaited (on a cluster, no answer to the
+        listing has the slot map read again: cluster.Slots.afollowing)."""
+        async with self.slots.afollowing() if self.slots is not None else contextlib.nullcontext():
+            await self.listing(name).execute()
         check, sweep = self.chores_due()
         if check:
             with contextlib.suppress(Exception):  # INFO refused (an ACL without it): no check

@@ -29,6 +29,25 @@ that a redirect is seen rather than followed silently:
   redirected forgets what it knew, and after a reply that reports a change
   its barrier first publishes a hint on the migrating master, which every
   subscriber of the slot still reads, then pings it (``barrier``).
+
+A master that dies answers nothing, not even a redirect: once its replica is
+promoted, only a slot map read again names the new master. redis-py reads it
+again after a connection error or a timeout only on the commands it routes
+itself, and from redis-py 8.2 not at once: the error asks for a refresh that
+the client's next routed command runs, at most once a second
+(``topology_refresh_min_interval``); up to 8.1 the sync client's commands and
+pipelines read it again before raising (the asyncio client's next command
+did). The scripts and the barrier go straight
+to a node's client and never run that refresh, so a process whose map
+nobody else reads again (one that does not listen: an operator's; a worker
+listening on the slot reads it again when its subscription breaks) kept
+sending them to the dead master for good. So a command sent here that gets no
+answer (``following``) has the map read again at once (``refresh``), and its
+error still goes on, as before: an operator's action (reset, force,
+configure) raises, a call goes to its gate's local store, whose probe reads
+the map again before each try. The next command goes to the master the fresh
+map names: the promoted replica once the cluster has promoted it, else the
+dead master again, and the map is read again after that one.
 """
 
 from __future__ import annotations
@@ -36,7 +55,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import redis
@@ -52,6 +71,13 @@ MOVING_SECONDS = 10.0
 # subscribers (sunsubscribe) before it answered anything about the slot.
 _HINT_REFUSED = redis.exceptions.ResponseError
 _MOVES = (redis.exceptions.MovedError, redis.exceptions.AskError)
+# A node that gave no answer: refused, closed, reset, timed out (the map is read again;
+# for the ConnectionErrors that are no node's failure, a refused AUTH or a full pool,
+# that costs one CLUSTER SLOTS and changes nothing).
+_NO_ANSWER = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# Reading the map again failed: no node answered, or not with a map that covers every
+# slot (RedisClusterException is no RedisError). The map the client has keeps serving.
+_REREAD_FAILED = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
 def notices_channel(prefix: str, name: str) -> str:
@@ -127,29 +153,51 @@ class Slots:
 
     # -- the sync client --------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def following(self) -> Iterator[None]:
+        """Around commands of the sync side: one that gets no answer has the slot map
+        read again before its error goes on (see the module's docstring)."""
+        try:
+            yield
+        except _NO_ANSWER:
+            self.refresh()
+            raise
+
+    def refresh(self) -> None:
+        """Read the slot map again now, through the cluster client's public
+        ``nodes_manager.initialize()`` (every redis-py from 5.0; the store gate's probe
+        and the event subscription call it too). Nothing if the client is not made yet:
+        its first command reads the map. A failure is left to the next command."""
+        manager = getattr(self.built(), "nodes_manager", None)
+        if manager is not None:
+            with contextlib.suppress(*_REREAD_FAILED):
+                manager.initialize()
+
     def call(self, key: str, send: Callable[[Any], T]) -> T:
         """send(client of the master of key's slot). A redirect is told (``redirected``)
-        and the call is then sent through the cluster client, which follows it."""
-        cluster = self.cluster()
-        slot = self.slot(key)
-        node = self.owner(slot)
-        if node is not None:
-            try:
-                return send(cluster.get_redis_connection(node))
-            except redis.exceptions.MovedError as exc:
-                # first: redis-py's MovedError is an AskError. Taken for an ASK, a MOVED
-                # after a failover ran the script on the new master by ASKING and left the
-                # map naming the old one, a replica now, for good: every later call met
-                # MOVED first, and the barrier PINGed the replica, whose subscribers are
-                # not the slot's (a process that does not listen never read the map again)
-                self.redirected(slot, exc)
-            except redis.exceptions.AskError as exc:
-                self.redirected(slot, exc)
-                importing = cluster.get_node(host=exc.host, port=exc.port)
-                if importing is not None:  # ASKING there, so that a TRYAGAIN is not retried
-                    with _Asking(cluster.get_redis_connection(importing)) as asking:
-                        return send(asking)
-        return send(cluster)
+        and the call is then sent through the cluster client, which follows it; no
+        answer has the map read again (``following``)."""
+        with self.following():
+            cluster = self.cluster()
+            slot = self.slot(key)
+            node = self.owner(slot)
+            if node is not None:
+                try:
+                    return send(cluster.get_redis_connection(node))
+                except redis.exceptions.MovedError as exc:
+                    # first: redis-py's MovedError is an AskError. Taken for an ASK, a MOVED
+                    # after a failover ran the script on the new master by ASKING and left the
+                    # map naming the old one, a replica now, for good: every later call met
+                    # MOVED first, and the barrier PINGed the replica, whose subscribers are
+                    # not the slot's (a process that does not listen never read the map again)
+                    self.redirected(slot, exc)
+                except redis.exceptions.AskError as exc:
+                    self.redirected(slot, exc)
+                    importing = cluster.get_node(host=exc.host, port=exc.port)
+                    if importing is not None:  # ASKING there, so that a TRYAGAIN is not retried
+                        with _Asking(cluster.get_redis_connection(importing)) as asking:
+                            return send(asking)
+            return send(cluster)
 
     def target(self, key: str) -> Any:
         """A client of the master of key's slot (the cluster client while the map is unknown)."""
@@ -161,35 +209,55 @@ class Slots:
         """One round trip to the master of key's slot after a reply that reports a change,
         so every subscriber there has the change's message (see the module's docstring);
         during a migration a hint on the migrating master first."""
-        target = self.target(key)
-        if self.moving(self.slot(key)):
-            with contextlib.suppress(_HINT_REFUSED):
-                target.execute_command("SPUBLISH", channel, _moving_hint(name))
-        target.ping()
+        with self.following():
+            target = self.target(key)
+            if self.moving(self.slot(key)):
+                with contextlib.suppress(_HINT_REFUSED):
+                    target.execute_command("SPUBLISH", channel, _moving_hint(name))
+            target.ping()
 
     # -- the asyncio client -----------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def afollowing(self) -> AsyncIterator[None]:
+        """following() for the asyncio side: a node of redis-py's asyncio cluster client
+        that gets no answer tells nobody, on any version of redis-py."""
+        try:
+            yield
+        except _NO_ANSWER:
+            await self.arefresh()
+            raise
+
+    async def arefresh(self) -> None:
+        """refresh() for the asyncio cluster client (its map is read at its first command)."""
+        manager = getattr(self.built(), "nodes_manager", None)
+        if manager is not None:
+            with contextlib.suppress(*_REREAD_FAILED):
+                await manager.initialize()
 
     async def acall(self, key: str, send: Callable[[Any], Awaitable[T]]) -> T:
         """call() for redis-py's asyncio cluster client: send(node or client) is awaited;
         both take execute_command. After an ASK the call goes through the cluster client
         (an asyncio node does not keep one connection for ASKING and the command), which
         retries a TRYAGAIN for up to about half a second without blocking the loop."""
-        slot = self.slot(key)
-        node = self.owner(slot)
-        if node is not None:
-            try:
-                return await send(node)
-            except _MOVES as exc:
-                self.redirected(slot, exc)
-        return await send(self.client)
+        async with self.afollowing():
+            slot = self.slot(key)
+            node = self.owner(slot)
+            if node is not None:
+                try:
+                    return await send(node)
+                except _MOVES as exc:
+                    self.redirected(slot, exc)
+            return await send(self.client)
 
     async def abarrier(self, key: str, channel: str, name: str) -> None:
-        node = self.owner(self.slot(key))
-        target = self.client if node is None else node
-        if self.moving(self.slot(key)):
-            with contextlib.suppress(_HINT_REFUSED):
-                await target.execute_command("SPUBLISH", channel, _moving_hint(name))
-        await target.execute_command("PING")
+        async with self.afollowing():
+            node = self.owner(self.slot(key))
+            target = self.client if node is None else node
+            if self.moving(self.slot(key)):
+                with contextlib.suppress(_HINT_REFUSED):
+                    await target.execute_command("SPUBLISH", channel, _moving_hint(name))
+            await target.execute_command("PING")
 
 
 def _moving_hint(name: str) -> str:

@@ -431,8 +431,14 @@ class ScriptRunner(Scripts):
 
     def register_name(self, name: str, now_ms: int | None = None) -> None:
         """Add a name to the listing set (outside the scripts: it lives in another slot),
-        and now and then sweep a few idle breakers (Scripts.chores_due)."""
-        self.listing(name).execute()
+        and now and then sweep a few idle breakers (Scripts.chores_due).
+
+        On a cluster a listing that gets no answer has the slot map read again
+        (cluster.Slots.following), as redis-py up to 8.1 did itself: an operator's
+        action lists the breaker, then sends its script straight to the master the map
+        names, the promoted replica if the listing set's master was the one that died."""
+        with self.slots.following() if self.slots is not None else contextlib.nullcontext():
+            self.listing(name).execute()
         check, sweep = self.chores_due()
         if check:
             with contextlib.suppress(Exception):  # INFO refused (an ACL without it): no check
