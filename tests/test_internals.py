@@ -13,6 +13,8 @@ import select
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +180,24 @@ def test_fake_readable_sees_a_waiting_message_without_reading_it():
     assert internals.fake_readable(redis.Connection(port=1)) is None
     assert internals.fake_readable(None) is None
     pubsub.close()
+
+
+def test_a_wait_of_fake_readable_ends_when_its_connection_closes():
+    """How Breakers.close() wakes a listener waiting on fakeredis in process
+    (Link.interrupt): a wait of an hour ends with the connection's close."""
+    fake = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    pubsub = fake.pubsub()
+    pubsub.subscribe("internals-test")
+    assert pubsub.get_message(timeout=0)["type"] == "subscribe"
+    readable = internals.fake_readable(pubsub.connection)
+    assert readable is not None
+    waited: list[Any] = []
+    waiter = threading.Thread(target=lambda: waited.append(readable(3600)), daemon=True)
+    waiter.start()
+    time.sleep(0.1)  # in the wait now (or in a moment: then it finds the connection closed)
+    pubsub.close()
+    waiter.join(5)
+    assert not waiter.is_alive() and waited == [False]
 
 
 def test_fake_readable_without_the_selector_falls_back_to_can_read():

@@ -169,7 +169,9 @@ def fake_readable(connection: Any) -> Callable[[float], bool] | None:
     fakeredis's selector answers from the connection's reply queue. Its public
     ``can_read`` gives the same answer but reconnects a closed connection, which a
     check made outside the subscription's lock must not do: it is the fallback only
-    if the selector is gone."""
+    if the selector is gone. Either wait ends when the connection is closed (its
+    socket's close wakes the selector), which is how ``Link.interrupt`` wakes a
+    listener waiting on it (tests/test_internals.py checks it)."""
     if connection is None or not type(connection).__module__.startswith("fakeredis"):
         return None
     check = getattr(getattr(connection, "_selector", None), "check_can_read", None)

@@ -15,6 +15,11 @@ for its listener thread to be scheduled: before deciding from memory, the
 deciding thread itself delivers whatever is readable (``drain``). The thread
 only keeps an idle worker's socket empty and reconnects after a loss; while
 the subscription is down, ``healthy`` is False and workers ask Redis.
+
+Every wait of the listener ends the moment ``close()`` (or a master's switch)
+asks it to: the socket it waits on is shut down, an in-process connection
+(fakeredis) is closed, and its backoff is the thread's stop Event. It never
+sits out a timeout.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import logging
 import select
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,6 +43,11 @@ from breaker_redis.storage.scripts import text
 
 log = logging.getLogger("breaker_redis")
 
+# How long the listener waits on its subscription before it looks again. Nothing
+# depends on it: whatever needs the listener (close(), a master's switch, on a
+# cluster a breaker to subscribe) wakes it at once.
+WAIT_SECONDS = 1.0
+
 
 class Link:
     """One subscription connection, and how it is read (steps 3 and 5 of the boundary).
@@ -49,6 +58,9 @@ class Link:
     (``Invalidator`` here, ``ShardedInvalidator`` per master) is given each message,
     and is told when the client reconnected by itself (the socket changed:
     messages may have been missed) or the connection failed.
+
+    ``readable(timeout)`` waits until something can be read, and ``interrupt()``
+    ends that wait at once, whatever the transport: see there.
     """
 
     def __init__(self, pubsub: Any, owner: LinkOwner, lock: threading.Lock) -> None:
@@ -58,20 +70,28 @@ class Link:
         self.closed = False
         self.socket: Any = None
         self.readable: Callable[[float], Any] = _never
+        self._interrupted = threading.Event()  # ends the wait of a transport that cannot be polled
+        self._closing = threading.Lock()  # one close of the connection at a time (interrupt, close)
         self.attach()
 
     def attach(self) -> None:
         """Remember the socket and how to wait for it without reading it. Holds lock."""
         connection = self.pubsub.connection
         sock = connection_socket(connection)
-        in_process = fake_readable(connection)
-        if in_process is not None:
-            self.readable = in_process
-        elif isinstance(sock, socket.socket):
-            self.readable = _poll_for(sock)
-        else:  # unknown transport: let drain() read under the lock each time
-            self.readable = _always
+        readable = fake_readable(connection)
+        if readable is None and isinstance(sock, socket.socket):
+            readable = _poll_for(sock)
+        if readable is None or readable is _always:
+            readable = self._often  # unknown transport, or closed already: drain() reads under the lock
+        self.readable = readable
         self.socket = sock
+
+    def _often(self, timeout: float) -> bool:
+        """readable() of a transport that cannot be polled: yes, every 50 ms at most (a
+        listener waiting here is woken by interrupt())."""
+        if timeout > 0:
+            self._interrupted.wait(min(timeout, 0.05))
+        return True
 
     def drain(self) -> None:
         """Deliver, in this thread, every message received so far.
@@ -112,20 +132,28 @@ class Link:
             self.owner.lost(self, exc)
 
     def interrupt(self) -> None:
-        """Stop reading it and wake a thread waiting for it to be readable: its socket
-        is shut down, which ends the wait, but not closed (closing it under an epoll
-        wait would leave the wait asleep); the waiting thread closes it."""
+        """Stop reading it and wake a thread waiting for it to be readable, at once.
+
+        Under the lock, so a message being handled is done first, and nothing reads
+        it afterwards. A socket is then shut down, which ends a wait on it, but not
+        closed (closing it under an epoll wait would leave the wait asleep): the
+        waiting thread closes it. A connection without one (fakeredis in process,
+        whose wait ends when its connection closes) is closed here."""
         with self.lock:
             self.closed = True
             self.readable = _never
             sock = self.socket
-        shut_down(sock)
+        self._interrupted.set()
+        if isinstance(sock, socket.socket):
+            shut_down(sock)
+        else:
+            self.close()
 
     def close(self) -> None:
         """Stop reading it (drain returns at once) and close the connection."""
         self.closed = True
         self.readable = _never
-        with contextlib.suppress(Exception):
+        with self._closing, contextlib.suppress(Exception):
             self.pubsub.close()
 
 
@@ -216,10 +244,11 @@ class Invalidator(EventSubscriber):
 
     def _interrupt(self) -> None:
         """Wake the listener from its wait on the subscription (close): from now on
-        workers ask Redis; the link is closed under the read lock, so a message being
-        handled (a notice can make the listener send a breaker's batch) is done first,
-        and the listener's wait returns at once; the thread closes the connection as it
-        ends."""
+        workers ask Redis; the link is interrupted under the read lock, so a message
+        being handled (a notice can make the listener send a breaker's batch) is done
+        first, and the listener's wait returns at once (Link.interrupt); the thread
+        closes the connection as it ends. Told to stop before this, the listener
+        checks that before each wait, so a link it makes meanwhile is never waited on."""
         self.healthy = False
         link = self._link
         if link is not None:
@@ -228,15 +257,17 @@ class Invalidator(EventSubscriber):
     def resubscribe(self) -> None:
         """Leave the current subscription (its server stopped being the master).
 
-        Workers ask Redis at every call from now on; the listener thread,
-        which owns the connection, closes it when it next wakes (within a
-        second) and subscribes again, on whatever server the client reaches now.
+        Workers ask Redis at every call from now on; the listener thread is
+        woken from its wait on the connection (Link.interrupt), closes it and
+        subscribes again at once, on whatever server the client reaches now.
         """
         with self._read_lock:
             self.healthy = False
             link, self._link = self._link, None
-            if link is not None:  # no longer read; the listener thread closes it
+            if link is not None:  # no longer read: drain() returns at once
                 link.closed, link.readable = True, _never
+        if link is not None:
+            link.interrupt()
         self.on_subscribed()
 
     # -- the listener thread --------------------------------------------------
@@ -254,8 +285,8 @@ class Invalidator(EventSubscriber):
                     pubsub.subscribe(self.channel)
                     link.attach()
                     link.read_all()
-                while not thread.stopped() and self._link is link:
-                    if link.readable(1.0):
+                while not thread.stopped() and self._link is link and not link.closed:
+                    if link.readable(WAIT_SECONDS):
                         with self._read_lock:
                             link.read_all()
                     delay = 0.1 if self.healthy else delay
@@ -310,14 +341,16 @@ def _buffered(pubsub: Any) -> bool:
 
 
 def _never(timeout: float) -> bool:
-    if timeout > 0:
-        time.sleep(timeout)
+    """readable() of a link no longer read (closed, interrupted or left): nothing, at
+    once. Never a sleep: a listener that looked the function up just before close()
+    set it would sit the sleep out. Nothing loops on it: a link is closed only once
+    its listener is told to stop or has left it."""
     return False
 
 
 def _always(timeout: float) -> bool:
-    if timeout > 0:
-        time.sleep(min(timeout, 0.05))
+    """readable() of a socket closed already (the doctor's check; a Link waits in
+    Link._often instead): read it now, which says so."""
     return True
 
 
@@ -333,13 +366,13 @@ def _poll_for(sock: socket.socket) -> Callable[[float], Any]:
     interest list and reads as quiet, which is safe: every close of a
     subscription's socket happens under the link's lock (a reconnect inside
     ``read_all``, which attaches the new socket) or after ``readable`` was set
-    to ``_never`` (``close``, ``resubscribe``).
+    to ``_never`` (``close``, ``interrupt``, ``resubscribe``).
     """
     if hasattr(select, "epoll"):
         try:
             waiter = select.epoll()
             waiter.register(sock.fileno(), select.EPOLLIN)
-        except (OSError, ValueError):  # closed already: reading it will say so
+        except (OSError, ValueError):  # closed already: reading it will say so (and end the link)
             return _always
         return waiter.poll
     return _poll_per_thread(sock)

@@ -55,7 +55,7 @@ from typing import Any, Generic, TypeVar
 import redis
 
 from breaker_redis.engine.background import BackgroundThread
-from breaker_redis.storage import acl
+from breaker_redis.storage import acl, invalidation
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.internals import connection_socket, forget_shard_channel
 from breaker_redis.storage.invalidation import Link, parse_payload
@@ -325,7 +325,7 @@ class ShardedInvalidator(Channels[Link]):
             self._wake_w.send(b"x")
 
     def _wait(self) -> None:
-        """Until a connection is readable (then read it), a wake-up, or a second."""
+        """Until a connection is readable (then read it), a wake-up, or WAIT_SECONDS."""
         links = list(self._links.values())
         poller = select.poll()
         poller.register(self._wake_r.fileno(), select.POLLIN)
@@ -335,7 +335,7 @@ class ShardedInvalidator(Channels[Link]):
                 fd = link.socket.fileno()
                 poller.register(fd, select.POLLIN)
                 by_fd[fd] = link
-        timeout = 1.0
+        timeout = invalidation.WAIT_SECONDS  # a wake-up (close(), a breaker to subscribe) ends it
         if self._wanted:
             timeout = min(timeout, max(0.0, self._retry_at - time.monotonic()))
         if len(by_fd) < len(links):
