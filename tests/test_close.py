@@ -13,6 +13,7 @@ stalls for a second now and then, never for PROMPT seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ import breaker_redis.asyncio.breakers as async_breakers
 from breaker_redis import Breakers
 from breaker_redis.asyncio import Breakers as AsyncBreakers
 from breaker_redis.engine import recorder
+from breaker_redis.engine.background import cancelled
 from breaker_redis.storage import failover, invalidation
 from breaker_redis.storage.invalidation import Link
 from breaker_redis.storage.sharded import ShardedInvalidator
@@ -271,6 +273,58 @@ def test_aclose_ends_the_store_prober_in_its_backoff(down):
         await breakers.aclose()
         assert time.monotonic() - started < PROMPT
         assert prober.done()
+
+    asyncio.run(main())
+
+
+def test_aclose_ends_the_cluster_keeper_woken_in_its_backoff(cluster):
+    """The cluster's subscription keeper waits for a wake-up with a timeout while it
+    backs off. asyncio.wait_for (before Python 3.12) returned the wake-up instead of
+    the cancellation when both came together: the keeper went on, and aclose()
+    waited for it for ever."""
+    url = cluster.url
+
+    async def main() -> None:
+        breakers = AsyncBreakers(async_client_from_url(url))
+        await breakers.get("pay").call(lambda: None)
+        await _subscribed(breakers)
+        keeper = breakers.invalidator
+        assert keeper is not None
+
+        async def refused() -> None:
+            raise ConnectionError("no master answers")
+
+        keeper._subscribe_wanted = refused  # type: ignore[method-assign]
+        keeper.listener("another")  # a breaker to subscribe: the keeper tries, fails and backs off
+        await asyncio.sleep(0.2)
+        task = keeper._task
+        assert task is not None and not task.done()
+        keeper.listener("a third")  # wakes it, as aclose() cancels it
+        started = time.monotonic()
+        await asyncio.wait_for(breakers.aclose(), 2 * PROMPT)
+        assert time.monotonic() - started < PROMPT
+        assert task.done()
+
+    asyncio.run(main())
+
+
+def test_a_task_that_swallows_its_cancellation_is_waited_for_no_longer_than_the_timeout():
+    """As a thread past STOP_SECONDS: aclose() returns, the task is left to end alone."""
+
+    async def main() -> None:
+        going = True
+
+        async def stubborn() -> None:
+            while going:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0.01)
+
+        task = asyncio.get_running_loop().create_task(stubborn())
+        await asyncio.sleep(0)
+        assert await cancelled(task, timeout=0.2) is False
+        assert not task.done()
+        going = False
+        assert await cancelled(task) is True
 
     asyncio.run(main())
 

@@ -160,7 +160,10 @@ class Breakers(BreakersCore[Breaker, AsyncStoreGate, AsyncScriptRunner]):
                 await breaker.flush_batch()
 
     async def aclose(self) -> None:
-        """Send what is batched, stop this loop's tasks and close the client's connections."""
+        """Send what is batched, stop this loop's tasks and close the client's connections.
+        Each task is cancelled, which ends its wait at once, and waited for (up to
+        background.STOP_SECONDS, as the sync side's threads): when it returns no notice
+        is being handled and no batch is being sent."""
         loop = asyncio.get_running_loop()
         if self._loop is not None and (loop is not self._loop or os.getpid() != self.pid):
             self._restart(loop)  # what the old loop held went with it

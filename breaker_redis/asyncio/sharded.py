@@ -92,8 +92,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
                 log.debug("could not subscribe to the breakers' channels (%s)", exc)
                 self._refresh = True
                 timeout, delay = delay, min(delay * 2, 5.0)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
+            await woken(wake, timeout)
 
     async def _subscribe_wanted(self) -> None:
         if not self._wanted:
@@ -162,3 +161,17 @@ class AsyncShardedInvalidator(Channels[Subscription]):
         if any(c.healthy and c.connection is subscription for c in self._channels.values()):
             log.info("event subscription lost; asking Redis at every call until subscribed again")
         self._connection_ended(subscription)
+
+
+async def woken(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait until event is set, for timeout seconds at most (None: no limit).
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: before Python 3.12 it returns
+    the event's result when a cancellation comes just as the event is set, and the
+    keeper, its cancellation lost, subscribed again after aclose() and waited
+    there for ever (aclose() waiting for it)."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait([waiter], timeout=timeout)
+    finally:
+        waiter.cancel()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import logging
 import os
 import threading
@@ -147,13 +146,22 @@ class LoopTask:
         await cancelled(task)
 
 
-async def cancelled(task: asyncio.Task[Any] | None) -> None:
+async def cancelled(task: asyncio.Task[Any] | None, timeout: float = STOP_SECONDS) -> bool:
     """Cancel an event loop's background task (the asyncio side's prober, subscription
-    keeper, batch sender) and wait until it has ended, whatever it raised."""
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+    keeper, batch sender) and wait until it has ended, whatever it raised, for timeout
+    seconds at most: a task that swallowed its cancellation is left to end alone, as a
+    thread is past STOP_SECONDS. Whether it has ended. A cancellation of the caller
+    itself is not swallowed here: it ends the wait and reaches the caller."""
+    if task is None or task.done():
+        return True
+    task.cancel()
+    await asyncio.wait([task], timeout=timeout)
+    if not task.done():
+        log.warning("%r did not end within %.1fs of its cancellation; left to end alone", task, timeout)
+        return False
+    if not task.cancelled():
+        task.exception()  # retrieved: asyncio does not log it as never retrieved
+    return True
 
 
 def stop_all(threads: Iterable[BackgroundThread], timeout: float = STOP_SECONDS) -> bool:
