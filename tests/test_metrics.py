@@ -231,7 +231,12 @@ def test_cli_serves_metrics_on_a_port(redis_server):
     port = free_port()
     argv = [sys.executable, "-m", "breaker_redis.ops.cli", "--url", redis_server.url]
     argv += ["metrics", "--port", str(port)]
-    process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Ctrl-C as at a terminal: SIGINT at its default in the child, whatever this process
+    # inherited (a suite started in the background by a non-interactive shell ignores
+    # SIGINT, and so would the child: Python then installs no KeyboardInterrupt handler
+    # and the command serves on, as a command started with '&' should)
+    process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
 
         def scraped() -> str | None:
