@@ -184,12 +184,22 @@ def walk_through(s: Stack) -> None:
     assert json_refusal.json()["breaker"] == "pay" and json_refusal.json()["reason"] == "open"
     assert s.state()[0] == "open"
     assert s.hits() == 5, "a refused request reached the upstream"
+    refused_before = s.statuses[503]
 
     # -- half-open: of 16 concurrent requests exactly one is a probe ---------------
-    s.control(path="/pay", fail_rate=0.0, latency_ms=600)  # the probe holds its lease a while
+    # The probe holds its lease until the other 15 are answered: the upstream holds it
+    # (latency of a minute) and the control below releases it. With a fixed latency
+    # (600 ms) a machine at load average 24 answered the 15 over more than that, the
+    # probe's success let a second probe through and closed the breaker: 7 x 200.
+    s.control(path="/pay", fail_rate=0.0, latency_ms=60_000)
     wait_until(lambda: s.redis_now_ms() >= open_until + 100, timeout=OPEN_SECONDS + 5,
                what="the open period to end")
-    answers = s.burst([("/pay", "POST")] * 16)
+    with ThreadPoolExecutor(max_workers=1) as sender:  # s.pool's 16 threads send the burst
+        pending = sender.submit(s.burst, [("/pay", "POST")] * 16)
+        wait_until(lambda: s.statuses[503] >= refused_before + 15 or pending.done(), timeout=60,
+                   what="15 of the 16 requests to be refused")
+        s.control(path="/pay", latency_ms=0)  # the probe's upstream call returns now
+        answers = pending.result(timeout=60)
     statuses = Counter(a.status_code for a in answers)
     assert statuses == {200: 1, 503: 15}, statuses
     assert s.hits() == 6
