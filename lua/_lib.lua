@@ -831,15 +831,44 @@ local function rep_key()
   return string.sub(K_STATE, 1, -6) .. 'reporters'  -- '<prefix>:{NAME}:state' -> ...:reporters
 end
 
-local function rep_parse(v)  -- nil for no record, or one that does not parse
-  if type(v) ~= 'string' then return nil end
+-- A record as the scripts use it (times absolute, ms), or nil for no record; and true when
+-- the field is there but corrupted (edited by hand, or by a bug): not a record a worker
+-- wrote (digits and single spaces, 6 or 9 numbers, each at most 2^53), so the writing
+-- scripts drop it (rep_drop_corrupt) and the readers skip it. Every number of a record
+-- that parses is held to what a worker could have written, so no hand-edited value can
+-- make a script fail or keep a record for ever: its times no later than now (its
+-- isolation and probe no longer than the config allows from now), its failures at most
+-- its calls, its own run at most 2^31, its period at most max_open_seconds.
+local REP_MAX, REP_COUNT_MAX = 9007199254740991, 2147483647
+local function rep_parse(v, c)
+  if type(v) ~= 'string' then return nil, false end
+  if not string.find(v, '^%d+ %d+ %d+ %d+ %d+ %d+$') and not string.find(v, '^%d+ %d+ %d+ %d+ %d+ %d+ %d+ %d+ %d+$')
+  then return nil, true end
   local n = {}
-  for x in string.gmatch(v, '%d+') do n[#n + 1] = tonumber(x) end
-  if #n ~= 6 and #n ~= 9 then return nil end
-  local r = {since = n[1], last = n[1] + n[2], f = n[3], c = n[4], rc = n[5], run = n[6], iso = #n == 9,
-    till = 0, period = 0, probe = 0}
-  if r.iso then r.till, r.period, r.probe = n[1] + n[7], n[8], n[9] > 0 and n[1] + n[9] or 0 end
-  return r
+  for x in string.gmatch(v, '%d+') do
+    local d = tonumber(x)
+    if d > REP_MAX then return nil, true end
+    n[#n + 1] = d
+  end
+  local since = math.min(n[1], NOW)
+  local r = {since = since, last = math.min(since + n[2], NOW), c = math.min(n[4], REP_COUNT_MAX), rc =
+    math.min(n[5], REP_COUNT_MAX), run = n[6], iso = #n == 9, till = 0, period = 0, probe = 0}
+  r.f = math.min(n[3], r.c)
+  if r.iso then
+    local longest = c.max_open_ms + math.ceil(c.max_open_ms / 10)  -- backed_off's cap, with its jitter
+    r.till = math.min(since + n[7], NOW + longest)
+    r.period = math.min(n[8], c.max_open_ms)
+    r.probe = n[9] > 0 and math.min(since + n[9], NOW + c.probe_ms) or 0
+  end
+  return r, false
+end
+
+-- acquire.lua, record.lua: a corrupted record found is dropped (and the key reported repaired).
+local function rep_drop_corrupt(key, name, corrupt)
+  if corrupt then
+    redis.call('HDEL', key, name)
+    repaired('reporters')
+  end
 end
 
 local function rep_format(r)
@@ -890,7 +919,9 @@ end
 -- does next, so that no reply tells one of its workers it is not.
 local function reporter_record(name, c)
   if name == nil or name == '' then name = '-' end
-  local r = rep_parse(redis.call('HGET', rep_key(), name))
+  local key = rep_key()
+  local r, corrupt = rep_parse(redis.call('HGET', key, name), c)
+  rep_drop_corrupt(key, name, corrupt)
   if r and NOW >= rep_until(c, r) then r = nil end
   if r and r.iso then ISO = r.till end
   return name, r
@@ -915,7 +946,8 @@ end
 -- record.lua, closed: a success of the reporter ends its own run and counts in its rate
 -- (with minimum_calls, its rate can come to hold on a success).
 local function reporter_succeeded(s, key, c, reporter, calls)
-  local r = rep_parse(redis.call('HGET', key, reporter))
+  local r, corrupt = rep_parse(redis.call('HGET', key, reporter), c)
+  rep_drop_corrupt(key, reporter, corrupt)
   if r and not r.iso and c.trip ~= 'count' and NOW < rep_until(c, r) then
     r.c, r.rc = r.c + calls, 0
     if own_rule_holds(c, r) then
@@ -942,12 +974,17 @@ local function quorum(s, c, cause, calls, failures, reporter, lease)
     end
     return cause
   end
-  local all, run, recs, gone = redis.call('HGETALL', key), 0, {}, {}
+  local all, run, recs, gone, run_bad = redis.call('HGETALL', key), 0, {}, {}, false
   for i = 1, #all, 2 do
     if all[i] == ' run' then
-      run = tonumber(all[i + 1]) or 0
+      run = string.find(all[i + 1], '^%d+$') and tonumber(all[i + 1]) or -1
+      if run < 0 or run >= REP_MAX then  -- corrupted: the runs count again from 0
+        run, run_bad = 0, true
+        repaired('reporters')
+      end
     else
-      local r = rep_parse(all[i + 1])
+      local r, corrupt = rep_parse(all[i + 1], c)
+      if corrupt then repaired('reporters') end
       if r and NOW < rep_until(c, r) then recs[all[i]] = r else gone[#gone + 1] = all[i] end
     end
   end
@@ -993,7 +1030,7 @@ local function quorum(s, c, cause, calls, failures, reporter, lease)
     return nil
   end
   if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
-  if new_run then keep[#keep + 1], keep[#keep + 2] = ' run', run end
+  if new_run or run_bad then keep[#keep + 1], keep[#keep + 2] = ' run', run end
   if r then keep[#keep + 1], keep[#keep + 2] = reporter, rep_format(r) end
   if #keep > 0 then redis.call('HSET', key, unpack(keep)) end
   redis.call('PEXPIRE', key, math.max(1, longest - NOW))
@@ -1014,7 +1051,7 @@ end
 local function reporters_view(c)
   local all, out = redis.call('HGETALL', rep_key()), {}
   for i = 1, #all, 2 do
-    local r = rep_parse(all[i + 1])
+    local r = rep_parse(all[i + 1], c)  -- a corrupted one is skipped (these scripts write none)
     if r and NOW < rep_until(c, r) then
       out[#out + 1], out[#out + 2], out[#out + 3] = all[i], r.f, r.iso and r.till or 0
     end

@@ -261,3 +261,33 @@ def test_a_corrupted_reporters_key_is_repaired_and_the_calls_go_on(make_breakers
     b.acquire().failure()
     assert store.type("breaker:{pay}:reporters") == b"hash"
     assert "had a corrupted key" in caplog.text
+
+
+def test_numbers_in_a_reporters_entry_no_worker_wrote_are_dropped_or_clamped(make_breakers, store, clock,
+                                                                            caplog):
+    """A number beyond 2^53 made every failure a script error (PEXPIRE 1e23) and sent the whole
+    process to its local store, where its other breakers admitted calls another worker had
+    tripped. Now the entry is dropped by the script that finds it, and a plausible entry with
+    times no worker could have written is clamped to what the config allows."""
+    made = make_breakers(reporter="a")
+    pay, other = made.get("pay", COUNT), made.get("other", BreakerConfig(trip="count", failure_threshold=5))
+    assert refusal(other) is None
+    key = "breaker:{pay}:reporters"
+    store.hset(key, mapping={"someone": "99999999999999999999999 1 1 1 1 1", " run": "1" + "0" * 30,
+                             "late": f"{clock.now} 0 1 1 1 0 {10**15} {10**15} {10**15}"})
+    pay.acquire().failure()
+    assert made.gate.healthy
+    assert store.hget(key, "someone") is None and store.hget(key, " run") == b"0"
+    elsewhere = make_breakers(reporter="b").get("other", BreakerConfig(trip="count", failure_threshold=5))
+    for _ in range(5):
+        elsewhere.acquire().failure()
+    refused = refusal(other)  # tripped by another worker: refused here too
+    assert refused is not None and refused.reason == "open"
+    late = pay.snapshot()["reporters"]["late"]
+    assert late["isolated_until_ms"] == clock.now + 330_000  # max_open_seconds 300 with 10 % jitter
+    assert 0 < store.pttl(key) <= 330_000 + 10_000
+    assert "corrupted breaker:{pay}:reporters repaired" in caplog.text
+    store.hdel(key, "late")  # (isolated, it would make the quorum with a)
+    for _ in range(4):
+        pay.acquire().failure()  # a's own 5 failures: isolated, as without the corruption
+    assert getattr(refusal(pay), "reason", None) == "isolated"
