@@ -1037,7 +1037,8 @@ local function quorum(s, c, cause, calls, failures, reporter, lease)
   return nil
 end
 
--- record.lua: an ignored outcome of the reporter's probe gives the probe back.
+-- record.lua: an ignored outcome of the reporter's probe gives the probe back; acquire.lua:
+-- so does a probe the bulkhead refused (it never ran, so it cannot count as failed).
 local function reporter_probe_ignored(c, reporter, r, lease)
   local probe = tonumber(string.match(' ' .. lease, ' i:(%d+)'))
   if probe and r and r.iso and r.probe == probe then

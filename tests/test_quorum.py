@@ -291,3 +291,25 @@ def test_numbers_in_a_reporters_entry_no_worker_wrote_are_dropped_or_clamped(mak
     for _ in range(4):
         pay.acquire().failure()  # a's own 5 failures: isolated, as without the corruption
     assert getattr(refusal(pay), "reason", None) == "isolated"
+
+
+def test_a_probe_the_bulkhead_refuses_is_given_back_not_counted_as_failed(make_breakers, clock, store):
+    """With max_concurrent_calls, the isolated reporter's probe refused for want of a slot was left
+    in its record, so it timed out as a failed probe and isolated it again with the backoff."""
+    config = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30,
+                           min_reporters=2, max_concurrent_calls=1)
+    a, b = hosts(make_breakers, config, "a", "b")
+    for _ in range(5):
+        a.acquire().failure()
+    clock.advance(30_000)
+    slot = b.acquire()  # the only slot
+    refused = refusal(a)
+    assert refused is not None and refused.reason == "bulkhead"
+    assert b.snapshot()["reporters"]["a"]["isolated_until_ms"] == clock.now  # not isolated again
+    slot.success()
+    probe = a.acquire()  # the slot is free: a's probe, at once
+    assert probe.lease.startswith("i:")
+    probe.success()
+    snap = b.snapshot()
+    assert (snap["isolated"], snap["reporters"], snap["isolations"]) == ([], {}, 1)
+    assert refusal(a) is None
