@@ -812,7 +812,8 @@ end
 --     a field per reporter that failed in the window or is isolated, its value
 --     'since last f c rc run' while it fails: its own window (f failures in c calls since
 --     `since`, its first failure less than a window ago), its last failure, its own run of
---     failures (rc: a success of its own ends it) and the shared run it last failed in;
+--     failures (rc: a success of its own ends it, not a batch of
+--     them, which may have happened before: record.lua) and the shared run it last failed in;
 --     ' till period probe' appended while it is isolated (till: until when; period: the
 --     isolation's length, for the backoff; probe: its probe lease's expiry, 0 for none).
 --     Times are ms, those after `since` relative to it. Field ' run': the number of the
@@ -944,12 +945,14 @@ local function reporter_admits(s, c, reporter, r)
 end
 
 -- record.lua, closed: a success of the reporter ends its own run and counts in its rate
--- (with minimum_calls, its rate can come to hold on a success).
-local function reporter_succeeded(s, key, c, reporter, calls)
+-- (with minimum_calls, its rate can come to hold on a success). A batch of successes
+-- (batched) counts in its rate only: its successes may have happened before the failures
+-- of the run (a worker sends them late: record.lua), as for the shared run.
+local function reporter_succeeded(s, key, c, reporter, calls, batched)
   local r, corrupt = rep_parse(redis.call('HGET', key, reporter), c)
   rep_drop_corrupt(key, reporter, corrupt)
   if r and not r.iso and c.trip ~= 'count' and NOW < rep_until(c, r) then
-    r.c, r.rc = r.c + calls, 0
+    r.c, r.rc = r.c + calls, batched and r.rc or 0
     if own_rule_holds(c, r) then
       isolate(s, c, reporter, r, c.trip)
       ISO = r.till
@@ -959,9 +962,9 @@ local function reporter_succeeded(s, key, c, reporter, calls)
 end
 
 -- record.lua, closed: the caller's outcomes (calls, of which failures; lease: the
--- permit's) with the shared rule's verdict `cause` (nil: none); returns the cause to
--- trip on, nil when the quorum holds it back.
-local function quorum(s, c, cause, calls, failures, reporter, lease)
+-- permit's; batched: a batch of successes, see reporter_succeeded) with the shared rule's
+-- verdict `cause` (nil: none); returns the cause to trip on, nil when the quorum holds it back.
+local function quorum(s, c, cause, calls, failures, reporter, lease, batched)
   local key = rep_key()
   local probe = lease ~= '' and tonumber(string.match(' ' .. lease, ' i:(%d+)'))
   local gated = cause == 'consecutive' or cause == 'count' or cause == 'rate'
@@ -970,7 +973,7 @@ local function quorum(s, c, cause, calls, failures, reporter, lease)
       redis.call('DEL', key)
       ISO = nil
     else
-      reporter_succeeded(s, key, c, reporter, calls)
+      reporter_succeeded(s, key, c, reporter, calls, batched)
     end
     return cause
   end
@@ -1007,7 +1010,7 @@ local function quorum(s, c, cause, calls, failures, reporter, lease)
     end
     r.last, r.f, r.c, r.rc, r.run = NOW, r.f + failures, r.c + calls, r.rc + failures, run
   elseif r then
-    r.c, r.rc = r.c + calls, 0
+    r.c, r.rc = r.c + calls, batched and r.rc or 0
   end
   if gated then
     local failing = 0

@@ -14,6 +14,7 @@ import pytest
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.engine.reporters import default_reporter, validate_reporter
 from tests.conftest import STORES, make_store
+from tests.workers import subscribed
 
 COUNT = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30, min_reporters=2)
 
@@ -313,3 +314,30 @@ def test_a_probe_the_bulkhead_refuses_is_given_back_not_counted_as_failed(make_b
     snap = b.snapshot()
     assert (snap["isolated"], snap["reporters"], snap["isolations"]) == ([], {}, 1)
     assert refusal(a) is None
+
+
+def test_batched_successes_sent_late_do_not_end_the_reporters_own_run(make_breakers):
+    """Two workers of one reporter, listening (so a calm breaker's successes are batched): the
+    successes one worker batched reach Redis after the other worker's failures (held back
+    here by its send lock, as a busy worker's are). They happened before the run, so, as they
+    never end the shared run, they do not end the reporter's own: it is isolated at exactly
+    its 5th failure in a row (it was at the 6th to 9th)."""
+    config = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30, min_reporters=2)
+    workers = [make_breakers(reporter="a", listen=True, batch_successes=True) for _ in range(2)]
+    for w in workers:
+        w.recorder.schedule = lambda *args: None  # type: ignore[method-assign]  # no timed flush
+    first, second = (w.get("pay", config) for w in workers)
+    subscribed(workers)  # (after get: on a cluster each breaker has a channel of its own)
+    for _ in range(3):
+        first.acquire().success()
+    assert first._batch_count == 3  # calm: batched in memory
+    with first._send_lock:  # first's batch waits while second fails
+        for _ in range(4):
+            second.acquire().failure()
+        assert refusal(second) is None
+    first.acquire().failure()  # the batch reaches Redis now, and a's 5th failure in a row
+    for worker in (first, second):
+        refused = refusal(worker)
+        assert refused is not None and refused.reason == "isolated"
+    snap = first.snapshot()
+    assert (snap["state"], snap["isolated"], snap["successes"], snap["failures"]) == ("closed", ["a"], 3, 5)
