@@ -908,6 +908,13 @@ local function isolate(s, c, reporter, r, cause)
   isolation_changed(s, reporter, again and 'reisolated' or 'isolated', cause, r.till)
 end
 
+-- Until when an isolated reporter's workers refuse its calls from memory: the isolation's
+-- end, or its probe's lease expiry while the probe is in flight.
+local function rep_iso_until(r)
+  if r.probe > NOW then return math.max(r.till, r.probe) end
+  return r.till
+end
+
 -- One record written; the key lives as long as its longest-lived record.
 local function rep_save(key, c, reporter, r)
   redis.call('HSET', key, reporter, rep_format(r))
@@ -917,14 +924,17 @@ end
 
 -- acquire.lua, record.lua: the caller's reporter (ARGV; '-' for none) and its record (nil:
 -- none, or no longer counting); the reply says whether it is isolated (ISO) whatever the call
--- does next, so that no reply tells one of its workers it is not.
+-- does next, so that no reply tells one of its workers it is not. While its probe is in
+-- flight it says until the probe's lease expires (rep_iso_until): the reporter's workers
+-- refuse from memory until the probe's outcome is published (or its lease runs out), as
+-- for an open breaker, instead of running this script for every call refused.
 local function reporter_record(name, c)
   if name == nil or name == '' then name = '-' end
   local key = rep_key()
   local r, corrupt = rep_parse(redis.call('HGET', key, name), c)
   rep_drop_corrupt(key, name, corrupt)
   if r and NOW >= rep_until(c, r) then r = nil end
-  if r and r.iso then ISO = r.till end
+  if r and r.iso then ISO = rep_iso_until(r) end
   return name, r
 end
 
@@ -941,6 +951,7 @@ local function reporter_admits(s, c, reporter, r)
   end
   r.probe = NOW + c.probe_ms
   rep_save(key, c, reporter, r)
+  ISO = r.probe  -- (the reporter's other calls are refused from memory meanwhile)
   return 1, '', 'i:' .. r.probe
 end
 
@@ -1025,7 +1036,7 @@ local function quorum(s, c, cause, calls, failures, reporter, lease, batched)
     return cause
   end
   if r and not r.iso and own_rule_holds(c, r) then isolate(s, c, reporter, r, c.trip) end
-  ISO = r and r.iso and r.till or nil
+  ISO = r and r.iso and rep_iso_until(r) or nil
   local keep, longest = {}, 0
   for _, x in pairs(recs) do longest = math.max(longest, rep_until(c, x)) end
   if longest == 0 then
@@ -1045,7 +1056,7 @@ end
 local function reporter_probe_ignored(c, reporter, r, lease)
   local probe = tonumber(string.match(' ' .. lease, ' i:(%d+)'))
   if probe and r and r.iso and r.probe == probe then
-    r.probe = 0
+    r.probe, ISO = 0, r.till
     redis.call('HSET', rep_key(), reporter, rep_format(r))
   end
 end

@@ -341,3 +341,46 @@ def test_batched_successes_sent_late_do_not_end_the_reporters_own_run(make_break
         assert refused is not None and refused.reason == "isolated"
     snap = first.snapshot()
     assert (snap["state"], snap["isolated"], snap["successes"], snap["failures"]) == ("closed", ["a"], 3, 5)
+
+
+def _scripts_run(client: Any) -> int:
+    """Scripts the server ran (FCALL, EVALSHA, EVAL), from its commandstats."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items()
+               if k in ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_while_its_probe_is_in_flight_the_reporters_other_workers_refuse_from_memory(
+    redis_server, clock, monkeypatch
+):
+    """docs/boundary.md "Cost": an isolated reporter costs about 0 commands per call. While one
+    of its workers held the probe, each call of its other workers ran the acquire script to be
+    refused (about 525 in a 3 s probe); now the first is refused until the probe's lease
+    expires, and the others from memory, until the probe's outcome is published."""
+    from breaker_redis.engine import core as core_module
+    from tests.redis_server import wait_until
+
+    monkeypatch.setattr(core_module, "FLUSH_SECONDS", 3600.0)  # no refusal counts sent in the loop
+    client = redis_server.client()
+    client.flushall()
+    workers = [Breakers(client, clock=clock, reporter="a") for _ in range(2)]
+    try:
+        prober, other = (w.get("pay", COUNT) for w in workers)
+        subscribed(workers)
+        for _ in range(5):
+            prober.acquire().failure()
+        assert getattr(refusal(other), "reason", None) == "isolated"  # other learns of it
+        clock.advance(30_000)  # the isolation's end: the next call of either asks Redis
+        probe = prober.acquire()
+        assert probe.lease.startswith("i:")
+        before = _scripts_run(client)
+        refused = [refusal(worker) for worker in (other, prober) * 100]
+        assert _scripts_run(client) - before == 1  # other's first call; then none
+        assert {(r.reason, r.retry_after) for r in refused if r is not None} == {("isolated", 30.0)}
+        assert None not in refused
+        probe.success()  # published: both workers ask Redis again at their next call
+        wait_until(lambda: refusal(other) is None, timeout=10, what="the recovery heard")
+        assert refusal(prober) is None
+    finally:
+        for w in workers:
+            w.close()
