@@ -1269,8 +1269,9 @@ SWEEP_VALUES: dict[str, tuple[str | bytes | None, ...]] = {
     "reporters": (None, "abc", "inf", "-1", "1.5", "9" * 25, b"\xff", "", "1 2", "1  2 3 4 5 6",
                   "1 2 3 4 5 6 "),
 }
-# the reporters hash's fields: the examples' own reporter, another one, the shared run's number
-REPORTER_FIELDS = (REPORTER, "someone", " run")
+# the reporters hash's fields: the examples' own reporter, another one, the shared run's number,
+# the count of records
+REPORTER_FIELDS = (REPORTER, "someone", " run", " n")
 # each number of an entry, one at a time: beyond 2^53, large but below it, zero, negative
 REPORTER_NUMBERS = ("9" * 23, str(10**15), "0", "-1")
 _F, _S = "failure", "success"
