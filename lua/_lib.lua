@@ -812,11 +812,13 @@ end
 --     a field per reporter that failed in the window or is isolated, its value
 --     'since last f c rc run' while it fails: its own window (f failures in c calls since
 --     `since`, its first failure less than a window ago), its last failure, its own run of
---     failures (rc: a success of its own ends it) and the shared run it last failed in;
+--     failures (rc: a success of its own ends it, not a batch of
+--     them, which may have happened before: record.lua) and the shared run it last failed in;
 --     ' till period probe' appended while it is isolated (till: until when; period: the
 --     isolation's length, for the backoff; probe: its probe lease's expiry, 0 for none).
 --     Times are ms, those after `since` relative to it. Field ' run': the number of the
---     shared run of failures (consecutive rule). The key expires a window after the last
+--     shared run of failures (consecutive rule); field ' n': at least the records in the hash
+--     (at most REP_CAP, see below). The key expires a window after the last
 --     failure it records (or after an isolation ends): a reporter that stops failing
 --     leaves nothing behind.
 -- The shared rule (count, rate, consecutive) trips only when the reporters failing in
@@ -831,15 +833,44 @@ local function rep_key()
   return string.sub(K_STATE, 1, -6) .. 'reporters'  -- '<prefix>:{NAME}:state' -> ...:reporters
 end
 
-local function rep_parse(v)  -- nil for no record, or one that does not parse
-  if type(v) ~= 'string' then return nil end
+-- A record as the scripts use it (times absolute, ms), or nil for no record; and true when
+-- the field is there but corrupted (edited by hand, or by a bug): not a record a worker
+-- wrote (digits and single spaces, 6 or 9 numbers, each at most 2^53), so the writing
+-- scripts drop it (rep_drop_corrupt) and the readers skip it. Every number of a record
+-- that parses is held to what a worker could have written, so no hand-edited value can
+-- make a script fail or keep a record for ever: its times no later than now (its
+-- isolation and probe no longer than the config allows from now), its failures at most
+-- its calls, its own run at most 2^31, its period at most max_open_seconds.
+local REP_MAX, REP_COUNT_MAX = 9007199254740991, 2147483647
+local function rep_parse(v, c)
+  if type(v) ~= 'string' then return nil, false end
+  if not string.find(v, '^%d+ %d+ %d+ %d+ %d+ %d+$') and not string.find(v, '^%d+ %d+ %d+ %d+ %d+ %d+ %d+ %d+ %d+$')
+  then return nil, true end
   local n = {}
-  for x in string.gmatch(v, '%d+') do n[#n + 1] = tonumber(x) end
-  if #n ~= 6 and #n ~= 9 then return nil end
-  local r = {since = n[1], last = n[1] + n[2], f = n[3], c = n[4], rc = n[5], run = n[6], iso = #n == 9,
-    till = 0, period = 0, probe = 0}
-  if r.iso then r.till, r.period, r.probe = n[1] + n[7], n[8], n[9] > 0 and n[1] + n[9] or 0 end
-  return r
+  for x in string.gmatch(v, '%d+') do
+    local d = tonumber(x)
+    if d > REP_MAX then return nil, true end
+    n[#n + 1] = d
+  end
+  local since = math.min(n[1], NOW)
+  local r = {since = since, last = math.min(since + n[2], NOW), c = math.min(n[4], REP_COUNT_MAX), rc =
+    math.min(n[5], REP_COUNT_MAX), run = n[6], iso = #n == 9, till = 0, period = 0, probe = 0}
+  r.f = math.min(n[3], r.c)
+  if r.iso then
+    local longest = c.max_open_ms + math.ceil(c.max_open_ms / 10)  -- backed_off's cap, with its jitter
+    r.till = math.min(since + n[7], NOW + longest)
+    r.period = math.min(n[8], c.max_open_ms)
+    r.probe = n[9] > 0 and math.min(since + n[9], NOW + c.probe_ms) or 0
+  end
+  return r, false
+end
+
+-- acquire.lua, record.lua: a corrupted record found is dropped (and the key reported repaired).
+local function rep_drop_corrupt(key, name, corrupt)
+  if corrupt then
+    redis.call('HDEL', key, name)
+    repaired('reporters')
+  end
 end
 
 local function rep_format(r)
@@ -878,6 +909,13 @@ local function isolate(s, c, reporter, r, cause)
   isolation_changed(s, reporter, again and 'reisolated' or 'isolated', cause, r.till)
 end
 
+-- Until when an isolated reporter's workers refuse its calls from memory: the isolation's
+-- end, or its probe's lease expiry while the probe is in flight.
+local function rep_iso_until(r)
+  if r.probe > NOW then return math.max(r.till, r.probe) end
+  return r.till
+end
+
 -- One record written; the key lives as long as its longest-lived record.
 local function rep_save(key, c, reporter, r)
   redis.call('HSET', key, reporter, rep_format(r))
@@ -887,12 +925,17 @@ end
 
 -- acquire.lua, record.lua: the caller's reporter (ARGV; '-' for none) and its record (nil:
 -- none, or no longer counting); the reply says whether it is isolated (ISO) whatever the call
--- does next, so that no reply tells one of its workers it is not.
+-- does next, so that no reply tells one of its workers it is not. While its probe is in
+-- flight it says until the probe's lease expires (rep_iso_until): the reporter's workers
+-- refuse from memory until the probe's outcome is published (or its lease runs out), as
+-- for an open breaker, instead of running this script for every call refused.
 local function reporter_record(name, c)
   if name == nil or name == '' then name = '-' end
-  local r = rep_parse(redis.call('HGET', rep_key(), name))
+  local key = rep_key()
+  local r, corrupt = rep_parse(redis.call('HGET', key, name), c)
+  rep_drop_corrupt(key, name, corrupt)
   if r and NOW >= rep_until(c, r) then r = nil end
-  if r and r.iso then ISO = r.till end
+  if r and r.iso then ISO = rep_iso_until(r) end
   return name, r
 end
 
@@ -909,15 +952,19 @@ local function reporter_admits(s, c, reporter, r)
   end
   r.probe = NOW + c.probe_ms
   rep_save(key, c, reporter, r)
+  ISO = r.probe  -- (the reporter's other calls are refused from memory meanwhile)
   return 1, '', 'i:' .. r.probe
 end
 
 -- record.lua, closed: a success of the reporter ends its own run and counts in its rate
--- (with minimum_calls, its rate can come to hold on a success).
-local function reporter_succeeded(s, key, c, reporter, calls)
-  local r = rep_parse(redis.call('HGET', key, reporter))
+-- (with minimum_calls, its rate can come to hold on a success). A batch of successes
+-- (batched) counts in its rate only: its successes may have happened before the failures
+-- of the run (a worker sends them late: record.lua), as for the shared run.
+local function reporter_succeeded(s, key, c, reporter, calls, batched)
+  local r, corrupt = rep_parse(redis.call('HGET', key, reporter), c)
+  rep_drop_corrupt(key, reporter, corrupt)
   if r and not r.iso and c.trip ~= 'count' and NOW < rep_until(c, r) then
-    r.c, r.rc = r.c + calls, 0
+    r.c, r.rc = r.c + calls, batched and r.rc or 0
     if own_rule_holds(c, r) then
       isolate(s, c, reporter, r, c.trip)
       ISO = r.till
@@ -926,10 +973,78 @@ local function reporter_succeeded(s, key, c, reporter, calls)
   end
 end
 
+-- At most REP_CAP reporters are tracked per breaker (README "One sick host"), so no script's
+-- work grows with the number of reporters: a failure reads the shared run's number and its
+-- own record (HMGET) and writes them back; only a call that must count the reporters failing
+-- (the shared rule holds) or make room for a new record reads the whole hash, at most REP_CAP
+-- entries. min_reporters is at most MAX_MIN_REPORTERS (breaker_redis/engine/config.py), below
+-- the cap, so a quorum can always be counted. A new reporter finding the hash full takes the
+-- place of the record that matters least: one not isolated and not in the shared run, else the
+-- one whose last failure is oldest; with every record isolated, it is not tracked (its failures
+-- still count in the shared window, and the isolated ones make the quorum).
+local REP_CAP = 128
+
+-- The live records of the hash (name -> record) and the names of those no longer counting or
+-- corrupted, which the caller drops.
+local function rep_scan(key, c)
+  local all, recs, gone = redis.call('HGETALL', key), {}, {}
+  for i = 1, #all, 2 do
+    if all[i] ~= ' run' and all[i] ~= ' n' then
+      local r, corrupt = rep_parse(all[i + 1], c)
+      if corrupt then repaired('reporters') end
+      if r and NOW < rep_until(c, r) then recs[all[i]] = r else gone[#gone + 1] = all[i] end
+    end
+  end
+  return recs, gone
+end
+
+-- The ' run' field: the shared run's number, and whether it was corrupted (then 0).
+local function rep_run(v)
+  if not v then return 0, false end
+  local run = string.find(v, '^%d+$') and tonumber(v) or -1
+  if run < 0 or run >= REP_MAX then
+    repaired('reporters')
+    return 0, true
+  end
+  return run, false
+end
+
+-- The ' n' field: at least the records in the hash (each new one adds 1, a scan sets it to
+-- the live ones; none is removed otherwise but by a scan or its own reporter's end), so the
+-- hash is read whole only once it may be full, with the commands every script already runs.
+-- Missing (a new hash, or one an older version wrote) or corrupted: REP_CAP, so the next new
+-- reporter's scan sets it right.
+local function rep_count(v)
+  local n = v and string.find(v, '^%d+$') and tonumber(v)
+  if not n or n > REP_CAP then return REP_CAP end
+  return n
+end
+
+-- Room for a new record in a full hash (recs: the live ones, the caller's own left out):
+-- false when none can be made; else the names to drop.
+local function rep_room(recs, run)
+  local n, spare = 0, {}
+  for name, x in pairs(recs) do
+    n = n + 1
+    if not x.iso then spare[#spare + 1] = {name, x.run == run and 1 or 0, x.last} end
+  end
+  local over = n - REP_CAP + 1
+  if over <= 0 then return {} end
+  if #spare < over then return false end
+  table.sort(spare, function(a, b)
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    if a[3] ~= b[3] then return a[3] < b[3] end
+    return a[1] < b[1]
+  end)
+  local out = {}
+  for i = 1, over do out[i] = spare[i][1] end
+  return out
+end
+
 -- record.lua, closed: the caller's outcomes (calls, of which failures; lease: the
--- permit's) with the shared rule's verdict `cause` (nil: none); returns the cause to
--- trip on, nil when the quorum holds it back.
-local function quorum(s, c, cause, calls, failures, reporter, lease)
+-- permit's; batched: a batch of successes, see reporter_succeeded) with the shared rule's
+-- verdict `cause` (nil: none); returns the cause to trip on, nil when the quorum holds it back.
+local function quorum(s, c, cause, calls, failures, reporter, lease, batched)
   local key = rep_key()
   local probe = lease ~= '' and tonumber(string.match(' ' .. lease, ' i:(%d+)'))
   local gated = cause == 'consecutive' or cause == 'count' or cause == 'rate'
@@ -938,27 +1053,25 @@ local function quorum(s, c, cause, calls, failures, reporter, lease)
       redis.call('DEL', key)
       ISO = nil
     else
-      reporter_succeeded(s, key, c, reporter, calls)
+      reporter_succeeded(s, key, c, reporter, calls, batched)
     end
     return cause
   end
-  local all, run, recs, gone = redis.call('HGETALL', key), 0, {}, {}
-  for i = 1, #all, 2 do
-    if all[i] == ' run' then
-      run = tonumber(all[i + 1]) or 0
-    else
-      local r = rep_parse(all[i + 1])
-      if r and NOW < rep_until(c, r) then recs[all[i]] = r else gone[#gone + 1] = all[i] end
-    end
-  end
+  local got = redis.call('HMGET', key, ' run', ' n', reporter)
+  local run, run_bad = rep_run(got[1])
+  local count = rep_count(got[2])
+  local r, corrupt = rep_parse(got[3], c)
+  local gone = {}
+  if corrupt then repaired('reporters') end
+  if got[3] and (not r or NOW >= rep_until(c, r)) then r, gone[1] = nil, reporter end
+  local had = r ~= nil  -- the hash holds a live record of the caller's
   local new_run = failures > 0 and s.consec == 1 and c.trip == 'consecutive'
   if new_run then run = run + 1 end
-  local r = recs[reporter]
   if r and r.iso then
     if probe == r.probe and failures > 0 then
       isolate(s, c, reporter, r, 'probe_failed')
     elseif probe == r.probe then
-      recs[reporter], r = nil, nil
+      r = nil
       gone[#gone + 1] = reporter
       isolation_changed(s, reporter, 'recovered', 'probe_succeeded', 0)
     end  -- else a call admitted before it was isolated: nothing
@@ -966,14 +1079,43 @@ local function quorum(s, c, cause, calls, failures, reporter, lease)
     if not r or NOW - r.since >= c.bucket_ms * c.buckets then
       r = {since = NOW, last = NOW, f = 0, c = 0, rc = r and r.rc or 0, run = run, iso = false, till = 0, period = 0,
         probe = 0}
-      recs[reporter] = r
     end
     r.last, r.f, r.c, r.rc, r.run = NOW, r.f + failures, r.c + calls, r.rc + failures, run
   elseif r then
-    r.c, r.rc = r.c + calls, 0
+    r.c, r.rc = r.c + calls, batched and r.rc or 0
+  end
+  local recs  -- every live record but the caller's, read only when needed (at most REP_CAP)
+  local counted = false  -- count to be written: a new record, or the records counted
+  if r and not had and count + 1 >= REP_CAP then  -- a new record, and the hash may be full
+    local dropped
+    recs, dropped = rep_scan(key, c)
+    recs[reporter] = nil
+    for _, name in ipairs(dropped) do gone[#gone + 1] = name end
+    local room = rep_room(recs, run)
+    if room then
+      for _, name in ipairs(room) do
+        recs[name] = nil
+        gone[#gone + 1] = name
+      end
+    else
+      r = nil  -- every record isolated: this reporter is not tracked
+    end
+    count, counted = 0, true
+    for _ in pairs(recs) do count = count + 1 end
+    if r then count = count + 1 end
+  elseif r and not had then
+    count, counted = count + 1, true
   end
   if gated then
-    local failing = 0
+    if not recs then
+      local dropped
+      recs, dropped = rep_scan(key, c)
+      recs[reporter] = nil
+      for _, name in ipairs(dropped) do gone[#gone + 1] = name end
+    end
+    count, counted = r and 1 or 0, true
+    for _ in pairs(recs) do count = count + 1 end
+    local failing = r and (r.iso or c.trip ~= 'consecutive' or r.run == run) and 1 or 0
     for _, x in pairs(recs) do
       if x.iso or c.trip ~= 'consecutive' or x.run == run then failing = failing + 1 end
     end
@@ -985,26 +1127,34 @@ local function quorum(s, c, cause, calls, failures, reporter, lease)
     return cause
   end
   if r and not r.iso and own_rule_holds(c, r) then isolate(s, c, reporter, r, c.trip) end
-  ISO = r and r.iso and r.till or nil
-  local keep, longest = {}, 0
-  for _, x in pairs(recs) do longest = math.max(longest, rep_until(c, x)) end
-  if longest == 0 then
-    redis.call('DEL', key)
-    return nil
+  ISO = r and r.iso and rep_iso_until(r) or nil
+  -- the key lives as long as its longest-lived record: known when read whole, else at least
+  -- as long as the caller's (a record only ever extends it; one ended leaves it as it was)
+  local longest = r and rep_until(c, r) or 0
+  if recs then
+    for _, x in pairs(recs) do longest = math.max(longest, rep_until(c, x)) end
+    if longest == 0 then
+      redis.call('DEL', key)
+      return nil
+    end
   end
   if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
-  if new_run then keep[#keep + 1], keep[#keep + 2] = ' run', run end
+  local keep = {}
+  if new_run or run_bad then keep[#keep + 1], keep[#keep + 2] = ' run', run end
+  if counted then keep[#keep + 1], keep[#keep + 2] = ' n', count end
   if r then keep[#keep + 1], keep[#keep + 2] = reporter, rep_format(r) end
   if #keep > 0 then redis.call('HSET', key, unpack(keep)) end
-  redis.call('PEXPIRE', key, math.max(1, longest - NOW))
+  local ms = math.max(1, (longest > 0 and longest or NOW + c.bucket_ms * c.buckets) - NOW)
+  if recs or ms > redis.call('PTTL', key) then redis.call('PEXPIRE', key, ms) end
   return nil
 end
 
--- record.lua: an ignored outcome of the reporter's probe gives the probe back.
+-- record.lua: an ignored outcome of the reporter's probe gives the probe back; acquire.lua:
+-- so does a probe the bulkhead refused (it never ran, so it cannot count as failed).
 local function reporter_probe_ignored(c, reporter, r, lease)
   local probe = tonumber(string.match(' ' .. lease, ' i:(%d+)'))
   if probe and r and r.iso and r.probe == probe then
-    r.probe = 0
+    r.probe, ISO = 0, r.till
     redis.call('HSET', rep_key(), reporter, rep_format(r))
   end
 end
@@ -1014,7 +1164,7 @@ end
 local function reporters_view(c)
   local all, out = redis.call('HGETALL', rep_key()), {}
   for i = 1, #all, 2 do
-    local r = rep_parse(all[i + 1])
+    local r = rep_parse(all[i + 1], c)  -- a corrupted one is skipped (these scripts write none)
     if r and NOW < rep_until(c, r) then
       out[#out + 1], out[#out + 2], out[#out + 3] = all[i], r.f, r.iso and r.till or 0
     end

@@ -35,15 +35,22 @@ else
     end
   end
   if s.state == 'open' then reason = 'open' elseif s.state == 'closed' then allowed = 1 end
+  local reporter, own  -- with min_reporters > 1, closed: the caller's reporter and its record
   if allowed == 1 and s.state == 'closed' and cfg.min_rep then  -- is the caller's reporter isolated?
-    allowed, reason, lease = reporter_admits(s, cfg, reporter_record(ARGV[13], cfg))
+    reporter, own = reporter_record(ARGV[13], cfg)
+    allowed, reason, lease = reporter_admits(s, cfg, reporter, own)
   end
 
   if allowed == 1 and cfg.max_conc > 0 then      -- distributed bulkhead
     if s.state ~= 'half_open' then reap_leases() end   -- half_open reaped above
     local probes = s.state == 'half_open' and #probe_ids() or 0
     if redis.call('ZCARD', K_LEASES) - probes >= cfg.max_conc then
-      if lease ~= '' then redis.call('ZREM', K_LEASES, lease) end
+      if lease == '' then  -- nothing taken
+      elseif string.sub(lease, 1, 2) == 'i:' then  -- an isolated reporter's probe, in its record:
+        reporter_probe_ignored(cfg, reporter, own, lease)  -- given back, not left to time out
+      else
+        redis.call('ZREM', K_LEASES, lease)  -- a half-open probe
+      end
       allowed, reason, lease = 0, 'bulkhead', ''
     else
       local slot = take_lease(s, 'b', cfg.probe_ms)

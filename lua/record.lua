@@ -27,13 +27,16 @@ local reporter, own  -- with min_reporters > 1 only
 if cfg.min_rep then reporter, own = reporter_record(ARGV[19], cfg) end
 
 -- Counts outcomes of calls admitted while closed, trips when a rule holds, and
--- arms or calms the breaker. consec: the consecutive count after these outcomes.
-local function closed_outcomes(calls, failures, slows, consec, lease)
+-- arms or calms the breaker. consec: the consecutive count after these outcomes;
+-- batched: a batch of successes, which ends no run (the shared one or the reporter's).
+local function closed_outcomes(calls, failures, slows, consec, lease, batched)
   local w = window_add(cfg, calls, failures, slows)
   if consec ~= s.consec then s.consec, s.dirty = consec, true end
   local cause = s.forced == '' and trip_cause(cfg, w, s.consec) or nil
   if cause and group_holds_back(s, cfg) then cause = nil end  -- a group member without its grant
-  if reporter and s.forced == '' then cause = quorum(s, cfg, cause, calls, failures, reporter, lease or '') end
+  if reporter and s.forced == '' then
+    cause = quorum(s, cfg, cause, calls, failures, reporter, lease or '', batched)
+  end
   if cause then trip_open(s, cfg, cause, false) else update_armed(s, cfg, w) end
 end
 
@@ -42,7 +45,7 @@ if batch > 0 then
   if not current_epoch(s, batch_epoch) then
     stat('stale', batch)
   elseif s.state == 'closed' then
-    closed_outcomes(batch, 0, 0, s.consec)  -- batched successes are never slow
+    closed_outcomes(batch, 0, 0, s.consec, nil, true)  -- batched successes are never slow
   end
 end
 if outcome == '' then return reply(s, 1, '', '', cfg) end

@@ -69,6 +69,7 @@ from breaker_redis.engine.permit import Permit
 from breaker_redis.storage.scripts import (
     KEY_SUFFIXES,
     OPERATIONS,
+    UNDECLARED_SUFFIXES,
     breaker_keys,
     library,
     script_source,
@@ -115,6 +116,7 @@ SLOW_US = 1000  # slowlog-log-slower-than: no command may take longer than 1 ms
 # SlowOnce warning in pytest's summary, never dropped. BREAKER_FUZZ_SLOW_REPLAYS=0: fail at once.
 SLOW_REPLAYS = int(os.environ.get("BREAKER_FUZZ_SLOW_REPLAYS", "2"))
 GLOBAL_SUFFIXES = ("names", "health")  # README "Redis keys": the keys outside any breaker's tag
+REPORTER = "web-01"  # the examples' Breakers' reporter (its record in the reporters hash: min_reporters)
 
 # -- the names the README allows ------------------------------------------------------------
 
@@ -389,8 +391,9 @@ class Run:
         self.lua = [json.loads(c.to_lua()) for c in self.configs]
         say(f"# redis-cli means: redis-cli -p {env.port}; every example starts with FLUSHALL")
         say(f"clock = Clock({self.clock.now})  # tests/conftest.py")
-        say(f"breakers = Breakers(redis.Redis(port={env.port}), {prefix!r}, clock=clock, listen=False)")
-        self.breakers = Breakers(env.client, prefix, clock=self.clock, listen=False)
+        say(f"breakers = Breakers(redis.Redis(port={env.port}), {prefix!r}, clock=clock, listen=False, "
+            f"reporter={REPORTER!r})")
+        self.breakers = Breakers(env.client, prefix, clock=self.clock, listen=False, reporter=REPORTER)
         self.breaker = []
         for n, ((name, kw), config) in enumerate(zip(specs, self.configs, strict=True)):
             say(f"b{n} = breakers.get({name!r}, {config_code(kw)})")
@@ -403,6 +406,9 @@ class Run:
     def key(self, i: int, suffix: str) -> bytes:
         if suffix in GLOBAL_SUFFIXES:
             return f"{self.prefix}:{suffix}".encode()
+        if suffix in UNDECLARED_SUFFIXES:
+            undeclared = undeclared_keys(self.prefix, self.names[self.index(i)])
+            return undeclared[UNDECLARED_SUFFIXES.index(suffix)].encode()
         return breaker_keys(self.prefix, self.names[self.index(i)])[KEY_SUFFIXES.index(suffix)].encode()
 
     def redis(self, *args: object) -> str:
@@ -671,6 +677,22 @@ class LeaseAdd(Step):
             member = member.replace("{epoch}", epoch.decode("utf-8", "replace"))
         score = self.score if isinstance(self.score, str) else run.clock.now + self.score
         return run.redis("ZADD", run.key(self.i, "leases"), score, member)
+
+
+@dataclass(frozen=True)
+class ReporterEntry(Step):
+    """A reporters-hash entry (lua/_lib.lua "One sick host") written by hand: a well-formed one
+    starting now (9 numbers: isolated; 6: failing) with the number at ``position`` replaced."""
+
+    field: str
+    length: int
+    position: int
+    value: str
+
+    def run(self, run: Run) -> str:
+        numbers = [str(run.clock.now), "0", "5", "5", "5", "1", "1000", "1000", "0"][: self.length]
+        numbers[self.position] = self.value
+        return run.redis("HSET", run.key(0, "reporters"), self.field, " ".join(numbers))
 
 
 @dataclass(frozen=True)
@@ -1244,7 +1266,14 @@ SWEEP_VALUES: dict[str, tuple[str | bytes | None, ...]] = {
     "window": (None, "abc", "inf", "-1", "1.5", "9" * 25, b"\xff"),
     "stats": (None, "abc", "1.5", "9" * 25),  # HINCRBY refuses the last three differently
     "config": ("abc", "1e999", "-1", "0.5", ""),
+    "reporters": (None, "abc", "inf", "-1", "1.5", "9" * 25, b"\xff", "", "1 2", "1  2 3 4 5 6",
+                  "1 2 3 4 5 6 "),
 }
+# the reporters hash's fields: the examples' own reporter, another one, the shared run's number,
+# the count of records
+REPORTER_FIELDS = (REPORTER, "someone", " run", " n")
+# each number of an entry, one at a time: beyond 2^53, large but below it, zero, negative
+REPORTER_NUMBERS = ("9" * 23, str(10**15), "0", "-1")
 _F, _S = "failure", "success"
 PROLOGUES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     "closed": ({"failure_threshold": 2, "open_seconds": 1.0, "half_open_successes": 2},
@@ -1274,6 +1303,14 @@ def sweep_corruptions(key: str) -> Iterator[Step]:
                         yield HashDel(0, key, field)
                 else:
                     yield HashSet(0, key, field, value)
+    if key == "reporters":
+        for field in REPORTER_FIELDS:
+            for value in SWEEP_VALUES[key]:
+                yield HashDel(0, key, field) if value is None else HashSet(0, key, field, value)
+        for field, length in ((REPORTER, 9), (REPORTER, 6), ("someone", 9), ("someone", 6)):
+            for position in range(length):
+                for number in REPORTER_NUMBERS:
+                    yield ReporterEntry(field, length, position, number)
     if key == "leases":
         for member in ("p:{epoch}:9999", "b:9999", "x"):
             for score in ("-inf", "+inf", -1, 10**6):
@@ -1289,11 +1326,14 @@ def sweep_corruptions(key: str) -> Iterator[Step]:
     yield Delete(0, key)
 
 
-@pytest.mark.parametrize("key", [*KEY_SUFFIXES, *GLOBAL_SUFFIXES])
+@pytest.mark.parametrize("key", [*KEY_SUFFIXES, *UNDECLARED_SUFFIXES, *GLOBAL_SUFFIXES])
 def test_every_field_of_every_key_broken_one_at_a_time(fuzz_redis: FuzzRedis, key: str) -> None:
+    """The reporters hash is broken under min_reporters=2 (with 1 no script reads it)."""
     failures: dict[str, list[str]] = {}  # per kind of failure: every corruption that fails so
     first: dict[str, str] = {}  # per kind of failure: the reproduction of its first case
     for prologue, (kw, steps) in PROLOGUES.items():
+        if key == "reporters":
+            kw = {**kw, "min_reporters": 2}
         for corruption in sweep_corruptions(key):
             lines: list[str] = []
             try:

@@ -14,6 +14,7 @@ import pytest
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.engine.reporters import default_reporter, validate_reporter
 from tests.conftest import STORES, make_store
+from tests.workers import subscribed
 
 COUNT = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30, min_reporters=2)
 
@@ -255,9 +256,188 @@ def test_a_corrupted_reporters_key_is_repaired_and_the_calls_go_on(make_breakers
     for _ in range(5):
         a.acquire().failure()  # a's entry starts again: its 5th failure from here isolates it
     assert [getattr(refusal(x), "reason", None) for x in (a, b)] == ["isolated", None]
-    assert sorted(store.hkeys("breaker:{pay}:reporters")) == [b"a"]
+    assert sorted(store.hkeys("breaker:{pay}:reporters")) == [b" n", b"a"]
     store.delete("breaker:{pay}:reporters")
     store.set("breaker:{pay}:reporters", "a string")
     b.acquire().failure()
     assert store.type("breaker:{pay}:reporters") == b"hash"
     assert "had a corrupted key" in caplog.text
+
+
+def test_numbers_in_a_reporters_entry_no_worker_wrote_are_dropped_or_clamped(make_breakers, store, clock,
+                                                                            caplog):
+    """A number beyond 2^53 made every failure a script error (PEXPIRE 1e23) and sent the whole
+    process to its local store, where its other breakers admitted calls another worker had
+    tripped. Now the entry is dropped by the script that finds it, and a plausible entry with
+    times no worker could have written is clamped to what the config allows."""
+    made = make_breakers(reporter="a")
+    pay, other = made.get("pay", COUNT), made.get("other", BreakerConfig(trip="count", failure_threshold=5))
+    assert refusal(other) is None
+    key = "breaker:{pay}:reporters"
+    store.hset(key, mapping={"someone": "99999999999999999999999 1 1 1 1 1", " run": "1" + "0" * 30,
+                             "late": f"{clock.now} 0 1 1 1 0 {10**15} {10**15} {10**15}"})
+    pay.acquire().failure()
+    assert made.gate.healthy
+    assert store.hget(key, " run") == b"0"
+    elsewhere = make_breakers(reporter="b").get("other", BreakerConfig(trip="count", failure_threshold=5))
+    for _ in range(5):
+        elsewhere.acquire().failure()
+    refused = refusal(other)  # tripped by another worker: refused here too
+    assert refused is not None and refused.reason == "open"
+    assert set(pay.snapshot()["reporters"]) == {"a", "late"}  # (readers skip a corrupted entry)
+    late = pay.snapshot()["reporters"]["late"]
+    assert late["isolated_until_ms"] == clock.now + 330_000  # max_open_seconds 300 with 10 % jitter
+    assert 0 < store.pttl(key) <= 330_000 + 10_000
+    assert "corrupted breaker:{pay}:reporters repaired" in caplog.text
+    store.hdel(key, "late")  # (isolated, it would make the quorum with a)
+    for _ in range(4):
+        pay.acquire().failure()  # a's own 5 failures: isolated, as without the corruption
+    assert getattr(refusal(pay), "reason", None) == "isolated"
+    assert store.hget(key, "someone") is None  # dropped by the failure that counted the reporters
+
+
+def test_a_probe_the_bulkhead_refuses_is_given_back_not_counted_as_failed(make_breakers, clock, store):
+    """With max_concurrent_calls, the isolated reporter's probe refused for want of a slot was left
+    in its record, so it timed out as a failed probe and isolated it again with the backoff."""
+    config = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30,
+                           min_reporters=2, max_concurrent_calls=1)
+    a, b = hosts(make_breakers, config, "a", "b")
+    for _ in range(5):
+        a.acquire().failure()
+    clock.advance(30_000)
+    slot = b.acquire()  # the only slot
+    refused = refusal(a)
+    assert refused is not None and refused.reason == "bulkhead"
+    assert b.snapshot()["reporters"]["a"]["isolated_until_ms"] == clock.now  # not isolated again
+    slot.success()
+    probe = a.acquire()  # the slot is free: a's probe, at once
+    assert probe.lease.startswith("i:")
+    probe.success()
+    snap = b.snapshot()
+    assert (snap["isolated"], snap["reporters"], snap["isolations"]) == ([], {}, 1)
+    assert refusal(a) is None
+
+
+def test_batched_successes_sent_late_do_not_end_the_reporters_own_run(make_breakers):
+    """Two workers of one reporter, listening (so a calm breaker's successes are batched): the
+    successes one worker batched reach Redis after the other worker's failures (held back
+    here by its send lock, as a busy worker's are). They happened before the run, so, as they
+    never end the shared run, they do not end the reporter's own: it is isolated at exactly
+    its 5th failure in a row (it was at the 6th to 9th)."""
+    config = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30, min_reporters=2)
+    workers = [make_breakers(reporter="a", listen=True, batch_successes=True) for _ in range(2)]
+    for w in workers:
+        w.recorder.schedule = lambda *args: None  # type: ignore[method-assign]  # no timed flush
+    first, second = (w.get("pay", config) for w in workers)
+    subscribed(workers)  # (after get: on a cluster each breaker has a channel of its own)
+    for _ in range(3):
+        first.acquire().success()
+    assert first._batch_count == 3  # calm: batched in memory
+    with first._send_lock:  # first's batch waits while second fails
+        for _ in range(4):
+            second.acquire().failure()
+        assert refusal(second) is None
+    first.acquire().failure()  # the batch reaches Redis now, and a's 5th failure in a row
+    for worker in (first, second):
+        refused = refusal(worker)
+        assert refused is not None and refused.reason == "isolated"
+    snap = first.snapshot()
+    assert (snap["state"], snap["isolated"], snap["successes"], snap["failures"]) == ("closed", ["a"], 3, 5)
+
+
+def _scripts_run(client: Any) -> int:
+    """Scripts the server ran (FCALL, EVALSHA, EVAL), from its commandstats."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items()
+               if k in ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_while_its_probe_is_in_flight_the_reporters_other_workers_refuse_from_memory(
+    redis_server, clock, monkeypatch
+):
+    """docs/boundary.md "Cost": an isolated reporter costs about 0 commands per call. While one
+    of its workers held the probe, each call of its other workers ran the acquire script to be
+    refused (about 525 in a 3 s probe); now the first is refused until the probe's lease
+    expires, and the others from memory, until the probe's outcome is published."""
+    from breaker_redis.engine import core as core_module
+    from tests.redis_server import wait_until
+
+    monkeypatch.setattr(core_module, "FLUSH_SECONDS", 3600.0)  # no refusal counts sent in the loop
+    client = redis_server.client()
+    client.flushall()
+    workers = [Breakers(client, clock=clock, reporter="a") for _ in range(2)]
+    try:
+        prober, other = (w.get("pay", COUNT) for w in workers)
+        subscribed(workers)
+        for _ in range(5):
+            prober.acquire().failure()
+        assert getattr(refusal(other), "reason", None) == "isolated"  # other learns of it
+        clock.advance(30_000)  # the isolation's end: the next call of either asks Redis
+        probe = prober.acquire()
+        assert probe.lease.startswith("i:")
+        before = _scripts_run(client)
+        refused = [refusal(worker) for worker in (other, prober) * 100]
+        assert _scripts_run(client) - before == 1  # other's first call; then none
+        assert {(r.reason, r.retry_after) for r in refused if r is not None} == {("isolated", 30.0)}
+        assert None not in refused
+        probe.success()  # published: both workers ask Redis again at their next call
+        wait_until(lambda: refusal(other) is None, timeout=10, what="the recovery heard")
+        assert refusal(prober) is None
+    finally:
+        for w in workers:
+            w.close()
+
+
+def _commands_run(client: Any, command: str) -> int:
+    """How often the server ran a command, scripts' own commands included (commandstats)."""
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+CAP = 128  # lua/_lib.lua REP_CAP: reporters tracked per breaker
+
+
+def test_a_breaker_tracks_at_most_128_reporters_and_a_sick_one_still_gets_isolated(make_breakers, store):
+    """150 reporters fail once each (their runs broken by another's success): the hash keeps the
+    latest 128, so snapshot, metrics and every script read at most that many; a sick reporter
+    arriving then takes the place of the oldest and is isolated at exactly its 5th failure."""
+    config = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30, min_reporters=2)
+    healthy = make_breakers(reporter="healthy").get("pay", config)
+    for i in range(150):
+        make_breakers(reporter=f"web-{i:03d}").get("pay", config).acquire().failure()
+        healthy.acquire().success()
+    reporters = healthy.snapshot()["reporters"]
+    assert sorted(reporters) == [f"web-{i:03d}" for i in range(150 - CAP, 150)]
+    assert store.hlen("breaker:{pay}:reporters") == CAP + 2  # and the shared run's number, the count
+    sick = make_breakers(reporter="sick").get("pay", config)
+    for _ in range(4):
+        sick.acquire().failure()
+    assert refusal(sick) is None
+    sick.acquire().failure()
+    refused = refusal(sick)
+    assert refused is not None and refused.reason == "isolated"
+    snap = healthy.snapshot()
+    assert (snap["state"], snap["isolated"], len(snap["reporters"])) == ("closed", ["sick"], CAP)
+    assert "web-022" not in snap["reporters"] and "web-023" in snap["reporters"]
+
+
+def test_a_failure_reads_only_its_own_reporters_entry_while_the_rule_does_not_hold(redis_server):
+    """The record script's work does not grow with the reporters (it took 96 µs with none and
+    4.8 ms with 1,000): a failure reads the shared run and its own entry (HMGET), not the hash;
+    only a failure on which the shared rule holds counts the reporters (at most 128)."""
+    client = redis_server.client()
+    client.flushall()
+    config = BreakerConfig(trip="count", failure_threshold=1000, window_seconds=60, min_reporters=2)
+    made = [Breakers(client, listen=False, reporter=f"web-{i:02d}") for i in range(40)]
+    try:
+        for breakers in made:
+            breakers.get("pay", config).acquire().failure()
+        pay = made[0].get("pay", config)
+        scripts, reads = _scripts_run(client), _commands_run(client, "hgetall")
+        for _ in range(10):
+            pay.acquire().failure()
+        assert _scripts_run(client) - scripts == 20  # an acquire and a record per call
+        assert _commands_run(client, "hgetall") - reads == 20  # each script's config hash, no more
+        assert client.hlen("breaker:{pay}:reporters") == 40 + 1  # and their count
+    finally:
+        for breakers in made:
+            breakers.close()

@@ -35,6 +35,9 @@ Predicate = Callable[[BaseException], bool | None]
 # lua/_lib.lua (apply_overrides) is given the same two numbers (lua_rules.py).
 OPEN_SECONDS = 30.0
 MAX_OPEN_SECONDS_FLOOR = 300.0
+# The highest min_reporters: below the reporters a breaker tracks (lua/_lib.lua REP_CAP, 128),
+# so that a quorum can always be counted however many other reporters fail now and then.
+MAX_MIN_REPORTERS = 100
 
 # What a live value of a field that can be off (typed ``X | None``) turns it off with.
 OFF_VALUES = ("", "none", "off")
@@ -173,8 +176,9 @@ class BreakerConfig:
     max_concurrent_calls: int | None = live("max_conc", None, ge=1, le=1_000_000)
     mode: str = live("mode", "enforce", words=MODES)
     # reporters (hosts) whose failures a shared trip needs; a reporter failing alone is
-    # isolated instead (README, "One sick host"); absent at 1: the scripts then do nothing of it
-    min_reporters: int = live("min_rep", 1, ge=1, le=1000, omitted_at_default=True)
+    # isolated instead (README, "One sick host"); absent at 1: the scripts then do nothing of it.
+    # At most MAX_MIN_REPORTERS: a breaker tracks at most 128 reporters (lua/_lib.lua REP_CAP)
+    min_reporters: int = live("min_rep", 1, ge=1, le=MAX_MIN_REPORTERS, omitted_at_default=True)
     record_exceptions: ExceptionTypes = (Exception,)
     ignore_exceptions: ExceptionTypes = ()
     predicate: Predicate | None = None
