@@ -27,6 +27,7 @@ from breaker_redis.engine.breakers_core import BreakersCore, Parts, configured
 from breaker_redis.engine.recorder import BATCH_SECONDS
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.internals import forget_node_connections
+from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.scripts import text
 
 
@@ -146,8 +147,8 @@ class Breakers(BreakersCore[Breaker, AsyncStoreGate, AsyncScriptRunner]):
             else:
                 await slots.abarrier(self._runner.route_key(name), notices_channel(self.prefix, name), name)
 
-    def _hint(self, breaker: Breaker, payload: dict[str, Any]) -> None:
-        if breaker.hint(payload):  # news, and a batch waits: sent now (the breaker may no longer be calm)
+    def _hint(self, breaker: Breaker, notice: Notice) -> None:
+        if breaker.hint(notice):  # news, and a batch waits: sent now (the breaker may no longer be calm)
             self._start_send(breaker.flush_batch())
 
     async def flush(self) -> None:
