@@ -608,6 +608,30 @@ def test_events_follow_prints_history_then_live_events(url, prefix, app_breakers
     assert "armed" not in out and "inventory" not in out
 
 
+def test_events_follow_reads_forged_messages_without_failing(url, prefix, app_breakers, client, tmp_path):
+    """Anyone may publish on the channel: a message no script writes (Infinity, NaN, 1e999,
+    nesting past the JSON decoder's recursion) is shown with what it holds that a script
+    could write, or dropped when it names no breaker; the follower goes on to the real ones."""
+    pay = app_breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=5))
+    follower, stderr = follow(tmp_path, url, prefix, "events", "pay", "--follow", "--max-events", "2")
+    try:
+        channel = f"{prefix}:events"
+        client.publish(channel, "[" * 100_000 + "]" * 100_000)
+        client.publish(channel, '{"name": Infinity, "kind": "transition"}')
+        forged = ('{"name": "pay", "kind": "transition", "from": "closed", "to": "open", "db": 0, '
+                  '"cause": "forged", "epoch": 1e999, "born": Infinity, "open_until": Infinity, "at": NaN}')
+        client.publish(channel, forged)
+        pay.force_open()
+        out, _ = follower.communicate(timeout=10)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, stderr.read_text()
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    assert lines[0].endswith("  pay  closed -> open  cause=forged epoch=None")
+    assert "pay  closed -> open  cause=forced_open" in lines[1]
+
+
 def test_events_follow_verbose_shows_arming(url, prefix, app_breakers, tmp_path):
     pay = app_breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=5))
     outcomes(pay, successes=1)
