@@ -70,6 +70,7 @@ class Shared(steps.Shared, Protocol):
     def schedule(self, breaker: Breaker) -> None: ...
     async def register_name(self, name: str) -> None: ...
     async def barrier(self, name: str) -> None: ...
+    async def give_back_grant(self, name: str, upto: int) -> None: ...
 
 
 class _Done:
@@ -142,6 +143,9 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
 
     async def _barrier(self) -> None:
         await self._shared.barrier(self.name)
+
+    async def _give_back(self, upto: int) -> None:
+        await self._shared.give_back_grant(self.name, upto)
 
     async def _finish(self, step: Coroutine[Any, Any, None]) -> None:
         self._shared.ensure_loop()

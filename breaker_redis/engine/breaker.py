@@ -70,6 +70,7 @@ class Shared(steps.Shared, Protocol):
     def ensure_process(self) -> None: ...
     def register_name(self, name: str) -> None: ...
     def barrier(self, name: str) -> None: ...
+    def give_back_grant(self, name: str, upto: int) -> None: ...
 
 
 class Breaker(BreakerSteps[Permit, None], Protects):
@@ -113,6 +114,9 @@ class Breaker(BreakerSteps[Permit, None], Protects):
 
     async def _barrier(self) -> None:
         self._shared.barrier(self.name)
+
+    async def _give_back(self, upto: int) -> None:
+        self._shared.give_back_grant(self.name, upto)
 
     def _finish(self, step: Coroutine[Any, Any, None]) -> None:
         run_sync(step)

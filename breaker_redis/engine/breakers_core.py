@@ -250,6 +250,12 @@ class BreakersCore(Generic[B, G, R]):
         else:
             self._forget_all()
 
+    def _group_releases(self, groups: Any, name: str, upto: int) -> list[tuple[str, int | None, list[Any]]]:
+        """give_back_grant's calls: lua/group.lua release of member ``name``'s grant (every
+        token up to ``upto`` revoked in its slot) in each group listed (``groups``: SMEMBERS)."""
+        now_ms = self.clock_ms()
+        return [(text(group), now_ms, ["", "", "release", name, upto]) for group in sorted(groups)]
+
     def _forget_all(self) -> None:
         for breaker in list(self._breakers.values()):
             breaker.forget()
