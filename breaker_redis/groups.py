@@ -32,7 +32,8 @@ again (its config seen, the newest one learned), closes and takes back the
 grant of a member the newest config no longer lists, and takes back the
 grant of a member that is closed (a worker died between two steps) or open
 and idle (no call has probed it for a minute after its open period: nobody
-uses it any more).
+uses it any more). ``release(member)`` (and ``release_grant``, ``breaker-redis
+release``) gives a grant back by hand.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from breaker_redis.storage.store import StoreUnavailable
 from breaker_redis.web.clients import member_name
 from breaker_redis.web.http_policy import Warnings
 
-__all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig"]
+__all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig", "release_grant"]
 
 log = logging.getLogger("breaker_redis")
 
@@ -382,6 +383,13 @@ class BreakerGroup(_Group):
         if self.due:
             _run_to_end(self._drive(self._settle()))
 
+    def release(self, member: str) -> bool:
+        """Give ``member``'s grant back by hand (a host URL or a breaker name, listed or not):
+        if it is open or half-open it is closed first (transition cause ``released``), its
+        grant is revoked in its own slot, then the group forgets it. True if the group listed
+        a grant for it. On Redis only, as an operator's switch: a Redis error raises."""
+        return release_grant(self.breakers, self.name, _member(self.name, member))
+
     def _run(self, step: Step) -> Any:
         if step[0] == "member":
             breaker = self._breakers.get(step[1])
@@ -423,6 +431,16 @@ class AsyncBreakerGroup(_Group):
         if self.due:
             await self._drive(self._settle())
 
+    async def release(self, member: str) -> bool:
+        """As BreakerGroup.release, awaited."""
+        self.breakers.ensure_loop()
+        name = _member(self.name, member)
+        gate, clock = self.breakers.gate, self.breakers.clock_ms()
+        raw = await gate.run_remote("member", name, clock, ["", "", "release", "", "released"])
+        await self.breakers.barrier(name)  # the member may have closed: every worker hears it first
+        upto = Reply.decode(raw).lease or "0"
+        return int(await gate.run_remote("group", self.name, clock, ["", "", "release", name, upto])) == 1
+
     async def _run(self, step: Step) -> Any:
         if step[0] == "member":
             breaker = self._breakers.get(step[1])
@@ -454,3 +472,25 @@ class AsyncBreakerGroup(_Group):
         states = {m: (await b.snapshot())["state"] for m, b in self._breakers.items()}
         return self._status(raw, states)
 
+
+def _member(group: str, member: str) -> str:
+    """A member's breaker name, from a host URL or a breaker name (ValueError naming the group)."""
+    try:
+        return member_name(member) if isinstance(member, str) else validate_name(member)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"breaker group {group!r}: member {member!r}: {exc}") from None
+
+
+def release_grant(breakers: Any, group: str, member: str) -> bool:
+    """Give ``member``'s grant in ``group`` back by hand, without building the group (the
+    CLI's ``breaker-redis release GROUP MEMBER``): on a ``breaker_redis.Breakers``, as
+    ``BreakerGroup.release``: the member's script first (it closes the member if it is open
+    and revokes every token up to its grant, in its own slot), then the group's (it forgets
+    the grant up to that token), both on Redis only. True if the group listed a grant."""
+    validate_name(group)
+    name = _member(group, member)
+    clock = breakers.clock_ms()
+    raw = breakers.gate.run_remote("member", name, clock, ["", "", "release", "", "released"])
+    breakers.barrier(name)  # the member may have closed: every worker hears it first
+    upto = Reply.decode(raw).lease or "0"
+    return int(breakers.gate.run_remote("group", group, clock, ["", "", "release", name, upto])) == 1

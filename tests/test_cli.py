@@ -383,6 +383,7 @@ def test_usage_errors_exit_2(url, args, message):
         ["show", "pay"],
         ["open", "pay"],
         ["reset", "pay", "--create"],
+        ["release", "pool", "pay"],
         ["config", "pay", "failure_threshold=3"],
         ["events"],
         ["events", "pay", "--follow", "--max-events", "1"],
@@ -654,12 +655,13 @@ def test_the_console_script_and_the_module_run_from_the_venv():
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith("Usage: breaker-redis [OPTIONS] COMMAND [ARGS]...")
-        for command in ("status", "watch", "show", "open", "close", "auto", "reset", "config", "events"):
+        for command in ("status", "watch", "show", "open", "close", "auto", "reset", "release", "config",
+                        "events"):
             assert f"\n  {command} " in done.stdout
 
 
 @pytest.mark.parametrize(
-    "command", ["status", "watch", "show", "open", "close", "auto", "reset", "config", "events"]
+    "command", ["status", "watch", "show", "open", "close", "auto", "reset", "release", "config", "events"]
 )
 def test_every_command_has_help(command):
     result = CliRunner().invoke(cli.main, [command, "--help"])

@@ -13,6 +13,7 @@ hash in another slot than every member's.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.groups import BreakerGroup, cap_of
+from breaker_redis.groups import BreakerGroup, cap_of, release_grant
 from breaker_redis.ops import cli
 from breaker_redis.ops.reader import parse_event
 from breaker_redis.storage.scripts import text
@@ -255,6 +256,87 @@ def test_an_open_member_nobody_calls_any_more_is_closed_when_the_cap_is_needed(s
     assert last_cause(store, prefix, "A") == "open>closed:idle"
 
 
+# -- by hand ---------------------------------------------------------------------------------
+
+
+def test_a_grant_is_released_by_hand_from_python(store, prefix, worker, clock):
+    """pool.release(member): the member is closed (cause released) and its grant forgotten;
+    True once, then False (nothing listed). release_grant does the same without a group."""
+    upstream = Upstream()
+    pool = worker(["A", "B"])
+    open_one(pool, "A", upstream)
+    assert pool.release("A") is True
+    assert (raw_state(store, prefix, "A")["state"], holders(store, prefix)) == ("closed", {})
+    assert last_cause(store, prefix, "A") == "open>closed:released"
+    assert pool.release("A") is False
+    open_one(pool, "B", upstream)
+    other = Breakers(store, prefix, clock=clock, listen=False)
+    try:
+        assert release_grant(other, "pool", "B") is True
+    finally:
+        other.close()
+    assert holders(store, prefix) == {}
+    with pytest.raises(ValueError, match=r"breaker group 'pool': member 'a\{b\}'"):
+        pool.release("a{b}")
+
+
+def test_a_grant_is_released_by_hand_with_the_cli(redis_server, worker_on_server):
+    pool, prefix = worker_on_server(["A", "B"])
+    open_one(pool, "A", Upstream())
+    options = ["--url", redis_server.url, "--prefix", prefix]
+    done = CliRunner().invoke(cli.main, [*options, "release", "pool", "A"])
+    assert (done.exit_code, done.output) == (0, "A: closed; its grant in group pool released\n")
+    again = CliRunner().invoke(cli.main, [*options, "release", "pool", "A"])
+    assert (again.exit_code, again.output) == (0, "A: closed; group pool listed no grant for it\n")
+    bad = CliRunner().invoke(cli.main, [*options, "release", "p{x}", "A"])
+    assert bad.exit_code == 2 and "invalid breaker name 'p{x}'" in bad.output
+    unknown = CliRunner().invoke(cli.main, [*options, "release", "other", "A"])
+    assert unknown.exit_code == 1 and "unknown breaker group 'other'" in unknown.output
+    unknown = CliRunner().invoke(cli.main, [*options, "release", "pool", "Z"])
+    assert unknown.exit_code == 1 and "unknown breaker 'Z'" in unknown.output
+
+
+def test_an_async_group_releases_by_hand_and_frees_a_dropped_members_grant(redis_server, clock):
+    """The asyncio group: the deploy that drops a member, and release() awaited."""
+    from breaker_redis.asyncio import Breakers as AsyncBreakers
+    from breaker_redis.groups import AsyncBreakerGroup
+
+    prefix = f"grp{next(_prefixes)}"
+    upstream = Upstream()
+
+    async def calls(group: AsyncBreakerGroup, member: str, n: int) -> list[str]:
+        answers = []
+        for _ in range(n):
+            try:
+                answers.append(await group.breaker(member).call(upstream, member))
+            except BreakerOpen:
+                answers.append("refused")
+            except ConnectionError:
+                answers.append("failed")
+            await group.settle()
+        return answers
+
+    async def main() -> None:
+        made = [AsyncBreakers.from_url(redis_server.url, prefix, clock=clock, listen=False) for _ in range(2)]
+        try:
+            v1 = AsyncBreakerGroup(made[0], "pool", ["A", "B"], config=CONFIG)
+            v2 = AsyncBreakerGroup(made[1], "pool", ["B", "C"], config=CONFIG)
+            upstream.down |= {"A", "B"}
+            assert await calls(v1, "A", 5) == ["failed"] * 5
+            clock.advance(1)  # version 2 starts (and joins) after version 1
+            assert await calls(v2, "B", 6) == ["failed"] * 5 + ["refused"]
+            status = await v2.status()
+            assert (status["open"], status["holders"]) == (["B"], ["B"])
+            assert await v2.release("B") is True
+            assert (await v2.status())["holders"] == []
+        finally:
+            for breakers in made:
+                await breakers.aclose()
+
+    asyncio.run(main())
+    assert last_cause(redis_server.client(), prefix, "A") == "open>closed:not_listed"
+
+
 @pytest.fixture
 def worker_on_server(redis_server) -> Iterator[Callable[..., tuple[BreakerGroup, str]]]:
     """A worker on the session's redis-server, under a prefix of its own, on Redis's clock as
@@ -327,6 +409,7 @@ STEPS = st.lists(
         st.tuples(st.just("down"), st.sampled_from(NAMES), st.booleans()),
         st.tuples(st.just("advance"), st.integers(0, 10_000)),
         st.tuples(st.just("reset"), st.sampled_from(NAMES)),
+        st.tuples(st.just("release"), st.integers(0, 20), st.sampled_from(NAMES)),
     ),
     min_size=5,
     max_size=30,
@@ -354,8 +437,8 @@ def check_the_cap(store: Any, prefix: str, cap: int, before: dict[str, int]) -> 
 @given(first=DEPLOY, steps=STEPS)
 def test_any_deploys_and_failures_never_exceed_the_cap_and_never_deadlock(store, first, steps):
     """Random member lists deployed one after another (workers of older versions running on
-    or retiring), random failures and recoveries, time passing, operators resetting members.
-    After every step every open member holds a grant the group
+    or retiring), random failures and recoveries, time passing, operators resetting members
+    and releasing grants by hand. After every step every open member holds a grant the group
     lists and no grant was handed out beyond the newest config's cap. Then, the newest
     version's members all failing: every grant left by a member it no longer lists, or by a
     closed one, is taken back, and exactly min(cap, members) of its members are open."""
@@ -406,6 +489,8 @@ def test_any_deploys_and_failures_never_exceed_the_cap_and_never_deadlock(store,
                 clock.advance(step[1])
             elif kind == "reset":
                 operator.get(step[1]).reset()
+            elif kind == "release" and running():
+                running()[step[1] % len(running())].release(step[2])
             if versions:
                 listed = check_the_cap(store, prefix, newest().cap, listed)
 
