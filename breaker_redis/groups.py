@@ -11,28 +11,41 @@ The decision is Redis's, like every other (docs/http-clients.md, "Pools of
 replicas", says why it takes two steps): a member's breaker opens only while
 it holds one of the group's grants (lua/_lib.lua ``group_holds_back``);
 lua/group.lua hands grants out in the group's own slot, never more than the
-cap at a time, and takes one back only after lua/member.lua revoked it in the
-member's slot, where it can be revoked only while the member is closed. So
-on a single Redis and on Redis Cluster alike, the members that are open hold
+cap at a time, and forgets one only after it was revoked in the member's
+slot, which happens only as the member closes (or is closed for it). So on a
+single Redis and on Redis Cluster alike, the members that are open hold
 grants the group lists, and the group lists at most the cap.
+
+A grant is tied to the open state it was granted for: a member that closes
+(its probes succeeded, an operator's reset, force_closed or clear_force)
+gives it back in its own slot as it closes, and the reply says so
+(``released:<token>``), for the group to forget it. The group's members and
+cap are those of the newest config that joined it (group.lua), so a deploy
+that changes the member list wins over the workers of the previous one.
 
 What a worker does (``settle``, after each request through a member): a
 reply of a member's script that held a trip back asks the group for a grant
-and, granted, trips the member (member.lua); a reply that closed a member
-gives its grant back. Refused at the cap, the worker looks at most once a
-second whether a holder has closed meanwhile without giving its grant back
-(a worker that died between the two steps) and reclaims it.
+and, granted, trips the member (member.lua); a reply that gave a grant back
+has the group forget it. Refused at the cap, the worker looks at most once a
+second (``RECLAIM_MS`` of the Breakers' clock) at every holder: it joins
+again (its config seen, the newest one learned), closes and takes back the
+grant of a member the newest config no longer lists, and takes back the
+grant of a member that is closed (a worker died between two steps) or open
+and idle (no call has probed it for a minute after its open period: nobody
+uses it any more). ``release(member)`` (and ``release_grant``, ``breaker-redis
+release``) gives a grant back by hand.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
+import logging
 import math
 import os
 import threading
-import time
 from collections.abc import Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -40,14 +53,17 @@ from typing import Any
 from breaker_redis.engine.background import process_hooks
 from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.knowledge import Reply
+from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.scripts import text, validate_name
 from breaker_redis.storage.store import StoreUnavailable
 from breaker_redis.web.clients import member_name
 from breaker_redis.web.http_policy import Warnings
 
-__all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig"]
+__all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig", "release_grant"]
 
-RECLAIM_SECONDS = 1.0  # how often a worker refused at the cap checks the holders
+log = logging.getLogger("breaker_redis")
+
+RECLAIM_MS = 1000  # how often a worker refused at the cap checks the holders (the Breakers' clock)
 
 
 @dataclass(frozen=True)
@@ -83,9 +99,14 @@ def cap_of(fraction: float, size: int) -> int:
 
 
 # One step of ``_settle``, its I/O done by the sync or the asyncio ``_run``:
-# ("member", name, op, token) -> the member script's Reply or None;
+# ("member", name, op, token, cause) -> the member script's Reply or None (Redis down);
 # ("group", op, *args) -> the group script's raw answer or None; ("register",) -> None.
 Step = tuple[str, ...]
+
+
+def config_digest(max_open_fraction: float, members: tuple[str, ...]) -> str:
+    """What names a group config in lua/group.lua: its fraction and member list, hashed."""
+    return hashlib.sha1(f"{max_open_fraction!r} {' '.join(members)}".encode()).hexdigest()
 
 
 class _Group:
@@ -152,11 +173,13 @@ class _Group:
                                  "uses its members' breakers)") from None
             breaker.on_events = self._on_events
             self._breakers[member] = breaker
+        self._digest = config_digest(self.max_open_fraction, self.members)
         self._lock = threading.Lock()
         process_hooks.add(self, after_fork=self._after_fork)
-        self._pending: dict[str, str] = {}
+        # per member: (the highest token it gave back, for the group to forget; a trip held back)
+        self._pending: dict[str, tuple[int, bool]] = {}
         self._pid = 0  # the process that joined the group in Redis
-        self._reclaimed_at = -1e18
+        self._reclaimed_at: int | None = None
         self._warnings = Warnings()
 
     def __contains__(self, name: object) -> bool:
@@ -167,18 +190,22 @@ class _Group:
         return self._breakers[member_name(member)]
 
     def _on_events(self, breaker: Any, events: str) -> None:
-        """A reply of a member's script: a trip held back, or a close, is for settle()."""
-        entries = events.split(",")
-        what = "held" if "held" in entries else "closed" if any(e.endswith(">closed") or ">closed:" in e
-                                                                 for e in entries) else None
-        if what is not None:
+        """A reply of a member's script: a trip held back, or a grant given back, is for settle()."""
+        held, upto = "held" in events.split(","), released_upto(events)
+        if held or upto:
             with self._lock:
-                self._pending[breaker.name] = what
+                was_upto, was_held = self._pending.get(breaker.name, (0, False))
+                self._pending[breaker.name] = (max(was_upto, upto), was_held or held)
 
     @property
     def due(self) -> bool:
         """Whether settle() has anything to do (no lock: a hint)."""
         return bool(self._pending) or self._pid != os.getpid()
+
+    def _join_step(self) -> Step:
+        """group.lua join: this worker's config (fraction, cap, members, digest)."""
+        members = " ".join(self.members)
+        return ("group", "join", repr(self.max_open_fraction), str(self.cap), members, self._digest)
 
     def _settle(self) -> Generator[Step, Any, None]:
         """What settle() does, as steps (``_drive`` runs them)."""
@@ -194,38 +221,59 @@ class _Group:
             pending, self._pending = self._pending, {}
         if joining:
             yield ("register",)
-            yield ("group", "join", str(self.max_open_fraction), str(self.cap), " ".join(self.members))
-        for name, what in pending.items():
-            if what == "closed":
-                reply = yield ("member", name, "revoke", "")
+            yield self._join_step()
+        for name, (upto, held) in pending.items():
+            if upto:  # given back in the member's slot: the group forgets it
+                yield ("group", "release", name, str(upto))
+            if held:
+                yield from self._asking(name)
+
+    def _asking(self, name: str) -> Generator[Step, Any, None]:
+        """A trip of member ``name`` was held back: ask the group for a grant; refused at the
+        cap, reclaim what no longer needs one (at most every RECLAIM_MS); granted, trip it."""
+        answer = yield ("group", "ask", name, str(self.cap))
+        if answer is None:
+            return
+        granted, token, holders = _asked(answer)
+        if not granted and self._reclaim_due():
+            newest = yield self._join_step()  # this config seen now; the newest one's members
+            listed = set(text(newest[0]).split()) if newest else None
+            freed = False
+            for holder, held in holders:
+                if holder == name:
+                    continue
+                if listed is None or holder in listed:
+                    reply = yield ("member", holder, "revoke", held, "")  # closed, forced or idle only
+                else:  # the newest config does not list it: closed, and its grant taken back
+                    reply = yield ("member", holder, "release", held, "not_listed")
                 if reply is not None and reply.allowed and reply.lease:
-                    yield ("group", "release", name, reply.lease)
-                continue
+                    freed = (yield ("group", "release", holder, reply.lease)) == 1 or freed
+            if freed:
+                answer = yield ("group", "ask", name, str(self.cap))
+                if answer is None:
+                    return
+                granted, token, _ = _asked(answer)
+        for _attempt in range(2):
+            if not granted:
+                return
+            reply = yield ("member", name, "grant", token, "")
+            if reply is None or reply.allowed or not reply.lease:
+                return
+            # not kept: not needed any more (the group forgets it), or a token revoked before
+            # that the group still listed (forgotten, and asked once more for a new one)
+            yield ("group", "release", name, reply.lease)
+            if reply.reason != "revoked":
+                return
             answer = yield ("group", "ask", name, str(self.cap))
             if answer is None:
-                continue
-            granted, token, holders = _asked(answer)
-            if not granted and self._reclaim_due():
-                freed = False
-                for holder, held in holders:
-                    if holder == name or holder not in self._breakers:
-                        continue  # a member only another worker's group knows: its own workers reclaim it
-                    reply = yield ("member", holder, "revoke", held)
-                    if reply is not None and reply.allowed:
-                        freed = (yield ("group", "release", holder, held)) == 1 or freed
-                if freed:
-                    answer = yield ("group", "ask", name, str(self.cap))
-                    if answer is not None:
-                        granted, token, _ = _asked(answer)
-            if granted:
-                yield ("member", name, "grant", token)
+                return
+            granted, token, _ = _asked(answer)
 
-    async def _drive(self) -> None:
-        """settle(), for both sides: each step of ``_settle`` run by ``_run`` (the sync
-        or the asyncio I/O; the asyncio one awaited), its answer sent back. Never
-        raises: a failure is logged. On the sync side nothing is awaited, so the
-        coroutine ends without a loop (``_run_to_end``)."""
-        steps = self._settle()
+    async def _drive(self, steps: Generator[Step, Any, None]) -> None:
+        """Run ``steps`` (each one's I/O by ``_run``, the sync or the asyncio one, awaited
+        on the asyncio side), each answer sent back. Never raises: a failure is logged. On
+        the sync side nothing is awaited, so the coroutine ends without a loop
+        (``_run_to_end``)."""
         result: Any = None
         try:
             while True:
@@ -248,15 +296,19 @@ class _Group:
         self._pending = {}
 
     def _reclaim_due(self) -> bool:
-        now = time.monotonic()
+        """At most once every RECLAIM_MS of the Breakers' clock (a test's clock moves it)."""
+        now = self.breakers.now_ms()
         with self._lock:
-            if now - self._reclaimed_at < RECLAIM_SECONDS:
+            if self._reclaimed_at is not None and 0 <= now - self._reclaimed_at < RECLAIM_MS:
                 return False
             self._reclaimed_at = now
             return True
 
     def _group_args(self, step: Step) -> list[str]:
         return ["", "", *step[1:]]  # ARGV 5 and 6 (config, epoch floor) are not a group's
+
+    def _member_args(self, step: Step) -> list[str]:
+        return list(step[2:])  # op, token, cause: ARGV 7-9 (a breaker adds its config and floor)
 
     def _status(self, raw: Any, states: dict[str, str]) -> dict[str, Any]:
         return group_status(self.name, raw, states, members=self.members, cap=self.cap,
@@ -327,13 +379,29 @@ class BreakerGroup(_Group):
 
     def settle(self) -> None:
         """Act on what the members' replies said since the last call (a trip held
-        back at the cap, a member closed). Never raises: a failure is logged."""
+        back at the cap, a grant given back). Never raises: a failure is logged."""
         if self.due:
-            _run_to_end(self._drive())
+            _run_to_end(self._drive(self._settle()))
+
+    def release(self, member: str) -> bool:
+        """Give ``member``'s grant back by hand (a host URL or a breaker name, listed or not):
+        if it is open or half-open it is closed first (transition cause ``released``), its
+        grant is revoked in its own slot, then the group forgets it. True if the group listed
+        a grant for it. On Redis only, as an operator's switch: a Redis error raises."""
+        return release_grant(self.breakers, self.name, _member(self.name, member))
 
     def _run(self, step: Step) -> Any:
         if step[0] == "member":
-            return self._breakers[step[1]].run_script("member", [step[2], step[3]])
+            breaker = self._breakers.get(step[1])
+            if breaker is not None:
+                return breaker.run_script("member", self._member_args(step))
+            try:  # another config's member: its keys only (no config sent, nothing learned)
+                raw, _ = self.breakers.gate.run("member", step[1], self.breakers.clock_ms(),
+                                                ["", "", *self._member_args(step)], fallback=False)
+            except StoreUnavailable:
+                return None
+            self.breakers.barrier(step[1])  # a release may have closed it: every worker hears
+            return Reply.decode(raw)
         gate = self.breakers.gate
         if step[0] == "register":
             with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
@@ -361,12 +429,31 @@ class AsyncBreakerGroup(_Group):
     async def settle(self) -> None:
         """As BreakerGroup.settle, awaited."""
         if self.due:
-            await self._drive()
+            await self._drive(self._settle())
+
+    async def release(self, member: str) -> bool:
+        """As BreakerGroup.release, awaited."""
+        self.breakers.ensure_loop()
+        name = _member(self.name, member)
+        gate, clock = self.breakers.gate, self.breakers.clock_ms()
+        raw = await gate.run_remote("member", name, clock, ["", "", "release", "", "released"])
+        await self.breakers.barrier(name)  # the member may have closed: every worker hears it first
+        upto = Reply.decode(raw).lease or "0"
+        return int(await gate.run_remote("group", self.name, clock, ["", "", "release", name, upto])) == 1
 
     async def _run(self, step: Step) -> Any:
         if step[0] == "member":
-            reply: Reply | None = await self._breakers[step[1]].run_script("member", [step[2], step[3]])
-            return reply
+            breaker = self._breakers.get(step[1])
+            if breaker is not None:
+                reply: Reply | None = await breaker.run_script("member", self._member_args(step))
+                return reply
+            try:  # another config's member: its keys only (no config sent, nothing learned)
+                raw, _ = await self.breakers.gate.run("member", step[1], self.breakers.clock_ms(),
+                                                      ["", "", *self._member_args(step)], fallback=False)
+            except StoreUnavailable:
+                return None
+            await self.breakers.barrier(step[1])
+            return Reply.decode(raw)
         gate = self.breakers.gate
         if step[0] == "register":
             with contextlib.suppress(Exception):
@@ -384,3 +471,26 @@ class AsyncBreakerGroup(_Group):
         raw, _ = await self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), ["", "", "read"])
         states = {m: (await b.snapshot())["state"] for m, b in self._breakers.items()}
         return self._status(raw, states)
+
+
+def _member(group: str, member: str) -> str:
+    """A member's breaker name, from a host URL or a breaker name (ValueError naming the group)."""
+    try:
+        return member_name(member) if isinstance(member, str) else validate_name(member)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"breaker group {group!r}: member {member!r}: {exc}") from None
+
+
+def release_grant(breakers: Any, group: str, member: str) -> bool:
+    """Give ``member``'s grant in ``group`` back by hand, without building the group (the
+    CLI's ``breaker-redis release GROUP MEMBER``): on a ``breaker_redis.Breakers``, as
+    ``BreakerGroup.release``: the member's script first (it closes the member if it is open
+    and revokes every token up to its grant, in its own slot), then the group's (it forgets
+    the grant up to that token), both on Redis only. True if the group listed a grant."""
+    validate_name(group)
+    name = _member(group, member)
+    clock = breakers.clock_ms()
+    raw = breakers.gate.run_remote("member", name, clock, ["", "", "release", "", "released"])
+    breakers.barrier(name)  # the member may have closed: every worker hears it first
+    upto = Reply.decode(raw).lease or "0"
+    return int(breakers.gate.run_remote("group", group, clock, ["", "", "release", name, upto])) == 1

@@ -14,7 +14,9 @@
 --                   born (the epoch this hash was created with), armed ('1' while a
 --                   late success could change a decision), arms (how often it armed),
 --                   lost (the born of the last incarnation whose loss was counted),
---                   held (the born of the last incarnation an operator acted on: admin.lua)
+--                   held (the born of the last incarnation an operator acted on: admin.lua);
+--                   a breaker group member's also grant (the group's token it holds while it
+--                   may be open) and revoked (the highest token taken back): see give_back_grant
 --   2 window HASH   head, bms (bucket ms), nb (buckets), sat (when a caller of this shape last
 --                   wrote it), tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket; bms and nb let a
 --                   reader without the config (the CLI) read the window
@@ -771,10 +773,57 @@ local function trip_open(s, c, cause, after_half_open)
   stat('trips', 1)
 end
 
+-- Breaker groups (see group_holds_back below): a member's grant, the `grant` field of its
+-- state hash, and `revoked`, the highest token taken back (every token up to it is dead:
+-- member.lua refuses it). Tokens are integers (group.lua hands them out above the clock); a
+-- field that is not one was edited by hand: nil, and the caller repairs it.
+local MAX_TOKEN = 9007199254740991
+local function token_of(x)
+  if type(x) ~= 'string' or not string.find(x, '^%d+$') then return nil end
+  local n = tonumber(x)
+  if n > MAX_TOKEN then return nil end
+  return n
+end
+
+-- The member's grant as stored: (held, revoked), each repaired when it is not a token (a
+-- grant that is not one is dropped: the member holds none, and a trip is held back until
+-- the group grants one; a revoked mark that is not one is raised to the grant's token or the
+-- clock, which is above every token a group handed out before this call).
+local function grant_fields()
+  local v = redis.call('HMGET', K_STATE, 'grant', 'revoked')
+  local held, revoked = token_of(v[1]), token_of(v[2])
+  if v[1] and not held then
+    redis.call('HDEL', K_STATE, 'grant')
+    repaired('state')
+  end
+  if v[2] and not revoked then
+    revoked = math.max(held or 0, NOW)
+    redis.call('HSET', K_STATE, 'revoked', revoked)
+    repaired('state')
+  end
+  return held, revoked or 0
+end
+
+-- A member no longer needs its grant (it closed, or was reset or forced closed): it gives it
+-- back in its own slot, so the grant is tied to the open state it was granted for. Every
+-- token up to the one held is revoked (member.lua refuses them from then on) and the reply's
+-- events say 'released:<revoked>', so the worker has the group forget its grant (group.lua
+-- release): in that order, the group never lists fewer grants than members are open.
+-- Returns the highest token revoked (0: none ever).
+local function give_back_grant(token)
+  local held, revoked = grant_fields()
+  local upto = math.max(revoked, held or 0, token or 0)
+  if held then redis.call('HDEL', K_STATE, 'grant') end
+  if upto > revoked then redis.call('HSET', K_STATE, 'revoked', upto) end
+  if held then EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. 'released:' .. string.format('%d', upto) end
+  return upto
+end
+
 local function close(s, cause)
   s.consec, s.open_ms, s.ho_ok, s.open_until = 0, 0, 0, 0
   redis.call('DEL', K_WINDOW)
   drop_probes()
+  give_back_grant(nil)  -- a member's grant: closed, it no longer needs one
   transition(s, 'closed', cause)
 end
 
@@ -799,7 +848,7 @@ end
 -- stays closed and keeps counting, and the reply's events say 'held', so the worker
 -- asks the group and, granted, has member.lua trip it. Not in a group: nothing read.
 local function group_holds_back(s, c)
-  if not c.group or redis.call('HMGET', K_STATE, 'grant')[1] then return false end
+  if not c.group or grant_fields() then return false end
   EVENTS = EVENTS .. (EVENTS == '' and '' or ',') .. 'held'
   return true
 end

@@ -11,6 +11,8 @@
 --   reset        closed, clean window, backoff and leases dropped, force cleared;
 --                cumulative stats are kept (they are counters, e.g. for Prometheus),
 --                but one that does not parse is zeroed: a reset repairs every key
+-- Every op that leaves the breaker closed (force_closed, clear_force, reset) gives a group
+-- member's grant back (give_back_grant in _lib.lua; the reply's events say 'released:<token>').
 -- Reads : state.  Writes: state, window, leases, events, reporters (dropped); publishes the change.
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
 local s, op = load_state(), ARGV[7]
@@ -22,6 +24,7 @@ redis.call('DEL', rep_key())  -- and every reporter's isolation ends (min_report
 local function clean(forced, cause)
   s.forced, s.consec, s.open_ms, s.ho_ok, s.open_until = forced, 0, 0, 0, 0
   redis.call('DEL', K_WINDOW, K_LEASES)
+  give_back_grant(nil)  -- a group member's grant: closed, it needs none (_lib.lua)
   transition(s, 'closed', cause)
 end
 
@@ -32,6 +35,7 @@ if op == 'force_open' then
 elseif op == 'force_closed' then
   s.forced, s.open_until, s.ho_ok = 'closed', 0, 0
   drop_probes()
+  give_back_grant(nil)  -- forced closed, it never trips: a group member needs no grant
   transition(s, 'closed', 'forced_closed')
 elseif op == 'clear_force' then
   if s.forced == '' then return reply(s, 1, 'unchanged', '', nil) end

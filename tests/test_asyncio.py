@@ -10,6 +10,7 @@ deployment share one breaker and one trip boundary.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import signal
@@ -19,13 +20,16 @@ from typing import Any
 
 import fakeredis
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, BreakerOpen, State
 from breaker_redis import Breakers as SyncBreakers
 from breaker_redis.asyncio import Breakers
 from breaker_redis.urls import async_client_from_url, client_from_url
+from tests.hostile import hostile
 from tests.redis_server import RedisServer, wait_until
-from tests.workers import TRIP_AT_3
+from tests.workers import TRIP_AT_3, counting, spent
 
 CONFIGS = {
     "consecutive": TRIP_AT_3,
@@ -335,6 +339,62 @@ def test_the_call_right_after_a_trip_is_refused_by_every_other_async_worker(conn
             await w.aclose()
 
     run(main())
+
+
+async def delivered(workers: list[Breakers], publisher: Any) -> None:
+    """Every message published so far read and handled by each worker's subscription: one
+    round trip of the publisher after its PUBLISH (then the message is in every subscriber's
+    socket, as after a worker's barrier), then until nothing is left unread."""
+    await publisher.ping()
+    deadline = time.monotonic() + 10
+    while any(w.invalidator is not None and w.invalidator.pending() for w in workers):
+        assert time.monotonic() < deadline, "a published message was not read within 10 s"
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("connect", ["embedded", "real"], indirect=True)
+@settings(max_examples=15, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(messages=st.lists(hostile("pay"), min_size=1, max_size=8))
+def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_an_async_subscription(
+    connect, caplog, messages
+):
+    """tests/test_boundary.py's hostile messages, on the asyncio subscription, which reads them
+    in the event loop's protocol callback: a plain hint costs each worker exactly one round
+    trip, a message dropped none, the subscription stays the same connection and healthy,
+    and neither breaker_redis nor asyncio logs a loss or a failed callback."""
+    caplog.set_level(logging.INFO, logger="breaker_redis")
+
+    async def main() -> None:
+        workers = [Breakers(connect()) for _ in range(2)]
+        publisher = connect()
+        try:
+            counts = counting(workers)
+            a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+            await subscribed(*workers)
+            held = [w.invalidator._subscription for w in workers]  # type: ignore[union-attr]
+            assert await admits(a) and await admits(b)
+            for message, round_trips in messages:
+                before = [c["acquire"] for c in counts]
+                await publisher.publish("breaker:events", message)
+                await delivered(workers, publisher)
+                for _ in range(3):
+                    assert await admits(a) and await admits(b)
+                assert spent(counts, before) == [round_trips] * 2, message[:300]
+                assert [w.invalidator._subscription for w in workers] == held  # type: ignore[union-attr]
+                assert all(w.invalidator is not None and w.invalidator.healthy for w in workers)
+            await fail(a, 3)  # and the boundary is exact after them
+            assert not await admits(b)
+            await a.reset()
+        finally:
+            await publisher.aclose()
+            for w in workers:
+                await w.aclose()
+
+    run(main())
+    assert "subscription lost" not in caplog.text
+    assert "Fatal error" not in caplog.text
 
 
 @pytest.mark.parametrize("tripper", ["sync", "async"])

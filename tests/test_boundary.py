@@ -9,16 +9,21 @@ asserts exactly: 0 admitted, not "at most a few".
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 
 import fakeredis
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, Breakers, State
+from breaker_redis.storage.notices import FOREIGN_DATABASE, parse_notice
 from breaker_redis.urls import describe
+from tests.hostile import hostile
 from tests.redis_server import wait_until
-from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, admits, fail, subscribed
+from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, admits, counting, fail, spent, subscribed
 
 
 @pytest.fixture(params=["fake", "embedded", "real"])
@@ -215,18 +220,7 @@ def test_keys_vanishing_under_running_workers_lose_no_failure(workers, connect, 
 
 
 def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, connect):
-    counts = []
-    for w in workers:
-        count = {"acquire": 0}
-        runner = w.gate.remote
-        real_run = runner.run
-
-        def counting(operation, *args, count=count, real_run=real_run):
-            count[operation] = count.get(operation, 0) + 1
-            return real_run(operation, *args)
-
-        runner.run = counting
-        counts.append(count)
+    counts = counting(workers)
     a, b = (w.get("pay", TRIP_AT_3) for w in workers)
     subscribed(workers)
     assert admits(a) and admits(b)
@@ -237,9 +231,67 @@ def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, conn
     connect().publish("breaker:events", "not json at all")
     for _ in range(20):
         assert admits(a) and admits(b)
-    assert [c["acquire"] - n for c, n in zip(counts, before, strict=True)] == [1, 1]
+    assert spent(counts, before) == [1, 1]
     fail(a, 3)  # later replies carry lower epochs than the forged one: still exact
     assert not admits(b)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(messages=st.lists(hostile("pay"), min_size=1, max_size=6))
+def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_the_subscription(
+    workers, connect, caplog, messages
+):
+    """Forged messages no script writes ('born': Infinity, 'epoch': 1e999, NaN, integers of
+    thousands of digits, strings, lists and objects where numbers are due, nesting past the
+    decoder's recursion): each one naming the breaker is a plain hint (exactly one round trip
+    per worker, nothing refused), every other one is dropped (none), the subscription stays
+    the same connection, healthy, nothing logged about losing it, and the calls after the
+    round trip are decided from memory again."""
+    caplog.set_level(logging.INFO, logger="breaker_redis")
+    counts = counting(workers)
+    a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+    subscribed(workers)
+    links = [(w.invalidator._link, w.invalidator._link.socket) for w in workers]
+    assert admits(a) and admits(b)
+    publisher = connect()
+    try:
+        for message, round_trips in messages:
+            before = [c["acquire"] for c in counts]
+            publisher.publish("breaker:events", message)
+            publisher.ping()  # then the message is in every subscriber's socket (Breakers.barrier)
+            for _ in range(3):
+                assert admits(a) and admits(b)
+            assert spent(counts, before) == [round_trips] * 2, message[:300]
+            assert [(w.invalidator._link, w.invalidator._link.socket) for w in workers] == links
+            assert all(w.invalidator.healthy for w in workers)
+    finally:
+        publisher.close()
+    assert "subscription lost" not in caplog.text
+    fail(a, 3)  # and the boundary is exact after them
+    assert not admits(b)
+    a.reset()
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.one_of(hostile("pay").map(lambda case: case[0]), st.binary(max_size=64), st.text(max_size=64),
+                      st.sampled_from([None, 12, b"\xff\xfe", "{", "[]", "null"])))
+def test_the_one_reader_of_messages_never_raises_and_keeps_only_what_a_script_writes(data):
+    """storage/notices.py parse_notice, alone: for any data a subscription can hand it, a
+    Notice or None, never an exception; every number it keeps is an integer 0 to 2^53 - 1
+    (or the foreign-database mark), every state and force one a script writes."""
+    notice = parse_notice(data)
+    if notice is None:
+        return
+    assert isinstance(notice.name, str) and isinstance(notice.kind, str)
+    for value in (notice.born, notice.epoch, notice.arms, notice.open_until, notice.at):
+        assert value is None or (type(value) is int and 0 <= value <= 2**53 - 1)
+    assert notice.database is None or notice.database == FOREIGN_DATABASE or 0 <= notice.database <= 2**53 - 1
+    assert notice.to in (None, "closed", "open", "half_open")
+    assert notice.came_from in (None, "closed", "open", "half_open")
+    assert notice.forced in (None, "", "open", "closed")
 
 
 # -- 5. one listener per process; ordered sends ----------------------------------------------

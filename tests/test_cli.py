@@ -383,6 +383,7 @@ def test_usage_errors_exit_2(url, args, message):
         ["show", "pay"],
         ["open", "pay"],
         ["reset", "pay", "--create"],
+        ["release", "pool", "pay"],
         ["config", "pay", "failure_threshold=3"],
         ["events"],
         ["events", "pay", "--follow", "--max-events", "1"],
@@ -608,6 +609,30 @@ def test_events_follow_prints_history_then_live_events(url, prefix, app_breakers
     assert "armed" not in out and "inventory" not in out
 
 
+def test_events_follow_reads_forged_messages_without_failing(url, prefix, app_breakers, client, tmp_path):
+    """Anyone may publish on the channel: a message no script writes (Infinity, NaN, 1e999,
+    nesting past the JSON decoder's recursion) is shown with what it holds that a script
+    could write, or dropped when it names no breaker; the follower goes on to the real ones."""
+    pay = app_breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=5))
+    follower, stderr = follow(tmp_path, url, prefix, "events", "pay", "--follow", "--max-events", "2")
+    try:
+        channel = f"{prefix}:events"
+        client.publish(channel, "[" * 100_000 + "]" * 100_000)
+        client.publish(channel, '{"name": Infinity, "kind": "transition"}')
+        forged = ('{"name": "pay", "kind": "transition", "from": "closed", "to": "open", "db": 0, '
+                  '"cause": "forged", "epoch": 1e999, "born": Infinity, "open_until": Infinity, "at": NaN}')
+        client.publish(channel, forged)
+        pay.force_open()
+        out, _ = follower.communicate(timeout=10)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, stderr.read_text()
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    assert lines[0].endswith("  pay  closed -> open  cause=forged epoch=None")
+    assert "pay  closed -> open  cause=forced_open" in lines[1]
+
+
 def test_events_follow_verbose_shows_arming(url, prefix, app_breakers, tmp_path):
     pay = app_breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=5))
     outcomes(pay, successes=1)
@@ -630,12 +655,13 @@ def test_the_console_script_and_the_module_run_from_the_venv():
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith("Usage: breaker-redis [OPTIONS] COMMAND [ARGS]...")
-        for command in ("status", "watch", "show", "open", "close", "auto", "reset", "config", "events"):
+        for command in ("status", "watch", "show", "open", "close", "auto", "reset", "release", "config",
+                        "events"):
             assert f"\n  {command} " in done.stdout
 
 
 @pytest.mark.parametrize(
-    "command", ["status", "watch", "show", "open", "close", "auto", "reset", "config", "events"]
+    "command", ["status", "watch", "show", "open", "close", "auto", "reset", "release", "config", "events"]
 )
 def test_every_command_has_help(command):
     result = CliRunner().invoke(cli.main, [command, "--help"])

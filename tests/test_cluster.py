@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -23,15 +25,18 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.cluster import RedisCluster, key_slot
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
 from breaker_redis.storage.scripts import KEY_SUFFIXES
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
+from tests.hostile import hostile
 from tests.mp_workers import Team, Worker, serve, serve_asyncio
 from tests.redis_server import wait_until
 from tests.topologies import HOST, ClusterGroup, started
-from tests.workers import TRIP_AT_3, admits, admitted, fail, subscribed, trips_at_3
+from tests.workers import TRIP_AT_3, admits, admitted, counting, fail, spent, subscribed, trips_at_3
 
 
 def slot_of(name: str) -> int:
@@ -250,6 +255,110 @@ def test_asyncio_workers_decide_from_memory_on_a_cluster(cluster, spread):
                 await w.aclose()
 
     asyncio.run(main())
+
+
+def on_master(message: str, name: str) -> str:
+    """A message of tests/hostile.py written for breaker 'pay', about breaker ``name``."""
+    return message.replace('"pay"', json.dumps(name))
+
+
+HOSTILE_SETTINGS = settings(
+    max_examples=8, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                           HealthCheck.data_too_large],
+)
+HOSTILE_ON_MASTERS = st.lists(st.tuples(st.integers(0, 2), hostile("pay")), min_size=1, max_size=6)
+
+
+@HOSTILE_SETTINGS
+@given(messages=HOSTILE_ON_MASTERS)
+def test_forged_sharded_notices_cost_at_most_one_round_trip_and_never_end_a_subscription(
+    cluster, spread, caplog, messages
+):
+    """tests/test_boundary.py's hostile messages, SPUBLISHed on the breakers' own notices
+    channels on every master: a plain hint costs each worker exactly one round trip for that
+    breaker, a message dropped none, and every channel stays on the same connection, healthy,
+    with nothing logged about losing it."""
+    caplog.set_level(logging.INFO, logger="breaker_redis")
+    cluster.flushall()
+    names = list(spread.values())
+    workers = [Breakers.from_url(cluster.url) for _ in range(2)]
+    try:
+        for w in workers:
+            for name in names:
+                w.get(name, TRIP_AT_3)
+        subscribed(workers)
+        counts = counting(workers)
+        for name in names:
+            assert all(admits(w.get(name)) for w in workers)
+        channels = [[w.invalidator.listener(n) for n in names] for w in workers]
+        held = [[(c.connection, c.healthy) for c in row] for row in channels]
+        for index, (message, round_trips) in messages:
+            name = names[index]
+            node = cluster.node(cluster.owner(slot_of(name)))
+            before = [c["acquire"] for c in counts]
+            node.execute_command("SPUBLISH", f"breaker:{{{name}}}:notices", on_master(message, name))
+            node.ping()  # then the message is in every subscriber's socket (Breakers.barrier)
+            for _ in range(3):
+                assert all(admits(w.get(name)) for w in workers)
+            assert spent(counts, before) == [round_trips] * 2, message[:300]
+            assert [[(c.connection, c.healthy) for c in row] for row in channels] == held
+    finally:
+        for w in workers:
+            w.close()
+    assert "subscription lost" not in caplog.text
+
+
+@HOSTILE_SETTINGS
+@given(messages=HOSTILE_ON_MASTERS)
+def test_forged_sharded_notices_never_end_an_async_subscription(cluster, spread, caplog, messages):
+    """The same on the asyncio side, whose sharded subscriptions read in the event loop's
+    protocol callback: nothing logged by breaker_redis or asyncio either."""
+    from breaker_redis.asyncio import Breakers as AsyncBreakers
+
+    caplog.set_level(logging.INFO, logger="breaker_redis")
+    cluster.flushall()
+    names = list(spread.values())
+
+    async def main() -> None:
+        workers = [AsyncBreakers.from_url(cluster.url) for _ in range(2)]
+        try:
+            for w in workers:
+                for name in names:
+                    w.get(name, TRIP_AT_3)
+                w.ensure_loop()
+            deadline = time.monotonic() + 10
+            while not all(w.invalidator is not None and w.invalidator.healthy for w in workers):
+                assert time.monotonic() < deadline, "the sharded subscriptions did not come up within 10 s"
+                await asyncio.sleep(0.005)
+            counts = counting(workers)
+            for name in names:
+                for w in workers:
+                    assert await admitted(w.get(name))
+            channels = [[w.invalidator.listener(n) for n in names] for w in workers]
+            held = [[(c.connection, c.healthy) for c in row] for row in channels]
+            for index, (message, round_trips) in messages:
+                name = names[index]
+                node = cluster.node(cluster.owner(slot_of(name)))
+                before = [c["acquire"] for c in counts]
+                node.execute_command("SPUBLISH", f"breaker:{{{name}}}:notices", on_master(message, name))
+                node.ping()  # then the message is in every subscriber's socket
+                deadline = time.monotonic() + 10
+                while any(row[index].pending() for row in channels):  # read and handled by the loop
+                    assert time.monotonic() < deadline, "a published message was not read within 10 s"
+                    await asyncio.sleep(0.001)
+                for _ in range(3):
+                    for w in workers:
+                        assert await admitted(w.get(name))
+                assert spent(counts, before) == [round_trips] * 2, message[:300]
+                assert [[(c.connection, c.healthy) for c in row] for row in channels] == held
+        finally:
+            for w in workers:
+                await w.aclose()
+
+    asyncio.run(main())
+    assert "subscription lost" not in caplog.text
+    assert "Fatal error" not in caplog.text
 
 
 @pytest.mark.multiprocess

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
@@ -61,3 +62,39 @@ def trips_at_3(breaker: Any) -> dict[str, Any]:
         breaker.acquire()
     assert info.value.reason == "open"
     return dict(breaker.snapshot())
+
+
+def counting(workers: list[Any]) -> list[dict[str, int]]:
+    """Count each worker's script calls by script: its runner's ``run`` (sync, or asyncio's
+    coroutine) wrapped once, the real call still made. On Redis Cluster every master's gate
+    runs the Breakers' one runner, so every call is counted."""
+    counts = []
+    for w in workers:
+        runner = w.gate.remote
+        count: dict[str, int] | None = getattr(runner, "counted", None)
+        if count is None:
+            count = runner.counted = {"acquire": 0}
+            real_run = runner.run
+            if inspect.iscoroutinefunction(real_run):
+
+                async def counted_async(operation: str, *args: Any, count: dict[str, int] = count,
+                                        real_run: Any = real_run) -> Any:
+                    count[operation] = count.get(operation, 0) + 1
+                    return await real_run(operation, *args)
+
+                runner.run = counted_async
+            else:
+
+                def counted(operation: str, *args: Any, count: dict[str, int] = count,
+                            real_run: Any = real_run) -> Any:
+                    count[operation] = count.get(operation, 0) + 1
+                    return real_run(operation, *args)
+
+                runner.run = counted
+        counts.append(count)
+    return counts
+
+
+def spent(counts: list[dict[str, int]], before: list[int], operation: str = "acquire") -> list[int]:
+    """The calls of ``operation`` each worker made since ``before`` (its counts then)."""
+    return [count[operation] - n for count, n in zip(counts, before, strict=True)]

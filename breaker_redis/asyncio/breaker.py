@@ -44,6 +44,7 @@ from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Recording
 from breaker_redis.engine.steps import BreakerSteps
 from breaker_redis.engine.wrappers import MISSING, Wraps
+from breaker_redis.storage.notices import Notice
 
 log = logging.getLogger("breaker_redis")
 
@@ -69,6 +70,7 @@ class Shared(steps.Shared, Protocol):
     def schedule(self, breaker: Breaker) -> None: ...
     async def register_name(self, name: str) -> None: ...
     async def barrier(self, name: str) -> None: ...
+    async def give_back_grant(self, name: str, upto: int) -> None: ...
 
 
 class _Done:
@@ -142,6 +144,9 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
     async def _barrier(self) -> None:
         await self._shared.barrier(self.name)
 
+    async def _give_back(self, upto: int) -> None:
+        await self._shared.give_back_grant(self.name, upto)
+
     async def _finish(self, step: Coroutine[Any, Any, None]) -> None:
         self._shared.ensure_loop()
         await step
@@ -197,12 +202,12 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
         async with self._send_lock:
             await self._sending(epoch, outcome, duration_ms, lease, generation)
 
-    def hint(self, payload: dict[str, Any]) -> bool:
+    def hint(self, notice: Notice) -> bool:
         """A pushed message about this breaker; True when it was news and a batch is
         waiting. Ignored while its store is the local one (as on the sync side)."""
-        if self._about_another_reporter(payload):
+        if self._about_another_reporter(notice):
             return False
-        return self._gate.healthy and self._memory.hint(payload) and self.holds_counts
+        return self._gate.healthy and self._memory.hint(notice) and self.holds_counts
 
     # -- the ways to protect a call (what they share: wrappers.py) -----------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import Coroutine
 from typing import Any
@@ -27,7 +28,10 @@ from breaker_redis.engine.breakers_core import BreakersCore, Parts, configured
 from breaker_redis.engine.recorder import BATCH_SECONDS
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.internals import forget_node_connections
+from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.scripts import text
+
+log = logging.getLogger("breaker_redis")
 
 
 class Breakers(BreakersCore[Breaker, AsyncStoreGate, AsyncScriptRunner]):
@@ -146,8 +150,17 @@ class Breakers(BreakersCore[Breaker, AsyncStoreGate, AsyncScriptRunner]):
             else:
                 await slots.abarrier(self._runner.route_key(name), notices_channel(self.prefix, name), name)
 
-    def _hint(self, breaker: Breaker, payload: dict[str, Any]) -> None:
-        if breaker.hint(payload):  # news, and a batch waits: sent now (the breaker may no longer be calm)
+    async def give_back_grant(self, name: str, upto: int) -> None:
+        """As Breakers.give_back_grant on the sync side, awaited."""
+        try:
+            groups = await self.client.smembers(self._runner.groups_key)
+            for group, now_ms, args in self._group_releases(groups, name, upto):
+                await self.gate.run_remote("group", group, now_ms, args)
+        except Exception as exc:  # an outage, a permission: the reclaim covers it
+            log.warning("breaker %r gave its group grant back; a group could not be told (%s)", name, exc)
+
+    def _hint(self, breaker: Breaker, notice: Notice) -> None:
+        if breaker.hint(notice):  # news, and a batch waits: sent now (the breaker may no longer be calm)
             self._start_send(breaker.flush_batch())
 
     async def flush(self) -> None:

@@ -35,6 +35,7 @@ from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.recorder import Recorder
 from breaker_redis.engine.steps import BreakerSteps, run_sync
 from breaker_redis.engine.wrappers import MISSING, Protects
+from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.store import StoreGate
 
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class Shared(steps.Shared, Protocol):
     def ensure_process(self) -> None: ...
     def register_name(self, name: str) -> None: ...
     def barrier(self, name: str) -> None: ...
+    def give_back_grant(self, name: str, upto: int) -> None: ...
 
 
 class Breaker(BreakerSteps[Permit, None], Protects):
@@ -112,6 +114,9 @@ class Breaker(BreakerSteps[Permit, None], Protects):
 
     async def _barrier(self) -> None:
         self._shared.barrier(self.name)
+
+    async def _give_back(self, upto: int) -> None:
+        self._shared.give_back_grant(self.name, upto)
 
     def _finish(self, step: Coroutine[Any, Any, None]) -> None:
         run_sync(step)
@@ -247,13 +252,13 @@ class Breaker(BreakerSteps[Permit, None], Protects):
         with self._send_lock:
             run_sync(self._sending(epoch, outcome, duration_ms, lease, generation))
 
-    def hint(self, payload: dict[str, Any]) -> None:
+    def hint(self, notice: Notice) -> None:
         """A pushed message about this breaker: if it is news, the next call asks
         Redis, and the batch goes now (the breaker may no longer be calm). Ignored
         while its store is the local one: nothing known there came from Redis."""
-        if self._about_another_reporter(payload):
+        if self._about_another_reporter(notice):
             return
-        if self._gate.healthy and self._memory.hint(payload):
+        if self._gate.healthy and self._memory.hint(notice):
             self.flush_batch()
 
     # -- reading and administration (the actions: steps.py) -------------------

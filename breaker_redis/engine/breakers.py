@@ -7,6 +7,7 @@ the asyncio Breakers."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from typing import Any
@@ -22,6 +23,8 @@ from breaker_redis.storage.scripts import ScriptRunner, text
 from breaker_redis.storage.sharded import ShardedInvalidator
 from breaker_redis.storage.store import MasterGates, StoreGate
 from breaker_redis.urls import describe
+
+log = logging.getLogger("breaker_redis")
 
 __all__ = ["DEFAULT_TTL_SECONDS", "Breakers"]
 
@@ -100,6 +103,19 @@ class Breakers(BreakersCore[Breaker, StoreGate, ScriptRunner]):
                 self.client.ping()
             else:
                 slots.barrier(self._runner.route_key(name), notices_channel(self.prefix, name), name)
+
+    def give_back_grant(self, name: str, upto: int) -> None:
+        """Breaker ``name``, a group member, gave its grant back in its own slot as it closed
+        (every token up to ``upto`` revoked, lua/_lib.lua give_back_grant): every breaker group
+        listed under the prefix forgets it (lua/group.lua release; a group listing a later
+        token, or none, is left as it is). Never raises: a group not told now has its grant
+        taken back by a worker refused at its cap (groups.py)."""
+        try:
+            groups = self.client.smembers(self._runner.groups_key)
+            for group, now_ms, args in self._group_releases(groups, name, upto):
+                self.gate.run_remote("group", group, now_ms, args)
+        except Exception as exc:  # an outage, a permission: the reclaim covers it
+            log.warning("breaker %r gave its group grant back; a group could not be told (%s)", name, exc)
 
     # -- process life ---------------------------------------------------------
 

@@ -26,6 +26,7 @@ from breaker_redis.engine.config import BreakerConfig, checked_changes
 from breaker_redis.engine.knowledge import about_another_database
 from breaker_redis.engine.reporters import reporter_or_default
 from breaker_redis.engine.transitions import TransitionCallback, TransitionHooks
+from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.scripts import Scripts, flat_pairs, text, validate_name
 from breaker_redis.storage.store import GateHealth, MasterGates
 
@@ -39,7 +40,7 @@ class Built(Protocol):
     config: BreakerConfig
 
     def forget(self) -> None: ...
-    def hint(self, payload: dict[str, Any]) -> bool | None: ...
+    def hint(self, notice: Notice) -> bool | None: ...
 
 
 B = TypeVar("B", bound=Built)  # the side's Breaker
@@ -230,15 +231,16 @@ class BreakersCore(Generic[B, G, R]):
     def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None:
         self._hooks.report(name, events, epoch, at_ms)
 
-    def _on_event(self, payload: dict[str, Any]) -> None:
-        if about_another_database(payload, self._runner.database):
+    def _on_event(self, notice: Notice) -> None:
+        """A message of the events channel, read by storage/notices.py parse_notice."""
+        if about_another_database(notice, self._runner.database):
             return
-        breaker = self._breakers.get(str(payload.get("name", "")))
+        breaker = self._breakers.get(notice.name)
         if breaker is not None:
-            self._hint(breaker, payload)
+            self._hint(breaker, notice)
 
-    def _hint(self, breaker: B, payload: dict[str, Any]) -> None:
-        breaker.hint(payload)
+    def _hint(self, breaker: B, notice: Notice) -> None:
+        breaker.hint(notice)
 
     def _master_moved(self) -> None:
         """Sentinel named another master (failover.py): what this worker knew, and its
@@ -247,6 +249,12 @@ class BreakersCore(Generic[B, G, R]):
             self.invalidator.resubscribe()
         else:
             self._forget_all()
+
+    def _group_releases(self, groups: Any, name: str, upto: int) -> list[tuple[str, int | None, list[Any]]]:
+        """give_back_grant's calls: lua/group.lua release of member ``name``'s grant (every
+        token up to ``upto`` revoked in its slot) in each group listed (``groups``: SMEMBERS)."""
+        now_ms = self.clock_ms()
+        return [(text(group), now_ms, ["", "", "release", name, upto]) for group in sorted(groups)]
 
     def _forget_all(self) -> None:
         for breaker in list(self._breakers.values()):

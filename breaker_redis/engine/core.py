@@ -19,6 +19,7 @@ from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply, Verdict
 from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
+from breaker_redis.storage.notices import Notice
 
 log = logging.getLogger("breaker_redis")
 
@@ -274,6 +275,6 @@ class BreakerCore(Generic[P]):
         """record.lua's ARGV 7-19: the outcome, the counts kept in memory, the batch, the reporter."""
         return [epoch, outcome, duration_ms, lease, *pending, *batch, self._reporter]
 
-    def _about_another_reporter(self, payload: dict[str, Any]) -> bool:
+    def _about_another_reporter(self, notice: Notice) -> bool:
         """An isolation message about another reporter: nothing this worker decides changes."""
-        return payload.get("kind") == "isolation" and payload.get("reporter") != self._reporter
+        return notice.kind == "isolation" and notice.reporter != self._reporter

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Protocol
 
+from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.scripts import text
 
 # A backstop: knowledge is re-checked with Redis at least this often, even
@@ -202,13 +203,14 @@ class Announcement:
     arms: int
 
     @classmethod
-    def parse(cls, payload: dict[str, Any]) -> Announcement | None:
-        if payload.get("kind") not in ("transition", "armed", "isolation"):
+    def parse(cls, notice: Notice) -> Announcement | None:
+        """What the notice announces; None when it announces nothing (another kind, or a
+        field that does not hold what a script writes: storage/notices.py)."""
+        if notice.kind not in ("transition", "armed", "isolation"):
             return None
-        try:
-            return cls(int(payload["born"]), int(payload["epoch"]), int(payload.get("arms", 0)))
-        except (KeyError, TypeError, ValueError):
+        if notice.born is None or notice.epoch is None or notice.arms is None:
             return None
+        return cls(notice.born, notice.epoch, notice.arms)
 
     def extends(self, earlier: Announcement | None) -> bool:
         """Same incarnation as an earlier announcement, or the first one."""
@@ -219,7 +221,7 @@ class Announcement:
         return reply.born == self.born and (reply.epoch, reply.arms) >= (self.epoch, self.arms)
 
 
-def is_news(known: Knowledge, payload: dict[str, Any]) -> bool:
+def is_news(known: Knowledge, notice: Notice) -> bool:
     """Whether a pushed message about a breaker may tell this worker something.
 
     A transition or arming message at or below what the worker knows, of the
@@ -230,7 +232,7 @@ def is_news(known: Knowledge, payload: dict[str, Any]) -> bool:
     again at its next call. (A message that is not a JSON object names no
     breaker and is dropped by the listener.)
     """
-    announced = Announcement.parse(payload)
+    announced = Announcement.parse(notice)
     if announced is None:
         return True
     return announced.born != known.born or (announced.epoch, announced.arms) > (known.epoch, known.arms)
@@ -327,18 +329,18 @@ class Memory:
         announced = self._announced
         return self._opaque_at <= stamp and announced is not None and announced.covered_by(reply)
 
-    def hint(self, payload: dict[str, Any]) -> bool:
+    def hint(self, notice: Notice) -> bool:
         """A pushed message; True if it was news (the memory forgot)."""
         with self._lock:
-            if self.known is not None and not is_news(self.known, payload):
+            if self.known is not None and not is_news(self.known, notice):
                 return False
             self.known = None
             self._invalidations += 1
-            announced = Announcement.parse(payload)
+            announced = Announcement.parse(notice)
             if announced is None or not announced.extends(self._announced):
                 self._opaque_at = self._invalidations
             self._announced = announced
-            self._heard = _transition_heard(payload) or self._heard
+            self._heard = _transition_heard(notice) or self._heard
             return True
 
     def forget(self) -> None:
@@ -356,25 +358,23 @@ def _state_of(known: Knowledge) -> _State:
     return (known.state, known.epoch, known.born, known.open_until, known.forced)
 
 
-def about_another_database(payload: dict[str, Any], database: int) -> bool:
+def about_another_database(notice: Notice, database: int) -> bool:
     """Whether a message names another database than ``database``, the worker's.
     Pub/sub ignores the database (SELECT), so a worker hears the breakers of its
     prefix on every database of the server: one of the same name on another
     database is another app's breaker, and its message is dropped. A message
-    naming none (from an older breaker_redis) may be about either."""
-    db = payload.get("db")
-    return db is not None and db != database
+    naming none (from an older breaker_redis) may be about either; one whose ``db`` is
+    not a database number (storage/notices.py FOREIGN_DATABASE) names none of a worker's."""
+    return notice.database is not None and notice.database != database
 
 
-def _transition_heard(payload: dict[str, Any]) -> tuple[_State, float, bool] | None:
-    """What a transition message announced, for restoring a lost state (Memory.floor_arg)."""
-    if payload.get("kind") != "transition":
+def _transition_heard(notice: Notice) -> tuple[_State, float, bool] | None:
+    """What a transition message announced, for restoring a lost state (Memory.floor_arg);
+    None unless every field it needs holds what a script writes (storage/notices.py)."""
+    if notice.kind != "transition":
         return None
-    try:
-        state, forced = str(payload["to"]), str(payload.get("forced") or "")
-        heard = (state, int(payload["epoch"]), int(payload["born"]), int(payload["open_until"]), forced)
-    except (KeyError, TypeError, ValueError):
+    state, epoch, born, open_until = notice.to, notice.epoch, notice.born, notice.open_until
+    forced = notice.forced
+    if state is None or epoch is None or born is None or open_until is None or forced is None:
         return None
-    if state not in ("closed", "open", "half_open") or forced not in ("", "open", "closed"):
-        return None
-    return heard, time.monotonic(), "db" in payload
+    return (state, epoch, born, open_until, forced), time.monotonic(), notice.database is not None

@@ -35,6 +35,7 @@ from breaker_redis.engine.core import BreakerCore, Clock, P
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Reply
 from breaker_redis.engine.snapshot import snapshot_dict
+from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.store import StoreUnavailable
 
 log = logging.getLogger("breaker_redis")
@@ -114,6 +115,10 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         """Breakers.barrier: the change's message is in every worker's socket."""
         raise NotImplementedError
 
+    async def _give_back(self, upto: int) -> None:
+        """Breakers.give_back_grant: the breaker groups forget this member's grant."""
+        raise NotImplementedError
+
     def _finish(self, step: Coroutine[Any, Any, None]) -> D:
         """Run an operator's step: to its end (sync), or as the awaitable returned (asyncio)."""
         raise NotImplementedError
@@ -126,8 +131,11 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         raw, generation = await self._script(operation, self._script_args(args), fallback)
         return Reply.decode(raw), generation, stamp
 
-    async def _learn(self, reply: Reply, generation: int, stamp: int) -> Knowledge:
-        """Learn from a reply (knowledge.Memory); after a change, the barrier."""
+    async def _learn(self, reply: Reply, generation: int, stamp: int, *, operator: bool = False) -> Knowledge:
+        """Learn from a reply (knowledge.Memory); after a change, the barrier. A reply that
+        says a group member gave its grant back as it closed (``released:<token>``): the
+        groups forget it, here unless a group of this process takes it (``on_events``, at its
+        next settle()); an operator's action (``operator``), here at once, whatever else."""
         shared = self._shared
         shared.observe_clock(reply.now)
         gate = self._gate
@@ -138,8 +146,13 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         if reply.events and current:
             await self._barrier()
             shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
-        if reply.events and self.on_events is not None and gate.live(generation):
+        hooked = self.on_events is not None and gate.live(generation)
+        if reply.events and self.on_events is not None and hooked:
             self.on_events(self, reply.events)
+        if reply.events and current and (operator or not hooked):
+            upto = released_upto(reply.events)
+            if upto:
+                await self._give_back(upto)
         return known
 
     def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
@@ -215,7 +228,7 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         await self._register()  # a breaker only ever forced is listed too
         stamp = self._memory.stamp()
         raw = await self._remote("admin", [config, self._memory.epoch_seen, op])
-        await self._learn(Reply.decode(raw), self._gate.generation, stamp)
+        await self._learn(Reply.decode(raw), self._gate.generation, stamp, operator=True)
 
     async def _holding(self, hold_ms: int) -> None:
         await self._scripting("hold", [hold_ms])

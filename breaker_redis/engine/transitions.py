@@ -94,6 +94,17 @@ def parse(name: str, events: str, final_epoch: int, at_ms: int) -> list[Transiti
 _ISOLATION_MOVES = {"isolated": ("closed", "isolated"), "recovered": ("isolated", "closed")}
 
 
+def released_upto(events: str) -> int:
+    """The highest grant token a reply's events say its breaker, a group member, gave back
+    as it closed (``released:<token>``, lua/_lib.lua give_back_grant); 0 for none."""
+    found = 0
+    for entry in events.split(","):
+        what, _, token = entry.partition(":")
+        if what == "released" and token.isdigit():
+            found = max(found, int(token))
+    return found
+
+
 def notify(callbacks: list[TransitionCallback], transitions: list[Transition], hook: str) -> None:
     """Call every callback for every transition; a failing callback is logged,
     never raised into the call that made the transition."""

@@ -25,7 +25,6 @@ sits out a timeout.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import select
 import socket
@@ -39,6 +38,7 @@ import redis
 from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl
 from breaker_redis.storage.internals import connection_socket, fake_readable
+from breaker_redis.storage.notices import Notice, parse_notice
 from breaker_redis.storage.scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -164,16 +164,7 @@ class LinkOwner(Protocol):
     def lost(self, link: Link, exc: BaseException | None) -> None: ...
 
 
-def parse_payload(data: Any) -> dict[str, Any] | None:
-    """A message's data as a JSON object, or None (not JSON, or not an object)."""
-    try:
-        payload = json.loads(text(data))
-    except ValueError:
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
-OnMessage = Callable[[dict[str, Any]], None]  # given each event's payload
+OnMessage = Callable[[Notice], None]  # given each event, read by parse_notice (storage/notices.py)
 
 
 @dataclass(eq=False)
@@ -200,9 +191,9 @@ class EventSubscriber:
             self.healthy = True
             self.on_subscribed()
         elif kind == "message":
-            payload = parse_payload(data)
-            if payload is not None:
-                self.on_message(payload)
+            notice = parse_notice(data)  # never raises: a hostile message must not end the subscription
+            if notice is not None:
+                self.on_message(notice)
         else:
             return False
         return True

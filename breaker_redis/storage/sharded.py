@@ -58,7 +58,8 @@ from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl, invalidation
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.internals import connection_socket, forget_shard_channel
-from breaker_redis.storage.invalidation import Link, parse_payload
+from breaker_redis.storage.invalidation import Link, OnMessage
+from breaker_redis.storage.notices import parse_notice
 from breaker_redis.storage.scripts import Scripts, text
 
 log = logging.getLogger("breaker_redis")
@@ -98,7 +99,7 @@ class Channels(Generic[X]):
     def __init__(
         self,
         scripts: Scripts,
-        on_message: Callable[[dict[str, Any]], None],
+        on_message: OnMessage,
         on_forget: Callable[[list[str]], None],
     ) -> None:
         """The channels of the breakers of scripts (its client, slot map and key prefix)."""
@@ -190,9 +191,9 @@ class Channels(Generic[X]):
         """A message, confirmation or unsubscription read on connection; False if it is
         none of those (an error, an unknown kind)."""
         if kind == "smessage":
-            payload = parse_payload(data)
-            if payload is not None:
-                self._on_message(payload)
+            notice = parse_notice(data)  # never raises: a hostile message must not end the subscription
+            if notice is not None:
+                self._on_message(notice)
             return True
         if kind not in ("ssubscribe", "sunsubscribe"):
             return kind == "pong"

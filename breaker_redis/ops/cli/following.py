@@ -5,30 +5,37 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import click
 
 from breaker_redis.ops.cli.formatting import clock_text, overrides_text, transition_line
 from breaker_redis.ops.cli.group import TIMEOUT, Failed, Invalid, Target, main, pass_target
-from breaker_redis.storage.scripts import text, validate_name
+from breaker_redis.storage.notices import Notice, parse_notice
+from breaker_redis.storage.scripts import validate_name
 
 
-def event_line(message: Mapping[str, Any], target: Target, verbose: bool) -> str | None:
-    """A pub/sub message as a line (None: not shown)."""
-    kind, name = message.get("kind"), str(message.get("name"))
+def event_line(notice: Notice, target: Target, verbose: bool) -> str | None:
+    """A pub/sub message, read by storage/notices.py parse_notice, as a line (None: not shown)."""
+    kind, name, at = notice.kind, notice.name, notice.at
     if kind == "transition":
-        return transition_line(message)
+        return transition_line({
+            "at": at, "name": name, "from": notice.came_from, "to": notice.to, "cause": notice.cause,
+            "epoch": notice.epoch, "forced": notice.forced, "open_until": notice.open_until,
+        })
     if kind == "config":
         overrides = target.overrides(name)
-        return f"{clock_text(message.get('at'))}  {name}  config written: {overrides_text(overrides)}"
+        return f"{clock_text(at)}  {name}  config written: {overrides_text(overrides)}"
     if kind == "armed":
         if not verbose:
             return None
-        return f"{clock_text(message.get('at'))}  {name}  armed: every outcome is sent at once"
-    rest = {k: v for k, v in message.items() if k not in ("name", "kind", "at")}
-    return f"{clock_text(message.get('at'))}  {name}  {kind} {json.dumps(rest, sort_keys=True)}"
+        return f"{clock_text(at)}  {name}  armed: every outcome is sent at once"
+    fields: dict[str, Any] = {
+        "arms": notice.arms, "born": notice.born, "cause": notice.cause, "db": notice.database,
+        "epoch": notice.epoch, "reporter": notice.reporter, **dict(notice.details),
+    }
+    rest = {key: value for key, value in fields.items() if value is not None}
+    return f"{clock_text(at)}  {name}  {kind} {json.dumps(rest, sort_keys=True)}"
 
 
 @main.command()
@@ -87,16 +94,13 @@ def events(
             message = pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if message is None or message.get("type") != "message":
                 continue
-            try:
-                payload = json.loads(text(message["data"]))
-            except ValueError:
+            notice = parse_notice(message.get("data"))  # never raises: anyone may publish there
+            if notice is None or (name is not None and notice.name != name):
                 continue
-            if not isinstance(payload, dict) or (name is not None and payload.get("name") != name):
-                continue
-            key = (str(payload.get("name")), str(payload.get("epoch")))
-            if payload.get("kind") == "transition" and key in seen:
+            key = (notice.name, str(notice.epoch))
+            if notice.kind == "transition" and key in seen:
                 continue  # already printed from the stream
-            line = event_line(payload, target, verbose)
+            line = event_line(notice, target, verbose)
             if line is not None:
                 click.echo(line)
                 shown += 1

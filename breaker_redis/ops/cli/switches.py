@@ -1,5 +1,6 @@
 """The operator's switches: ``open``, ``close``, ``auto``, ``reset`` and ``config``
-(live overrides), each the admin or configure script a Breaker runs, for every worker."""
+(live overrides), each the admin or configure script a Breaker runs, for every worker;
+and ``release``, a breaker group member's grant given back by hand."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Iterable
 import click
 
 from breaker_redis.engine.config import BreakerConfig, checked_changes
+from breaker_redis.groups import release_grant
 from breaker_redis.ops.cli.formatting import overrides_text, state_label
-from breaker_redis.ops.cli.group import Invalid, Target, main, pass_target
+from breaker_redis.ops.cli.group import Failed, Invalid, Target, main, pass_target
 from breaker_redis.storage.scripts import validate_name
 
 SWITCHES = {
@@ -39,6 +41,32 @@ def _switch(command: str, method: str, help_text: str) -> click.Command:
 
 for _command, (_method, _help) in SWITCHES.items():
     _switch(_command, _method, _help)
+
+
+@main.command("release")
+@click.argument("group")
+@click.argument("member")
+@pass_target
+def release_command(target: Target, group: str, member: str) -> None:
+    """Give MEMBER's grant in breaker group GROUP back, by hand.
+
+    MEMBER is closed first if it is open or half-open (transition cause
+    `released`), its grant is revoked in its own keys, then GROUP forgets it, so
+    another member may open in its place. A member that closes, or is reset,
+    gives its grant back by itself; this is for one the group's workers no longer
+    look after. An unknown GROUP or MEMBER exits 1, an invalid name 2.
+    """
+    try:
+        validate_name(group)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from None
+    target.require(member)
+    if group not in target.group_names():
+        raise Failed(f"unknown breaker group {group!r} under prefix {target.prefix!r} at {target.where}")
+    released = release_grant(target.breakers(), group, member)
+    after = target.snapshot(member)
+    outcome = f"its grant in group {group} released" if released else f"group {group} listed no grant for it"
+    click.echo(f"{member}: {state_label(after)}; {outcome}")
 
 
 # -- config ----------------------------------------------------------------------
