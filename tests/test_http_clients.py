@@ -3,8 +3,12 @@ breaker_redis.httpx.BreakerTransport / AsyncBreakerTransport (docs/http-clients.
 
 Every test runs for each client (requests, httpx, httpx with asyncio breakers)
 against real local upstream HTTP servers (demo_app's flaky upstream, one per
-host) and the session's real redis-server. Time is the test clock
-(``Breakers(clock=...)``), except where two processes share a breaker.
+host, and tests/http_upstreams.py's RawUpstream where a test needs bytes no
+well-behaved server sends: a body cut short, stalled or reset, hostile
+headers, hosts without DNS through it as a proxy) and the session's real
+redis-server. Time is the test clock (``Breakers(clock=...)``), except where
+two processes share a breaker. Property tests (hypothesis) feed the clients
+hostile headers, hosts and bodies cut anywhere, one real call per example.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Any
 import httpx
 import pytest
 import requests
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from redis.cluster import key_slot
 from urllib3.util.retry import Retry
 
@@ -37,7 +43,8 @@ from breaker_redis.ops.reader import parse_event
 from breaker_redis.requests import BreakerAdapter
 from breaker_redis.requests import BreakerRefused as RequestsRefused
 from breaker_redis.storage.scripts import text
-from tests.http_upstreams import LocalUpstream, refused_url
+from breaker_redis.web.clients import parsed_header, retry_after_seconds
+from tests.http_upstreams import LocalUpstream, RawUpstream, refused_url
 
 pytestmark = pytest.mark.real
 
@@ -55,12 +62,44 @@ class Client:
     timeout_error: type[BaseException]
     connect_error: type[BaseException]
 
-    def __init__(self, breakers: Any, **options: Any) -> None:
+    def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         self.breakers = breakers
         self.options = options
 
     def get(self, url: str, timeout: float = 5.0) -> int:
         raise NotImplementedError
+
+    def attempt(self, url: str, timeout: float = 5.0) -> int | str:
+        """One GET: its status, ``refused:<breaker>``, or the class name of what it raised."""
+        try:
+            return self.get(url, timeout)
+        except BreakerOpen as refused:
+            return f"refused:{refused.breaker}"
+        except Exception as exc:
+            return type(exc).__name__
+
+    def open_stream(self, url: str) -> Any:
+        """A streamed GET, its body not read yet: the client's response."""
+        raise NotImplementedError
+
+    def read_stream(self, response: Any) -> bytes:
+        raise NotImplementedError
+
+    def close_stream(self, response: Any) -> None:
+        raise NotImplementedError
+
+    def names(self) -> list[str]:
+        return sorted(self.breakers.names())
+
+    def reset_breaker(self, name: str) -> None:
+        """Closed again, counters and all (an operator's reset)."""
+        self.breaker(name).reset()
+
+    def record_failures(self, name: str, count: int) -> None:
+        """count failures recorded on a breaker by hand, as another worker's calls would."""
+        breaker = self.breaker(name)
+        for _ in range(count):
+            breaker.acquire().failure()
 
     def stream_unread(self, url: str) -> int:
         """A streamed GET whose body is never read (nor the response closed)."""
@@ -71,7 +110,15 @@ class Client:
         raise NotImplementedError
 
     def snapshot(self, name: str) -> dict[str, Any]:
-        return self.breakers.get(name).snapshot()  # type: ignore[no-any-return]
+        return self.breaker(name).snapshot()  # type: ignore[no-any-return]
+
+    def breaker(self, name: str) -> Any:
+        """The breaker of name: the one the client made, or one with the client's config (so
+        that the client, asking for it next, finds the config it gives)."""
+        try:
+            return self.breakers.get(name, self.options["config"])
+        except ValueError:  # the client made it with another (configs, a group's)
+            return self.breakers.get(name)
 
     def group(self) -> Any:
         return self.options["groups"][0]
@@ -86,19 +133,31 @@ class Client:
 class RequestsClient(Client):
     kind = "requests"
     base_error = requests.RequestException
+    own_errors: tuple[type[BaseException], ...] = (requests.RequestException,)
     timeout_error = requests.Timeout
     connect_error = requests.ConnectionError
 
-    def __init__(self, breakers: Any, **options: Any) -> None:
+    def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         super().__init__(breakers, **options)
         self.session = requests.Session()
         self.session.mount("http://", BreakerAdapter(breakers, **options))
+        if proxy is not None:
+            self.session.proxies = {"http": proxy}
 
     def get(self, url: str, timeout: float = 5.0) -> int:
         return self.session.get(url, timeout=timeout).status_code
 
     def stream_unread(self, url: str) -> int:
         return self.session.get(url, timeout=5, stream=True).status_code
+
+    def open_stream(self, url: str) -> Any:
+        return self.session.get(url, timeout=5, stream=True)
+
+    def read_stream(self, response: Any) -> bytes:
+        return response.content  # type: ignore[no-any-return]
+
+    def close_stream(self, response: Any) -> None:
+        response.close()
 
     def many(self, url: str, n: int) -> list[int | BaseException]:
         barrier = threading.Barrier(n)
@@ -121,18 +180,27 @@ class RequestsClient(Client):
 class HttpxClient(RequestsClient):
     kind = "httpx"
     base_error = httpx.TransportError
+    own_errors = (httpx.HTTPError, httpx.InvalidURL)
     timeout_error = httpx.TimeoutException
     connect_error = httpx.ConnectError
 
-    def __init__(self, breakers: Any, **options: Any) -> None:
+    def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         Client.__init__(self, breakers, **options)
-        self.client = httpx.Client(transport=BreakerTransport(breakers, **options))
+        transport_options = options if proxy is None else {**options, "proxy": proxy}
+        self.client = httpx.Client(transport=BreakerTransport(breakers, **transport_options),
+                                   follow_redirects=True)
 
     def get(self, url: str, timeout: float = 5.0) -> int:
         return self.client.get(url, timeout=timeout).status_code
 
     def stream_unread(self, url: str) -> int:
         return self.client.send(self.client.build_request("GET", url), stream=True).status_code
+
+    def open_stream(self, url: str) -> Any:
+        return self.client.send(self.client.build_request("GET", url), stream=True)
+
+    def read_stream(self, response: Any) -> bytes:
+        return response.read()  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.client.close()
@@ -142,13 +210,16 @@ class HttpxClient(RequestsClient):
 class AsyncHttpxClient(Client):
     kind = "httpx_async"
     base_error = httpx.TransportError
+    own_errors = (httpx.HTTPError, httpx.InvalidURL)
     timeout_error = httpx.TimeoutException
     connect_error = httpx.ConnectError
 
-    def __init__(self, breakers: Any, **options: Any) -> None:
+    def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         super().__init__(breakers, **options)
         self.loop = asyncio.new_event_loop()
-        self.client = httpx.AsyncClient(transport=AsyncBreakerTransport(breakers, **options))
+        transport_options = options if proxy is None else {**options, "proxy": proxy}
+        self.client = httpx.AsyncClient(transport=AsyncBreakerTransport(breakers, **transport_options),
+                                        follow_redirects=True)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -159,6 +230,29 @@ class AsyncHttpxClient(Client):
     def stream_unread(self, url: str) -> int:
         request = self.client.build_request("GET", url)
         return int(self.run(self.client.send(request, stream=True)).status_code)
+
+    def open_stream(self, url: str) -> Any:
+        return self.run(self.client.send(self.client.build_request("GET", url), stream=True))
+
+    def read_stream(self, response: Any) -> bytes:
+        return self.run(response.aread())  # type: ignore[no-any-return]
+
+    def close_stream(self, response: Any) -> None:
+        self.run(response.aclose())
+
+    def names(self) -> list[str]:
+        return sorted(self.run(self.breakers.names()))
+
+    def reset_breaker(self, name: str) -> None:
+        self.run(self.breaker(name).reset())
+
+    def record_failures(self, name: str, count: int) -> None:
+        async def fail() -> None:
+            breaker = self.breaker(name)
+            for _ in range(count):
+                await (await breaker.acquire()).failure()
+
+        self.run(fail())
 
     def many(self, url: str, n: int) -> list[int | BaseException]:
         async def one() -> int | BaseException:
@@ -173,7 +267,7 @@ class AsyncHttpxClient(Client):
         return self.run(all_of())  # type: ignore[no-any-return]
 
     def snapshot(self, name: str) -> dict[str, Any]:
-        return self.run(self.breakers.get(name).snapshot())  # type: ignore[no-any-return]
+        return self.run(self.breaker(name).snapshot())  # type: ignore[no-any-return]
 
     def group_status(self) -> dict[str, Any]:
         return self.run(self.group().status())  # type: ignore[no-any-return]
@@ -369,6 +463,120 @@ def test_retry_after_is_capped_by_max_open_seconds_and_can_be_ignored(
     with pytest.raises(BreakerOpen) as refused:
         ignoring.get(b.url + "/pay")
     assert refused.value.retry_after == 10.0
+
+
+@pytest.fixture(scope="module")
+def raw_host() -> Iterator[RawUpstream]:
+    made = RawUpstream()
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def raw(raw_host: RawUpstream) -> RawUpstream:
+    raw_host.reset()
+    return raw_host
+
+
+def counted(client: Client, name: str) -> tuple[str, int, int, int]:
+    snapshot = client.snapshot(name)
+    return snapshot["state"], snapshot["successes"], snapshot["failures"], snapshot["ignored"]
+
+
+# Retry-After values a service may send that say nothing usable: each must be ignored (the
+# breaker opens for its own open_seconds), and the failing response reach the caller.
+MALFORMED_RETRY_AFTER = [
+    "²".encode("latin-1"),  # a superscript two: str.isdigit() says yes, float() says no
+    "²".encode(),  # the same in UTF-8
+    "٣".encode(),  # an Arabic-Indic three: a digit to Python, not to HTTP
+    b"Wed, 21 Oct 2099 99:28:00 GMT",  # hour 99
+    b"Wed, 21 Oct 2099 99999999999999999999:28:00 GMT",  # an hour past a C long: OverflowError
+    b"Wed, 21 Oct 2099 07:28:00 +99999999999999999999",  # a zone past a C int
+    b"Wed, 31 Feb 2099 07:28:00 GMT",
+    b"-1", b"1e3", b"0x10", b" ", b"\xff\xfe",
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_malformed_retry_after_is_ignored_and_the_failing_response_kept(
+    kind: str, make_client, raw: RawUpstream
+):
+    for value in MALFORMED_RETRY_AFTER:
+        client = make_client(kind, config=BreakerConfig(failure_threshold=1, open_seconds=10))
+        raw.answer(503, headers=[(b"Retry-After", value)], body=b"{}")
+        assert client.attempt(raw.url + "/pay") == 503, value  # tripped: the header was read
+        with pytest.raises(BreakerOpen) as refused:
+            client.get(raw.url + "/pay")
+        assert (refused.value.reason, refused.value.retry_after) == ("open", 10.0), value
+        assert counted(client, raw.name) == ("open", 0, 1, 0)
+
+
+_HEADER_NAMES = st.sampled_from([b"Retry-After", b"retry-after", b"RETRY-AFTER", b"X-Other", b"Date"])
+# a header value: any bytes but CR and LF (which would end it and frame another header)
+_HEADER_VALUES = st.one_of(
+    st.binary(max_size=60).map(lambda value: value.replace(b"\r", b"").replace(b"\n", b"")),
+    st.text(max_size=40).map(lambda value: value.encode("utf-8", "surrogatepass")
+                             .replace(b"\r", b"").replace(b"\n", b"")),
+    st.integers(-(10**30), 10**30).map(lambda n: str(n).encode()),
+    st.builds(lambda day, year, hour, zone: f"Wed, {day} Oct {year} {hour}:28:00 {zone}".encode(),
+              st.integers(-99, 10**12), st.integers(-(10**6), 10**25), st.integers(-(10**3), 10**22),
+              st.sampled_from(["GMT", "-0000", "+2359", "+99999999999999999999", "UT", "XYZ", ""])),
+)
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(value=st.one_of(st.none(), st.text(), st.binary(), _HEADER_VALUES, st.integers(), st.floats(),
+                       st.text(alphabet=st.characters(categories=["Nd", "No", "Nl"]), min_size=1)))
+def test_any_retry_after_is_read_without_raising(value: Any):
+    """Property: parsed_header never raises; what it reads is a wait in (0, a day], and
+    only ASCII digits (or an HTTP date) read as one."""
+    for headers in ({"Retry-After": value}, requests.structures.CaseInsensitiveDict({"retry-after": value})):
+        seconds = parsed_header(headers, "Retry-After", retry_after_seconds)
+        assert seconds is None or 0 < seconds <= 86400.0
+        if isinstance(value, str) and value.strip(" \t").isascii() and value.strip(" \t").isdigit():
+            assert seconds == (min(float(int(value)), 86400.0) if int(value) else None)
+    assert parsed_header(None, "Retry-After", retry_after_seconds) is None  # no headers at all
+    assert retry_after_seconds(value) is None or 0 < retry_after_seconds(value) <= 86400.0  # type: ignore[operator]
+
+
+def test_retry_after_reads_what_http_allows():
+    now = 1_700_000_000.0  # 2023-11-14 22:13:20 GMT
+    assert [retry_after_seconds(v, now) for v in ["120", " 7\t", "0", "99999999999999999999999"]] == [
+        120.0, 7.0, None, 86400.0]
+    # an IMF-fixdate, the obsolete RFC 850 and asctime forms (asctime has no zone: GMT)
+    assert [retry_after_seconds(v, now) for v in ["Tue, 14 Nov 2023 22:15:20 GMT",
+                                                 "Tuesday, 14-Nov-23 22:15:20 GMT",
+                                                 "Tue Nov 14 22:15:20 2023"]] == [120.0, 120.0, 120.0]
+    assert retry_after_seconds("Tue, 14 Nov 2023 22:13:19 GMT", now) is None  # in the past
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hostile_headers_on_a_failing_response_never_cost_the_caller_its_response(
+    kind: str, make_client, raw: RawUpstream
+):
+    """Property: whatever headers a failing response carries, the client returns it or
+    raises its own exception (httpx refuses some header bytes as a protocol error), and
+    the breaker counts one failure, opened for between open_seconds and max_open_seconds."""
+    config = BreakerConfig(failure_threshold=1, open_seconds=10, max_open_seconds=60)
+    client = make_client(kind, config=config)
+    calls = []
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(headers=st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=3))
+    @example(headers=[(b"Retry-After", MALFORMED_RETRY_AFTER[0])])
+    @example(headers=[(b"Retry-After", MALFORMED_RETRY_AFTER[4]), (b"retry-after", b"120")])
+    def check(headers: list[tuple[bytes, bytes]]) -> None:
+        client.reset_breaker(raw.name)
+        raw.answer(503, headers=headers, body=b"{}")
+        answer = client.attempt(raw.url + "/pay")
+        assert answer in (503, "RemoteProtocolError"), (answer, headers)
+        with pytest.raises(BreakerOpen) as refused:
+            client.get(raw.url + "/pay")
+        assert refused.value.retry_after is not None and 10.0 <= refused.value.retry_after <= 60.0
+        calls.append(answer)
+
+    check()
+    assert len(calls) >= 40 and counted(client, raw.name)[2] == len(calls)
 
 
 @pytest.mark.parametrize("kind", KINDS)

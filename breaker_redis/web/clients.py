@@ -12,13 +12,17 @@ failure: a connection error or a timeout, and a response whose status is in
 ``failure_statuses`` (5xx and 429 by default), judged as the server-side
 integrations judge a route's response (``http_policy.judge``). A failing response
 whose service said when to come back (``Retry-After``) keeps the breaker open
-at least that long, for every worker (``Breaker.hold_open``).
+at least that long, for every worker (``Breaker.hold_open``). A header a
+service sent is read by ``parsed_header`` alone, which never raises: a
+malformed one is ignored, never the reason a caller loses the response.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import email.utils
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -48,6 +52,7 @@ HOSTS_KEPT = 1024  # origins whose breaker name an adapter or transport keeps
 MAX_RETRY_AFTER_SECONDS = 86400.0
 
 NameRule = Callable[[Any], str]
+_DELAY_SECONDS = re.compile(r"[0-9]+")  # Retry-After: delay-seconds, ASCII digits only (RFC 9110)
 
 
 def host_name(url: str) -> str:
@@ -68,23 +73,51 @@ def member_name(value: str) -> str:
     return host_name(value) if "://" in value else validate_name(value)
 
 
-def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """The seconds a ``Retry-After`` value asks to wait (delta-seconds or an HTTP
-    date), or None when it says nothing usable."""
-    if not value:
+H = TypeVar("H")
+
+
+def parsed_header(headers: Any, name: str, parse: Callable[[str], H | None]) -> H | None:
+    """A response header as ``parse`` reads it, or None when it is missing,
+    undecodable or malformed. The one way the HTTP client integrations read a
+    header a service sent, and it never raises: whatever bytes a service
+    sends, its caller gets its response and the breaker its outcome (a header
+    that cannot be read is ignored, as if it had not been sent)."""
+    try:
+        value = headers.get(name)
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        if not isinstance(value, str):
+            return None
+        return parse(value)
+    except Exception:
         return None
-    value = value.strip()
-    if value.isdigit():
-        seconds = float(value)
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` value asks to wait (delta-seconds in ASCII
+    digits, or an HTTP date, one without a zone read as GMT as RFC 9110 says),
+    at most MAX_RETRY_AFTER_SECONDS; None when it says nothing usable. Never
+    raises: read through ``parsed_header``, but safe alone too."""
+    try:
+        return _retry_after(value, now)
+    except Exception:  # a date past what datetime or a C long holds, or a bug: ignored, never raised
+        return None
+
+
+def _retry_after(value: str | None, now: float | None) -> float | None:
+    if not value or not isinstance(value, str):
+        return None
+    value = value.strip(" \t")
+    if _DELAY_SECONDS.fullmatch(value):
+        seconds = float(value) if len(value) < 20 else MAX_RETRY_AFTER_SECONDS
     else:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
+        parsed = email.utils.parsedate_tz(value)
+        if parsed is None:
             return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds <= 0:
+        # datetime refuses what no date holds (hour 99, 31 February); no zone: GMT, as every HTTP date is
+        when = datetime.datetime(*parsed[:6], tzinfo=datetime.timezone.utc).timestamp() - (parsed[9] or 0)
+        seconds = when - (time.time() if now is None else now)
+    if not seconds > 0:  # (not >: a NaN too)
         return None
     return min(seconds, MAX_RETRY_AFTER_SECONDS)
 
@@ -241,7 +274,7 @@ class Outbound:
         the Retry-After of a failing response, once the breaker is open."""
         if outcome != "failure" or not self.honor_retry_after:
             return None
-        seconds = retry_after_seconds(response.headers.get("Retry-After"))
+        seconds = parsed_header(response.headers, "Retry-After", retry_after_seconds)
         if seconds is None:
             return None
         known = breaker.known
