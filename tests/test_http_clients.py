@@ -14,6 +14,7 @@ hostile headers, hosts and bodies cut anywhere, one real call per example.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import subprocess
@@ -42,8 +43,8 @@ from breaker_redis.httpx import BreakerRefused as HttpxRefused
 from breaker_redis.ops.reader import parse_event
 from breaker_redis.requests import BreakerAdapter
 from breaker_redis.requests import BreakerRefused as RequestsRefused
-from breaker_redis.storage.scripts import text
-from breaker_redis.web.clients import parsed_header, retry_after_seconds
+from breaker_redis.storage.scripts import text, validate_name
+from breaker_redis.web.clients import host_name, parsed_header, request_name, retry_after_seconds
 from tests.http_upstreams import LocalUpstream, RawUpstream, refused_url
 
 pytestmark = pytest.mark.real
@@ -592,6 +593,87 @@ def test_a_streamed_response_is_judged_at_its_status_and_settles_unread(
     assert client.stream_unread(a.url + "/pay") == 200  # the probe: never read, yet it closes the breaker
     snapshot = client.snapshot(a.name)
     assert (snapshot["state"], snapshot["probes_in_flight"], snapshot["successes"]) == ("closed", 0, 1)
+
+
+# A valid DNS name of 231 characters (four labels of at most 63): its host:port is longer
+# than a breaker name may be (200)
+LONG_HOST = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 39])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_host_that_cannot_be_a_breaker_name_gets_a_derived_one(kind: str, make_client, raw: RawUpstream):
+    # the raw host answers every request, for any host, as the client's HTTP proxy: no DNS needed
+    client = make_client(kind, proxy=raw.url, configs={f"http://{LONG_HOST}": {"failure_threshold": 2}})
+    digest = hashlib.sha256(f"{LONG_HOST}:80".encode()).hexdigest()[:16]
+    derived = f"{LONG_HOST[:180]}~{digest}:80"
+    assert len(LONG_HOST) == 231 and len(derived) == 200
+    assert client.get(f"http://{LONG_HOST}/pay") == 200
+    raw.answer(302, headers=[(b"Location", f"http://{LONG_HOST}/cart".encode())], once=True)
+    assert client.get(raw.url + "/redirect") == 200  # a redirect to it: the same breaker
+    assert raw.targets == [f"http://{LONG_HOST}/pay", raw.url + "/redirect", f"http://{LONG_HOST}/cart"]
+    assert client.names() == sorted([raw.name, derived])
+    assert counted(client, derived) == ("closed", 2, 0, 0)
+    # protected as any host is, with the config given for its URL: two failures trip it
+    raw.answer(503, body=b"{}")
+    answers = [client.attempt(f"http://{LONG_HOST}/pay") for _ in range(3)]
+    assert answers == [503, 503, f"refused:{derived}"]
+    if kind != "requests":  # (http.client cannot send to a host holding braces: an AssertionError of its own)
+        raw.reset()
+        raw.answer(302, headers=[(b"Location", b"http://a{b}.example/pay")], once=True)
+        assert client.get(raw.url + "/redirect") == 200
+        braces = "a_b_.example~" + hashlib.sha256(b"a{b}.example:80").hexdigest()[:16] + ":80"
+        assert client.names() == sorted([raw.name, derived, braces])
+        assert counted(client, braces) == ("closed", 1, 0, 0)
+
+
+_LABEL = st.text(alphabet="abcxyz019-", min_size=1, max_size=63)
+_HOSTS = st.one_of(
+    st.lists(_LABEL, min_size=1, max_size=6).map(".".join),
+    st.lists(st.sampled_from(["a" * 63, "b" * 40, "c"]), min_size=3, max_size=8).map(".".join),
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_any_host_a_client_accepts_is_protected_under_a_valid_name(kind: str, make_client, raw: RawUpstream):
+    """Property: for any host (through a proxy, so that none needs DNS), the client
+    answers or raises its own exception, never a breaker's ValueError; an answer is
+    counted on the breaker ``request_name`` gives, a valid name."""
+    client = make_client(kind, proxy=raw.url, config=BreakerConfig(failure_threshold=1_000_000))
+    braces = st.sampled_from(["", "{x}", "}", " "]) if kind != "requests" else st.just("")
+    answered: Counter[str] = Counter()
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(host=_HOSTS, extra=braces, port=st.sampled_from(["", ":80", ":8080", ":65535"]))
+    def check(host: str, extra: str, port: str) -> None:
+        url = f"http://{host}{extra}{port}/pay"
+        try:
+            status = client.get(url)
+        except client.own_errors:
+            return
+        assert status == 200
+        sent = raw.targets[-1]  # the URL as the client sent it (httpx encodes some characters)
+        answered[validate_name(request_name(sent))] += 1
+
+    check()
+    for name, count in answered.items():
+        assert counted(client, name)[1] == count
+
+
+@settings(max_examples=1000, deadline=None, database=None)
+@given(host=st.text(max_size=300), port=st.sampled_from(["", ":0", ":1", ":443", ":65535", ":99999", ":x"]),
+       scheme=st.sampled_from(["http", "https", "HTTP", "ws", "gopher"]))
+def test_request_name_is_always_a_valid_breaker_name(host: str, scheme: str, port: str):
+    """Property: whatever a URL holds, its request's breaker name is valid, the same
+    every time, and a host that is a valid name as it is keeps ``host:port``."""
+    url = f"{scheme}://{host}{port}/x"
+    name = request_name(url)
+    assert validate_name(name) == name and len(name) <= 200
+    assert request_name(url) == name
+    try:
+        plain = host_name(url)
+    except ValueError:  # no host in it, or a port urlsplit refuses: derived from the URL
+        return
+    assert plain == name
 
 
 @pytest.mark.parametrize("kind", KINDS)
