@@ -5,28 +5,48 @@
 One breaker per upstream host by default, shared through Redis by every
 worker, sync or async, of every host. The rules are breaker_redis/web/clients.py's.
 Needs ``httpx`` (``pip install 'breaker-redis[httpx]'``); nothing else imports it.
+
+httpx reads a body after the transport has returned, so the transport hands
+the response a stream of its own (``_Body``, ``_AsyncBody``) that reports the
+end of the body, a read that fails and a close to the request's exchange.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import Any
 
 import httpx
 
 from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.web.clients import OutboundClient, send, send_async
+from breaker_redis.web.clients import (
+    SETTLER,
+    AsyncExchange,
+    Exchange,
+    OutboundClient,
+    send,
+    send_async,
+    settle_on_loop,
+)
 
 __all__ = ["AsyncBreakerTransport", "BreakerRefused", "BreakerTransport"]
 
-# The service was asked and did not answer: timeouts, network and protocol errors.
-# An unsupported scheme never reached it and is ignored, as is any other exception.
+# The service was asked and did not answer: timeouts, network and protocol errors,
+# while sending or while reading the body. An unsupported scheme never reached it and
+# is ignored, as is any other exception.
 FAILURES: tuple[type[BaseException], ...] = (
     httpx.TimeoutException,
     httpx.NetworkError,
     httpx.ProtocolError,
     httpx.ProxyError,
 )
+
+
+def _failed(exc: BaseException) -> bool:
+    return isinstance(exc, FAILURES)
 
 
 class BreakerRefused(BreakerOpen, httpx.TransportError):
@@ -71,8 +91,9 @@ class BreakerTransport(_Options, httpx.BaseTransport):
     transport: httpx.BaseTransport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return send(self.outbound, request, str(request.url), lambda: self.transport.handle_request(request),
-                    BreakerRefused, FAILURES)
+        exchange = Exchange(self.outbound, request, str(request.url), BreakerRefused, _failed)
+        return send(exchange, lambda: self.transport.handle_request(request),
+                    lambda response: _watch(response, exchange))
 
     def close(self) -> None:
         self.transport.close()
@@ -99,9 +120,9 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
     transport: httpx.AsyncBaseTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await send_async(self.outbound, request, str(request.url),
-                                lambda: self.transport.handle_async_request(request),
-                                BreakerRefused, FAILURES)
+        exchange = AsyncExchange(self.outbound, request, str(request.url), BreakerRefused, _failed)
+        return await send_async(exchange, lambda: self.transport.handle_async_request(request),
+                                lambda response: _watch_async(response, exchange))
 
     async def aclose(self) -> None:
         await self.transport.aclose()
@@ -117,3 +138,92 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
         traceback: TracebackType | None = None,
     ) -> None:
         await self.transport.__aexit__(exc_type, exc_value, traceback)
+
+
+# -- the body -------------------------------------------------------------------------------------
+
+
+def _unread(response: httpx.Response) -> bool:
+    """Whether a body is left to read: not when the transport read it already
+    (a mock transport's ``httpx.Response(content=...)`` arrives read and closed)."""
+    return not (response.is_closed or response.is_stream_consumed)
+
+
+def _watch(response: httpx.Response, exchange: Exchange) -> bool:
+    if not _unread(response) or not isinstance(response.stream, httpx.SyncByteStream):
+        return False
+    SETTLER.ready()
+    response.stream = _Body(response.stream, exchange)
+    return True
+
+
+def _watch_async(response: httpx.Response, exchange: AsyncExchange) -> bool:
+    if not _unread(response) or not isinstance(response.stream, httpx.AsyncByteStream):
+        return False
+    response.stream = _AsyncBody(response.stream, exchange, asyncio.get_running_loop())
+    return True
+
+
+class _Body(httpx.SyncByteStream):
+    """A response's stream that reports to its request's Exchange: read to its
+    end (the status's outcome), a read that fails (a failure for FAILURES'
+    errors, else the status's outcome), closed before its end (the status's
+    outcome: the caller chose to stop). Collected unclosed, it hands the permit
+    to the Settler (a weakref finalizer: httpx's Client makes each response and
+    its stream a reference cycle, so that happens at a garbage collection)."""
+
+    def __init__(self, stream: httpx.SyncByteStream, exchange: Exchange) -> None:
+        self._stream = stream
+        self._exchange = exchange
+        self._dropped = weakref.finalize(self, SETTLER.put, exchange.body_closed)
+        self._dropped.atexit = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._stream
+        except Exception as exc:
+            self._settled()
+            self._exchange.body_failed(exc)
+            raise
+        self._settled()
+        self._exchange.body_ended()
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._settled()
+            self._exchange.body_closed()
+
+    def _settled(self) -> None:
+        self._dropped.detach()
+
+
+class _AsyncBody(httpx.AsyncByteStream):
+    """``_Body`` for httpx.AsyncClient: the permit is recorded on the event loop
+    that sent the request, a dropped one too (``settle_on_loop``)."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, exchange: AsyncExchange,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._stream = stream
+        self._exchange = exchange
+        self._dropped = weakref.finalize(self, settle_on_loop, loop, exchange.body_closed)
+        self._dropped.atexit = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except Exception as exc:
+            self._dropped.detach()
+            await self._exchange.body_failed(exc)
+            raise
+        self._dropped.detach()
+        await self._exchange.body_ended()
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            self._dropped.detach()
+            await self._exchange.body_closed()

@@ -14,6 +14,7 @@ hostile headers, hosts and bodies cut anywhere, one real call per example.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import itertools
 import json
@@ -45,6 +46,7 @@ from breaker_redis.requests import BreakerAdapter
 from breaker_redis.requests import BreakerRefused as RequestsRefused
 from breaker_redis.storage.scripts import text, validate_name
 from breaker_redis.web.clients import host_name, parsed_header, request_name, retry_after_seconds
+from demo_app.stack import wait_until
 from tests.http_upstreams import LocalUpstream, RawUpstream, refused_url
 
 pytestmark = pytest.mark.real
@@ -580,19 +582,139 @@ def test_hostile_headers_on_a_failing_response_never_cost_the_caller_its_respons
     assert len(calls) >= 40 and counted(client, raw.name)[2] == len(calls)
 
 
+# What each client raises when a body fails mid-read: the upstream stalls past the read
+# timeout, or closes the connection before the Content-Length it announced.
+BODY_ERRORS = {
+    ("requests", "stall"): "ConnectionError", ("requests", "close"): "ChunkedEncodingError",
+    ("httpx", "stall"): "ReadTimeout", ("httpx", "close"): "RemoteProtocolError",
+    ("httpx_async", "stall"): "ReadTimeout", ("httpx_async", "close"): "RemoteProtocolError",
+}
+
+
+RESET_ERRORS = {"requests": "ChunkedEncodingError", "httpx": "ReadError", "httpx_async": "ReadError"}
+
+
+@pytest.mark.parametrize("ending", ["stall", "close"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_streamed_response_is_judged_at_its_status_and_settles_unread(
-    kind: str, make_client, a: LocalUpstream, clock
+def test_a_body_that_fails_mid_read_is_a_failure(kind: str, ending: str, make_client, raw: RawUpstream):
+    # 200 and Content-Length: 1000, then 10 bytes and a stall (or the connection closed):
+    # the caller gets the client's error, and the breaker a failure, not a success
+    client = make_client(kind)
+    raw.answer(200, body=b"0123456789", length=1000, then=ending)
+    answers = [client.attempt(raw.url + "/pay", timeout=0.5) for _ in range(12)]
+    assert answers == [BODY_ERRORS[kind, ending]] * 5 + [f"refused:{raw.name}"] * 7
+    assert raw.requests == 5
+    assert counted(client, raw.name) == ("open", 0, 5, 0)
+
+
+def chunked(body: bytes, pieces: int) -> bytes:
+    """body in Transfer-Encoding: chunked framing, in at most ``pieces`` chunks."""
+    size = max(1, -(-len(body) // pieces))
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_any_body_cut_anywhere_is_counted_as_the_caller_saw_it(kind: str, make_client, raw: RawUpstream):
+    """Property: a 200 whose body (Content-Length or chunked) is cut at any byte, read
+    plainly, streamed to the end, or streamed and closed unread, is one outcome: a
+    failure when the caller got the client's error, else a success; a body sent whole
+    is read whole and is a success."""
+    client = make_client(kind, config=BreakerConfig(failure_threshold=1_000_000))
+    outcomes: Counter[str] = Counter()
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(body=st.binary(max_size=200), pieces=st.integers(1, 4),
+           framing=st.sampled_from(["length", "chunked"]), cut=st.one_of(st.none(), st.integers(0, 400)),
+           how=st.sampled_from(["get", "read", "close"]))
+    def check(body: bytes, pieces: int, framing: str, cut: int | None, how: str) -> None:
+        wire = chunked(body, pieces) if framing == "chunked" else body
+        sent = wire if cut is None else wire[:cut]
+        raw.answer(200, body=sent, length=len(body), chunked=framing == "chunked")
+        before = counted(client, raw.name)
+        got: Any
+        if how == "get":
+            got = client.attempt(raw.url + "/pay")
+        else:
+            response = client.open_stream(raw.url + "/pay")
+            try:
+                got = client.read_stream(response) if how == "read" else "closed"
+            except client.own_errors as exc:
+                got = type(exc).__name__
+            finally:
+                client.close_stream(response)
+        after = counted(client, raw.name)
+        failed = isinstance(got, str) and got != "closed"
+        assert (after[1] - before[1], after[2] - before[2]) == ((0, 1) if failed else (1, 0)), got
+        if sent == wire:
+            assert got == (200 if how == "get" else body if how == "read" else "closed")
+        outcomes["failure" if failed else "success"] += 1
+
+    check()
+    assert counted(client, raw.name) == ("closed", outcomes["success"], outcomes["failure"], 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_streamed_response_settles_when_its_body_is_read_to_the_end_or_closed(
+    kind: str, make_client, raw: RawUpstream, clock, redis_server
 ):
     client = make_client(kind)
-    a.control(fail_rate=1.0)
-    assert [client.stream_unread(a.url + "/pay") for _ in range(5)] == [500] * 5
-    assert client.snapshot(a.name)["state"] == "open"  # five unread failures tripped it
+    raw.answer(500, body=b"{}")
+    # a failing status settles at once: five streams never read nor closed trip the breaker
+    unread = [client.open_stream(raw.url + "/pay") for _ in range(5)]
+    assert [response.status_code for response in unread] == [500] * 5
+    assert counted(client, raw.name) == ("open", 0, 5, 0)
+
+    # a good status waits for the body: the probe holds its slot while its body is unread ...
     clock.advance(10_000)
-    a.reset()
-    assert client.stream_unread(a.url + "/pay") == 200  # the probe: never read, yet it closes the breaker
-    snapshot = client.snapshot(a.name)
+    raw.answer(200, body=b"x" * 100)
+    probe = client.open_stream(raw.url + "/pay")
+    assert probe.status_code == 200
+    snapshot = client.snapshot(raw.name)
+    assert (snapshot["state"], snapshot["probes_in_flight"], snapshot["successes"]) == ("half_open", 1, 0)
+    assert client.attempt(raw.url + "/pay") == f"refused:{raw.name}"
+    # ... and its end settles it: a success, which closes the breaker
+    assert client.read_stream(probe) == b"x" * 100
+    snapshot = client.snapshot(raw.name)
     assert (snapshot["state"], snapshot["probes_in_flight"], snapshot["successes"]) == ("closed", 0, 1)
+
+    # closed by the caller before its end, after a good status: a success (the caller chose to stop)
+    early = client.open_stream(raw.url + "/pay")
+    assert counted(client, raw.name) == ("closed", 1, 5, 0)
+    client.close_stream(early)
+    assert counted(client, raw.name) == ("closed", 2, 5, 0)
+
+    # reset in the middle of its body: a failure, whatever the status said
+    raw.answer(200, body=b"0123456789", length=1000, then="reset")
+    broken = client.open_stream(raw.url + "/pay")
+    raw.release()
+    raw.wait_reset(1)
+    with pytest.raises(client.base_error) as raised:
+        client.read_stream(broken)
+    assert type(raised.value).__name__ == RESET_ERRORS[kind]
+    client.close_stream(broken)
+    assert counted(client, raw.name) == ("closed", 2, 6, 0)
+    assert transitions(redis_server.client(), client, raw.name) == [
+        ("closed", "open", "consecutive"), ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded")]
+    for response in unread:
+        client.close_stream(response)
+    assert counted(client, raw.name) == ("closed", 2, 6, 0)  # settled once, at their status
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_dropped_unclosed_is_settled_once_collected(kind: str, make_client, raw: RawUpstream, clock):
+    client = make_client(kind)
+    client.record_failures(raw.name, 5)
+    clock.advance(10_000)
+    raw.answer(200, body=b"x" * 100)
+    # the probe: never read, never closed, dropped (the status read and the response let go)
+    assert client.stream_unread(raw.url + "/pay") == 200
+    gc.collect()  # httpx's responses are reference cycles: collected by the collector, not at once
+    # the Settler thread (the event loop for httpx_async, which each snapshot runs) records it
+    wait_until(lambda: client.snapshot(raw.name)["state"] == "closed", 10, "the dropped probe's success")
+    snapshot = client.snapshot(raw.name)
+    assert (snapshot["probes_in_flight"], snapshot["successes"], snapshot["failures"]) == (0, 1, 5)
 
 
 # A valid DNS name of 231 characters (four labels of at most 63): its host:port is longer

@@ -4,26 +4,36 @@ and httpx.AsyncClient). No HTTP client is imported here.
 
 One breaker per upstream host by default (``host:port``), so a payment API
 that fails is refused for every worker while the inventory API next to it
-keeps being called. A request goes through one permit: asked before the
-request is sent (a refusal never opens a connection), settled when the
-response's status and headers arrive, before its body is read, so a streamed
-response the caller never reads settles it all the same. What counts as a
-failure: a connection error or a timeout, and a response whose status is in
-``failure_statuses`` (5xx and 429 by default), judged as the server-side
-integrations judge a route's response (``http_policy.judge``). A failing response
-whose service said when to come back (``Retry-After``) keeps the breaker open
-at least that long, for every worker (``Breaker.hold_open``). A header a
-service sent is read by ``parsed_header`` alone, which never raises: a
-malformed one is ignored, never the reason a caller loses the response.
+keeps being called. A request goes through one permit (an ``Exchange``):
+asked before the request is sent (a refusal never sends it), judged when the
+response's status and headers arrive, and settled once its body is read to
+the end or closed, so that a body the service fails to deliver (a reset, a
+stall past the read timeout, a body cut short) counts as the failure it is.
+A failing status settles at once: nothing in the body can change it.
+
+What counts as a failure: a connection error or a timeout, a body that
+fails mid-read, and a response whose status is in ``failure_statuses`` (5xx
+and 429 by default), judged as the server-side integrations judge a route's
+response (``http_policy.judge``). A failing response whose service said when
+to come back (``Retry-After``) keeps the breaker open at least that long, for
+every worker (``Breaker.hold_open``). A header a service sent is read by
+``parsed_header`` alone, which never raises: a malformed one is ignored, never
+the reason a caller loses the response.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import datetime
 import email.utils
 import hashlib
+import logging
+import os
+import queue
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -53,6 +63,10 @@ HOSTS_KEPT = 1024  # origins whose breaker name an adapter or transport keeps
 MAX_RETRY_AFTER_SECONDS = 86400.0
 
 NameRule = Callable[[Any], str]
+
+
+log = logging.getLogger("breaker_redis")
+
 # A derived name (derived_name): the host's readable start, "~", this many hex digits of its digest
 DIGEST_CHARS = 16
 _DELAY_SECONDS = re.compile(r"[0-9]+")  # Retry-After: delay-seconds, ASCII digits only (RFC 9110)
@@ -375,76 +389,281 @@ def _checked_name(value: Any, where: str, *, url: bool = False) -> str:
         raise type(exc)(f"{where}: {exc}") from None
 
 
-def send(
-    outbound: Outbound,
-    request: Any,
-    url: str,
-    transport: Callable[[], R],
-    refused: Callable[[BreakerOpen, Any], BaseException],
-    failures: tuple[type[BaseException], ...],
-) -> R:
-    """One request behind its breaker: ``transport()`` sends it and returns a
-    response with a ``status_code``; ``refused(exc, request)`` is the client's
-    exception of a refusal; an exception in ``failures`` is a failure, any other
-    is ignored."""
-    breaker, spec = outbound.resolve(request, url)
-    try:
-        permit = breaker.acquire()
-    except BreakerOpen as exc:
-        raise refused(exc, request) from None
-    except Exception:  # a bug, not an outage (the store gate handles those): do not fail the call
-        outbound.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-        return transport()
+
+
+# -- one request through its breaker ---------------------------------------------------------------
+
+
+class Settler:
+    """Settles the permits of responses dropped without being read to the end
+    or closed, in a daemon thread of its own (one per process, started again
+    in a forked child). A finalizer must not do I/O: it may run inside any
+    code of its thread, a lock of redis-py's held, and recording a permit
+    takes that lock; so it only hands the job over (``SimpleQueue.put`` is
+    safe there, which is what it is for), and the job runs here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+
+    def ready(self) -> None:
+        """Start the thread in this process unless it runs: called in ordinary code,
+        where a body is watched, never in a finalizer (a thread's start takes locks)."""
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._jobs = queue.SimpleQueue()  # a forked child's: the parent's may have been mid-put
+            threading.Thread(target=self._run, args=(self._jobs,), name="breaker_redis-settler",
+                             daemon=True).start()
+            self._pid = os.getpid()
+
+    def put(self, job: Callable[[], object]) -> None:
+        self._jobs.put(job)
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[Callable[[], object]]) -> None:
+        while True:
+            job = jobs.get()
+            try:
+                job()
+            except Exception:  # the thread must outlive one failed job
+                log.exception("settling the permit of an HTTP response dropped unclosed failed")
+
+
+SETTLER = Settler()
+_TASKS: set[asyncio.Task[None]] = set()  # settling tasks started by finalizers, kept until done
+
+
+def settle_on_loop(loop: asyncio.AbstractEventLoop, job: Callable[[], Awaitable[None]]) -> None:
+    """From a finalizer: run ``job()`` as a task on ``loop`` (an asyncio permit is
+    recorded on its own loop). ``call_soon_threadsafe`` takes no lock, so it is safe
+    there; a loop already closed drops the job, and a probe's lease then expires."""
+
+    def start() -> None:
+        task = asyncio.ensure_future(job())
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed
+        loop.call_soon_threadsafe(start)
+
+
+class ExchangeState:
+    """One request through its breaker: asking for the permit (``ask``),
+    judging the response at its headers (``answered``), and settling the
+    permit once the body is read to the end (``body_ended``), fails mid-read
+    (``body_failed``: a failure when ``body_failures`` says the service broke
+    it), or is closed before its end (``body_closed``: as its status says).
+
+    A failing status settles at once; any other waits for the body, so that
+    every outcome of the call, reading its body included, reaches the breaker
+    exactly once. The state is kept under a lock: a body may be closed from
+    another thread (the Settler's). This class holds the state and the rules;
+    Exchange takes the steps on the sync side, AsyncExchange awaits them."""
+
+    def __init__(
+        self,
+        outbound: Outbound,
+        request: Any,
+        url: str,
+        refused: Callable[[BreakerOpen, Any], BaseException],
+        failures: Callable[[BaseException], bool],
+        body_failures: Callable[[BaseException], bool] | None = None,
+    ) -> None:
+        self.outbound = outbound
+        self.breaker, self.spec = outbound.resolve(request, url)
+        self.request = request
+        self.refused = refused
+        self.failures = failures
+        self.body_failures = body_failures or failures
+        self.permit: Any = None
+        self.asked = False
+        self.outcome: str | None = None  # the status's verdict, once judged
+        self.body: str | None = None  # "end", "failed" or "closed", once known
+        self.answered_ms: int | None = None  # when the headers came (the breaker's clock)
+        self.done = False
+        self.dropping = False  # its response is being collected: settled by the Settler
+        self._lock = threading.Lock()
+
+    def _asked(self) -> bool:
+        """Whether to go on asking: False once asked (a retry inside one send asks no more)."""
+        if self.asked:
+            return False
+        self.asked = True
+        return True
+
+    def _refusal(self, refused: BreakerOpen) -> BaseException:
+        return self.refused(refused, self.request)
+
+    def _unprotected(self) -> None:
+        self.outbound.warn(self.spec.name, "could not ask breaker %r; the request goes through unprotected")
+
+    def _headers_at(self) -> None:
+        permit = self.permit
+        if permit is not None and permit.started:
+            self.answered_ms = self.breaker.now_ms()
+
+    def _due(self, outcome: str | None = None, body: str | None = None) -> str | None:
+        """What to record now, once: None while the outcome is not known yet."""
+        with self._lock:
+            if outcome is not None:
+                self.outcome = outcome
+            if body is not None and self.body is None:
+                self.body = body
+            if self.done or self.permit is None or self.outcome is None:
+                return None
+            if self.outcome == "failure" or self.body == "failed":
+                final = "failure"
+            elif self.body is not None:
+                final = self.outcome
+            else:
+                return None
+            self.done = True
+            return final
+
+    def _raised_outcome(self, exc: BaseException) -> str | None:
+        with self._lock:
+            if self.done or self.permit is None:
+                return None
+            self.done = True
+        return "failure" if self.failures(exc) else "ignored"
+
+    def _body_kind(self, exc: BaseException) -> str:
+        return "failed" if self.body_failures(exc) else "closed"
+
+
+class Exchange(ExchangeState):
+    """ExchangeState's steps over sync breakers (requests, httpx.Client)."""
+
+    def ask(self) -> None:
+        """Ask the breaker for a permit, once; a refusal raises the client's exception."""
+        if not self._asked():
+            return
+        try:
+            self.permit = self.breaker.acquire()
+        except BreakerOpen as refused:
+            raise self._refusal(refused) from None
+        except Exception:  # a bug, not an outage (the store gate handles those): do not fail the call
+            self._unprotected()
+
+    def raised(self, exc: BaseException) -> None:
+        """The send raised before a response: a failure if the service did not answer."""
+        outcome = self._raised_outcome(exc)
+        if outcome is not None:
+            self._record(outcome, None)
+
+    def answered(self, status: int, response: Any, body_open: bool) -> None:
+        """The status and headers arrived: judge them; ``body_open``: a body is left to read."""
+        if self.permit is None:
+            return
+        self._headers_at()
+        final = self._due(self.outbound.judge(self.spec, status, response), None if body_open else "end")
+        if final is not None:
+            self._record(final, response)
+
+    def body_ended(self) -> None:
+        self._settle(self._due(body="end"))
+
+    def body_failed(self, exc: BaseException) -> None:
+        self._settle(self._due(body=self._body_kind(exc)))
+
+    def body_closed(self) -> None:
+        self._settle(self._due(body="closed"))
+
+    def _settle(self, final: str | None) -> None:
+        if final is not None:
+            self._record(final, None)
+
+    def _record(self, outcome: str, response: Any) -> None:
+        self.permit.record(outcome, ended_ms=self.answered_ms)
+        group = self.outbound.group_due(self.spec.name)
+        if group is not None:
+            group.settle()  # a trip held back at the group's cap, or a member closed
+        if response is not None:
+            hold = self.outbound.hold_for(self.breaker, outcome, response)
+            if hold is not None:
+                self.breaker.hold_open(hold)
+
+
+class AsyncExchange(ExchangeState):
+    """ExchangeState's steps over asyncio breakers (httpx.AsyncClient), awaited."""
+
+    async def ask(self) -> None:
+        if not self._asked():
+            return
+        try:
+            self.permit = await self.breaker.acquire()
+        except BreakerOpen as refused:
+            raise self._refusal(refused) from None
+        except Exception:
+            self._unprotected()
+
+    async def raised(self, exc: BaseException) -> None:
+        outcome = self._raised_outcome(exc)
+        if outcome is not None:
+            await self._record(outcome, None)
+
+    async def answered(self, status: int, response: Any, body_open: bool) -> None:
+        if self.permit is None:
+            return
+        self._headers_at()
+        final = self._due(self.outbound.judge(self.spec, status, response), None if body_open else "end")
+        if final is not None:
+            await self._record(final, response)
+
+    async def body_ended(self) -> None:
+        await self._settle(self._due(body="end"))
+
+    async def body_failed(self, exc: BaseException) -> None:
+        await self._settle(self._due(body=self._body_kind(exc)))
+
+    async def body_closed(self) -> None:
+        await self._settle(self._due(body="closed"))
+
+    async def _settle(self, final: str | None) -> None:
+        if final is not None:
+            await self._record(final, None)
+
+    async def _record(self, outcome: str, response: Any) -> None:
+        await self.permit.record(outcome, ended_ms=self.answered_ms)
+        group = self.outbound.group_due(self.spec.name)
+        if group is not None:
+            await group.settle()
+        if response is not None:
+            hold = self.outbound.hold_for(self.breaker, outcome, response)
+            if hold is not None:
+                await self.breaker.hold_open(hold)
+
+
+def send(exchange: Exchange, transport: Callable[[], R], watch: Callable[[R], bool]) -> R:
+    """One request behind its breaker, asked before it is sent. ``transport()``
+    sends it and returns a response with a ``status_code``; ``watch(response)``
+    makes its body report to the exchange and says whether a body is left to
+    read."""
+    exchange.ask()
     try:
         response = transport()
     except BaseException as exc:
-        permit.record("failure" if isinstance(exc, failures) else "ignored")
-        group = outbound.group_due(spec.name)
-        if group is not None:
-            group.settle()
+        exchange.raised(exc)
         raise
-    outcome = outbound.judge(spec, response.status_code, response)
-    permit.record(outcome)
-    group = outbound.group_due(spec.name)
-    if group is not None:
-        group.settle()  # a trip held back at the group's cap, or a member closed
-    hold = outbound.hold_for(breaker, outcome, response)
-    if hold is not None:
-        breaker.hold_open(hold)
+    if exchange.permit is not None:
+        exchange.answered(response.status_code, response, watch(response))
     return response
 
 
 async def send_async(
-    outbound: Outbound,
-    request: Any,
-    url: str,
-    transport: Callable[[], Awaitable[R]],
-    refused: Callable[[BreakerOpen, Any], BaseException],
-    failures: tuple[type[BaseException], ...],
+    exchange: AsyncExchange, transport: Callable[[], Awaitable[R]], watch: Callable[[R], bool]
 ) -> R:
     """``send`` for asyncio breakers and an awaited transport."""
-    breaker, spec = outbound.resolve(request, url)
-    try:
-        permit = await breaker.acquire()
-    except BreakerOpen as exc:
-        raise refused(exc, request) from None
-    except Exception:
-        outbound.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-        return await transport()
+    await exchange.ask()
     try:
         response = await transport()
     except BaseException as exc:
-        await permit.record("failure" if isinstance(exc, failures) else "ignored")
-        group = outbound.group_due(spec.name)
-        if group is not None:
-            await group.settle()
+        await exchange.raised(exc)
         raise
-    outcome = outbound.judge(spec, response.status_code, response)
-    await permit.record(outcome)
-    group = outbound.group_due(spec.name)
-    if group is not None:
-        await group.settle()
-    hold = outbound.hold_for(breaker, outcome, response)
-    if hold is not None:
-        await breaker.hold_open(hold)
+    if exchange.permit is not None:
+        await exchange.answered(response.status_code, response, watch(response))
     return response
