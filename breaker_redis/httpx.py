@@ -9,13 +9,16 @@ Needs ``httpx`` (``pip install 'breaker-redis[httpx]'``); nothing else imports i
 httpx reads a body after the transport has returned, so the transport hands
 the response a stream of its own (``_Body``, ``_AsyncBody``) that reports the
 end of the body, a read that fails and a close to the request's exchange.
+Over httpx's own ``HTTPTransport`` (the default), the breaker is asked once
+the connection pool hands the request a connection: from the first event of
+httpcore's ``trace`` extension, which httpcore sends only from a connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -36,7 +39,8 @@ __all__ = ["AsyncBreakerTransport", "BreakerRefused", "BreakerTransport"]
 
 # The service was asked and did not answer: timeouts, network and protocol errors,
 # while sending or while reading the body. An unsupported scheme never reached it and
-# is ignored, as is any other exception.
+# is ignored, as is any other exception, and a PoolTimeout (no connection of the
+# client's own pool came free in time: the service was not asked).
 FAILURES: tuple[type[BaseException], ...] = (
     httpx.TimeoutException,
     httpx.NetworkError,
@@ -46,7 +50,7 @@ FAILURES: tuple[type[BaseException], ...] = (
 
 
 def _failed(exc: BaseException) -> bool:
-    return isinstance(exc, FAILURES)
+    return isinstance(exc, FAILURES) and not isinstance(exc, httpx.PoolTimeout)
 
 
 class BreakerRefused(BreakerOpen, httpx.TransportError):
@@ -92,8 +96,15 @@ class BreakerTransport(_Options, httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         exchange = Exchange(self.outbound, request, str(request.url), BreakerRefused, _failed)
-        return send(exchange, lambda: self.transport.handle_request(request),
-                    lambda response: _watch(response, exchange))
+        in_pool = type(self.transport) is httpx.HTTPTransport  # (a subclass may answer without its pool)
+        extensions = request.extensions
+        if in_pool:
+            request.extensions = {**extensions, "trace": _tracer(exchange, extensions.get("trace"))}
+        try:
+            return send(exchange, lambda: self.transport.handle_request(request),
+                        lambda response: _watch(response, exchange), ask_first=not in_pool)
+        finally:
+            request.extensions = extensions  # the caller's request as it was
 
     def close(self) -> None:
         self.transport.close()
@@ -121,8 +132,15 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         exchange = AsyncExchange(self.outbound, request, str(request.url), BreakerRefused, _failed)
-        return await send_async(exchange, lambda: self.transport.handle_async_request(request),
-                                lambda response: _watch_async(response, exchange))
+        in_pool = type(self.transport) is httpx.AsyncHTTPTransport
+        extensions = request.extensions
+        if in_pool:
+            request.extensions = {**extensions, "trace": _async_tracer(exchange, extensions.get("trace"))}
+        try:
+            return await send_async(exchange, lambda: self.transport.handle_async_request(request),
+                                    lambda response: _watch_async(response, exchange), ask_first=not in_pool)
+        finally:
+            request.extensions = extensions
 
     async def aclose(self) -> None:
         await self.transport.aclose()
@@ -138,6 +156,41 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
         traceback: TracebackType | None = None,
     ) -> None:
         await self.transport.__aexit__(exc_type, exc_value, traceback)
+
+
+# -- asking once a connection is handed over ----------------------------------------------------------
+
+
+def _tracer(exchange: Exchange, theirs: Callable[[str, dict[str, Any]], Any] | None
+            ) -> Callable[[str, dict[str, Any]], None]:
+    """A ``trace`` extension that asks the breaker at httpcore's first event of the
+    request: every event comes from the connection the pool handed the request
+    (connect_tcp for a new one, send_request_headers for a kept-alive one), so a
+    request waiting for a connection holds no permit, and its wait is not its
+    time. A refusal raised there leaves httpcore as it is (httpx maps only
+    httpcore's exceptions); the connection, never used, is closed. The
+    caller's own ``trace`` still sees every event."""
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if not exchange.asked:
+            exchange.ask()
+        if theirs is not None:
+            theirs(event, info)
+
+    return trace
+
+
+def _async_tracer(exchange: AsyncExchange, theirs: Callable[[str, dict[str, Any]], Awaitable[Any]] | None
+                  ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """``_tracer`` for httpcore's async pool, which awaits its trace callback."""
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if not exchange.asked:
+            await exchange.ask()
+        if theirs is not None:
+            await theirs(event, info)
+
+    return trace
 
 
 # -- the body -------------------------------------------------------------------------------------

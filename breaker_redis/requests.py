@@ -11,13 +11,15 @@ requests reads a body after the adapter has returned (``Session.send`` reads
 it unless ``stream=True``), so the adapter hands the body's outcome to the
 breaker through urllib3's response: its class becomes a subclass
 (``_WatchedBody``) that reports the end of the body, a read that fails and a
-close to the request's ``Exchange``.
+close to the request's ``Exchange``. With ``pool_block=True`` the breaker is
+asked only once urllib3's pool hands the request a connection (``_AskInPool``).
 """
 
 from __future__ import annotations
 
 import http.client
 from collections.abc import Generator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import requests
@@ -50,6 +52,9 @@ BODY_FAILURES: tuple[type[BaseException], ...] = (
     OSError,
 )
 
+# The request whose permit urllib3's pool asks for once it hands over a connection (pool_block=True)
+_ASKING: ContextVar[Exchange | None] = ContextVar("breaker_redis_asking", default=None)
+
 
 class BreakerRefused(BreakerOpen, requests.RequestException):
     """The breaker refused the request; nothing was sent. A ``BreakerOpen``
@@ -60,6 +65,17 @@ class BreakerRefused(BreakerOpen, requests.RequestException):
     def __init__(self, refused: BreakerOpen, request: requests.PreparedRequest | None = None) -> None:
         BreakerOpen.__init__(self, refused.retry_after, refused.breaker, refused.reason)
         self.request = request
+
+
+class _Refusal(Exception):
+    """A refusal raised inside urllib3's pool, carried out of it. The refusal is a
+    ``requests.RequestException``, an OSError, which urllib3 would take for a
+    broken connection and retry, and requests would wrap in a ConnectionError;
+    this plain Exception passes through both to ``BreakerAdapter.send``."""
+
+    def __init__(self, refusal: BaseException) -> None:
+        super().__init__(refusal)
+        self.refusal = refusal
 
 
 def _failed(exc: BaseException) -> bool:
@@ -89,8 +105,27 @@ class BreakerAdapter(OutboundClient, HTTPAdapter):
     (``pool_connections``, ``pool_maxsize``, ``max_retries``, ``pool_block``).
     """
 
+    _ask_in_pool = False
+
     def _attach(self, *args: Any, **adapter_options: Any) -> None:
         HTTPAdapter.__init__(self, *args, **adapter_options)
+
+    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False,
+                         **pool_kwargs: Any) -> None:
+        """requests' pool manager; with ``block=True`` its pools ask the breaker once
+        they hand a request a connection, so a request that waits for one holds no
+        permit: a half-open probe stuck behind connections that streams the caller
+        never closed cannot see its lease expire and reopen the breaker for all."""
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        self._ask_in_pool = block
+        if block:
+            _ask_in_pools(self.poolmanager)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if self._ask_in_pool:
+            _ask_in_pools(manager)
+        return manager
 
     def send(
         self,
@@ -102,13 +137,62 @@ class BreakerAdapter(OutboundClient, HTTPAdapter):
         proxies: dict[str, str] | None = None,
     ) -> requests.Response:
         exchange = Exchange(self.outbound, request, request.url or "", BreakerRefused, _failed, _body_failed)
+        in_pool = self._ask_in_pool
 
         def transport() -> requests.Response:
-            return super(BreakerAdapter, self).send(
-                request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
-            )
+            token = _ASKING.set(exchange if in_pool else None)
+            try:
+                return super(BreakerAdapter, self).send(
+                    request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
+                )
+            except _Refusal as carried:
+                raise carried.refusal from None
+            finally:
+                _ASKING.reset(token)
 
-        return send(exchange, transport, lambda response: _watch(response, exchange))
+        return send(exchange, transport, lambda response: _watch(response, exchange), ask_first=not in_pool)
+
+
+# -- asking in the pool (pool_block=True) -----------------------------------------------------------
+
+
+class _AskInPool:
+    """Mixed into urllib3's pool classes of a blocking adapter: once ``_get_conn``
+    has a connection (after waiting for one), the request's permit is asked
+    for. A refusal gives the connection back closed (urllib3 puts an empty slot
+    back in the pool when the request ends in an exception)."""
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        exchange = _ASKING.get()
+        if exchange is not None and not exchange.asked:
+            try:
+                exchange.ask()
+            except BreakerOpen as refusal:
+                conn.close()
+                raise _Refusal(refusal) from None
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+
+_ASKING_CLASSES: dict[type, type] = {}
+
+
+def _ask_in_pools(manager: Any) -> None:
+    """Make the pools ``manager`` creates from now on ask in ``_get_conn``
+    (PoolManager and ProxyManager pick a pool class per scheme from
+    ``pool_classes_by_scheme``; set per manager, so no other adapter changes)."""
+    classes = dict(manager.pool_classes_by_scheme)
+    for scheme, pool_class in classes.items():
+        if not issubclass(pool_class, _AskInPool):
+            asking = _ASKING_CLASSES.get(pool_class)
+            if asking is None:
+                asking = _ASKING_CLASSES.setdefault(
+                    pool_class, type(f"Asking{pool_class.__name__}", (_AskInPool, pool_class), {}))
+            classes[scheme] = asking
+    manager.pool_classes_by_scheme = classes
 
 
 # -- the body -------------------------------------------------------------------------------------

@@ -91,12 +91,26 @@ class Client:
     def close_stream(self, response: Any) -> None:
         raise NotImplementedError
 
+    def start_get(self, url: str) -> Pending:
+        """A GET sent from another thread (an asyncio task for the async client), whose
+        wait for a pooled connection has no deadline."""
+        raise NotImplementedError
+
     def names(self) -> list[str]:
         return sorted(self.breakers.names())
 
     def reset_breaker(self, name: str) -> None:
         """Closed again, counters and all (an operator's reset)."""
         self.breaker(name).reset()
+
+    def call_directly(self, name: str) -> str:
+        """Another caller's successful call on the breaker, without the client: "success",
+        or the reason it was refused."""
+        try:
+            self.breaker(name).acquire().success()
+        except BreakerOpen as refused:
+            return refused.reason
+        return "success"
 
     def record_failures(self, name: str, count: int) -> None:
         """count failures recorded on a breaker by hand, as another worker's calls would."""
@@ -162,6 +176,9 @@ class RequestsClient(Client):
     def close_stream(self, response: Any) -> None:
         response.close()
 
+    def start_get(self, url: str) -> Pending:
+        return Pending(lambda: self.get(url))
+
     def many(self, url: str, n: int) -> list[int | BaseException]:
         barrier = threading.Barrier(n)
 
@@ -205,6 +222,9 @@ class HttpxClient(RequestsClient):
     def read_stream(self, response: Any) -> bytes:
         return response.read()  # type: ignore[no-any-return]
 
+    def start_get(self, url: str) -> Pending:
+        return Pending(lambda: self.client.get(url, timeout=httpx.Timeout(5.0, pool=None)).status_code)
+
     def close(self) -> None:
         self.client.close()
         Client.close(self)
@@ -243,11 +263,27 @@ class AsyncHttpxClient(Client):
     def close_stream(self, response: Any) -> None:
         self.run(response.aclose())
 
+    def start_get(self, url: str) -> Pending:
+        async def get() -> int:
+            return (await self.client.get(url, timeout=httpx.Timeout(5.0, pool=None))).status_code
+
+        return Pending(self.loop.create_task(get()), self.run)
+
     def names(self) -> list[str]:
         return sorted(self.run(self.breakers.names()))
 
     def reset_breaker(self, name: str) -> None:
         self.run(self.breaker(name).reset())
+
+    def call_directly(self, name: str) -> str:
+        async def call() -> str:
+            try:
+                await (await self.breaker(name).acquire()).success()
+            except BreakerOpen as refused:
+                return refused.reason
+            return "success"
+
+        return self.run(call())  # type: ignore[no-any-return]
 
     def record_failures(self, name: str, count: int) -> None:
         async def fail() -> None:
@@ -279,6 +315,66 @@ class AsyncHttpxClient(Client):
         self.run(self.client.aclose())
         self.run(self.breakers.aclose())
         self.loop.close()
+
+
+POOL_WAITS = frozenset({"_get_conn", "wait_for_connection"})  # urllib3's pool, httpcore's
+
+
+class Pending:
+    """A GET under way in a thread of its own, or an asyncio task on the client's
+    loop (stepped by ``run``, which the async client's calls drive)."""
+
+    def __init__(self, call: Any, run: Callable[[Any], Any] | None = None) -> None:
+        self.run = run
+        self.answer: list[Any] = []
+        if run is None:
+            self.thread: threading.Thread | None = threading.Thread(target=self._call, args=(call,),
+                                                                    daemon=True)
+            self.thread.start()
+            self.task = None
+        else:
+            self.thread, self.task = None, call
+
+    def _call(self, call: Callable[[], Any]) -> None:
+        try:
+            self.answer.append(call())
+        except BaseException as exc:
+            self.answer.append(exc)
+
+    def stack(self) -> list[str]:
+        """The functions the call is in now, outermost first."""
+        if self.thread is not None:
+            frame = sys._current_frames().get(self.thread.ident or 0)
+            names = []
+            while frame is not None:
+                names.append(frame.f_code.co_name)
+                frame = frame.f_back
+            return names[::-1]
+        assert self.run is not None and self.task is not None
+        self.run(asyncio.sleep(0))  # let the task go on until it waits
+        names, awaited = [], self.task.get_coro()  # (Task.get_stack shows a suspended task's outermost frame)
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                break
+            names.append(frame.f_code.co_name)
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        return names
+
+    def waiting_in_pool(self) -> bool:
+        return bool(POOL_WAITS & set(self.stack()))
+
+    def result(self, timeout: float = 10.0) -> Any:
+        if self.thread is not None:
+            self.thread.join(timeout)
+            assert not self.thread.is_alive(), f"the call is still under way: {self.stack()}"
+            return self.answer[0]
+        assert self.run is not None and self.task is not None
+
+        async def done() -> Any:
+            return await asyncio.wait_for(asyncio.shield(self.task), timeout)  # type: ignore[arg-type]
+
+        return self.run(done())
 
 
 CLIENTS: dict[str, type[Client]] = {"requests": RequestsClient, "httpx": HttpxClient,
@@ -796,6 +892,48 @@ def test_request_name_is_always_a_valid_breaker_name(host: str, scheme: str, por
     except ValueError:  # no host in it, or a port urlsplit refuses: derived from the URL
         return
     assert plain == name
+
+
+# One connection per host, and a request waits for it as long as it takes (requests:
+# pool_block; httpx: max_connections, and start_get's pool timeout of None)
+ONE_CONNECTION: dict[str, dict[str, Any]] = {
+    "requests": {"pool_block": True, "pool_maxsize": 1, "pool_connections": 1},
+    "httpx": {"limits": httpx.Limits(max_connections=1)},
+    "httpx_async": {"limits": httpx.Limits(max_connections=1)},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_request_waiting_for_a_pooled_connection_holds_no_probe_slot(
+    kind: str, make_client, a: LocalUpstream, clock, redis_server
+):
+    client = make_client(kind, **ONE_CONNECTION[kind])
+    held = client.open_stream(a.url + "/pay")  # neither read nor closed (yet): the only connection
+    assert held.status_code == 200
+    if kind != "requests":  # httpx gives up waiting after timeout.pool: PoolTimeout, not the service's
+        with pytest.raises(httpx.PoolTimeout):
+            call = client.client.get(a.url + "/pay", timeout=httpx.Timeout(5.0, pool=0.05))
+            if kind == "httpx_async":
+                client.run(call)  # type: ignore[attr-defined]
+        assert counted(client, a.name) == ("closed", 0, 0, 0)  # (the held stream is not settled yet)
+    client.record_failures(a.name, 5)  # another worker's failures open the breaker
+    clock.advance(10_000)  # its open period is over: the next caller to ask is the probe
+    waiting = client.start_get(a.url + "/pay")
+    try:
+        wait_until(waiting.waiting_in_pool, 10, "the call to wait for a pooled connection")
+        # longer than probe_timeout_seconds (30 s): a probe slot the waiting call held would have
+        # expired, reopening the breaker for everyone (probe_timeout); it holds none, so another
+        # caller is the probe, and its success closes the breaker
+        clock.advance(31_000)
+        assert client.call_directly(a.name) == "success"
+        assert client.snapshot(a.name)["state"] == "closed"
+    finally:
+        client.close_stream(held)  # the connection comes back: the waiting call asks, and goes on
+    assert waiting.result() == 200
+    assert transitions(redis_server.client(), client, a.name) == [
+        ("closed", "open", "consecutive"), ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded")]
+    assert counted(client, a.name) == ("closed", 3, 5, 0)  # the stream, the probe, the waiting call
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -325,8 +325,8 @@ class Outbound:
     def judge(self, spec: RouteSpec, status: int, response: Any) -> str:
         return judge(spec, status, response, None, self._warnings.warn)
 
-    def warn(self, name: str, message: str) -> None:
-        self._warnings.warn(name, message)
+    def warn(self, name: str, message: str, *, traceback: bool = True) -> None:
+        self._warnings.warn(name, message, traceback=traceback)
 
     def hold_for(self, breaker: Any, outcome: str, response: Any) -> float | None:
         """How long to keep the breaker open after this outcome (None: nothing to do):
@@ -638,12 +638,22 @@ class AsyncExchange(ExchangeState):
                 await self.breaker.hold_open(hold)
 
 
-def send(exchange: Exchange, transport: Callable[[], R], watch: Callable[[R], bool]) -> R:
-    """One request behind its breaker, asked before it is sent. ``transport()``
-    sends it and returns a response with a ``status_code``; ``watch(response)``
-    makes its body report to the exchange and says whether a body is left to
-    read."""
-    exchange.ask()
+def send(
+    exchange: Exchange,
+    transport: Callable[[], R],
+    watch: Callable[[R], bool],
+    *,
+    ask_first: bool = True,
+) -> R:
+    """One request behind its breaker. ``transport()`` sends it and returns a
+    response with a ``status_code``; ``watch(response)`` makes its body report
+    to the exchange and says whether a body is left to read. ``ask_first``:
+    ask the breaker before sending; False when the transport asks once its
+    pool hands the request a connection, so that a request waiting for a
+    connection holds no permit (no probe slot that could expire while it
+    waits, no pool wait in its time)."""
+    if ask_first:
+        exchange.ask()
     try:
         response = transport()
     except BaseException as exc:
@@ -651,14 +661,22 @@ def send(exchange: Exchange, transport: Callable[[], R], watch: Callable[[R], bo
         raise
     if exchange.permit is not None:
         exchange.answered(response.status_code, response, watch(response))
+    elif not exchange.asked:  # the pool never asked: a connection class of its own
+        exchange.outbound.warn(exchange.spec.name, "the request to breaker %r was sent without asking it",
+                                     traceback=False)
     return response
 
 
 async def send_async(
-    exchange: AsyncExchange, transport: Callable[[], Awaitable[R]], watch: Callable[[R], bool]
+    exchange: AsyncExchange,
+    transport: Callable[[], Awaitable[R]],
+    watch: Callable[[R], bool],
+    *,
+    ask_first: bool = True,
 ) -> R:
     """``send`` for asyncio breakers and an awaited transport."""
-    await exchange.ask()
+    if ask_first:
+        await exchange.ask()
     try:
         response = await transport()
     except BaseException as exc:
@@ -666,4 +684,7 @@ async def send_async(
         raise
     if exchange.permit is not None:
         await exchange.answered(response.status_code, response, watch(response))
+    elif not exchange.asked:
+        exchange.outbound.warn(exchange.spec.name, "the request to breaker %r was sent without asking it",
+                                     traceback=False)
     return response
