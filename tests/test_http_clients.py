@@ -3,13 +3,19 @@ breaker_redis.httpx.BreakerTransport / AsyncBreakerTransport (docs/http-clients.
 
 Every test runs for each client (requests, httpx, httpx with asyncio breakers)
 against real local upstream HTTP servers (demo_app's flaky upstream, one per
-host) and the session's real redis-server. Time is the test clock
-(``Breakers(clock=...)``), except where two processes share a breaker.
+host, and tests/http_upstreams.py's RawUpstream where a test needs bytes no
+well-behaved server sends: a body cut short, stalled or reset, hostile
+headers, hosts without DNS through it as a proxy) and the session's real
+redis-server. Time is the test clock (``Breakers(clock=...)``), except where
+two processes share a breaker. Property tests (hypothesis) feed the clients
+hostile headers, hosts and bodies cut anywhere, one real call per example.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import hashlib
 import itertools
 import json
 import subprocess
@@ -25,6 +31,8 @@ from typing import Any
 import httpx
 import pytest
 import requests
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from redis.cluster import key_slot
 from urllib3.util.retry import Retry
 
@@ -36,8 +44,10 @@ from breaker_redis.httpx import BreakerRefused as HttpxRefused
 from breaker_redis.ops.reader import parse_event
 from breaker_redis.requests import BreakerAdapter
 from breaker_redis.requests import BreakerRefused as RequestsRefused
-from breaker_redis.storage.scripts import text
-from tests.http_upstreams import LocalUpstream, refused_url
+from breaker_redis.storage.scripts import text, validate_name
+from breaker_redis.web.clients import host_name, parsed_header, request_name, retry_after_seconds
+from demo_app.stack import wait_until
+from tests.http_upstreams import LocalUpstream, RawUpstream, refused_url
 
 pytestmark = pytest.mark.real
 
@@ -55,12 +65,58 @@ class Client:
     timeout_error: type[BaseException]
     connect_error: type[BaseException]
 
-    def __init__(self, breakers: Any, **options: Any) -> None:
+    def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         self.breakers = breakers
         self.options = options
 
     def get(self, url: str, timeout: float = 5.0) -> int:
         raise NotImplementedError
+
+    def attempt(self, url: str, timeout: float = 5.0) -> int | str:
+        """One GET: its status, ``refused:<breaker>``, or the class name of what it raised."""
+        try:
+            return self.get(url, timeout)
+        except BreakerOpen as refused:
+            return f"refused:{refused.breaker}"
+        except Exception as exc:
+            return type(exc).__name__
+
+    def open_stream(self, url: str) -> Any:
+        """A streamed GET, its body not read yet: the client's response."""
+        raise NotImplementedError
+
+    def read_stream(self, response: Any) -> bytes:
+        raise NotImplementedError
+
+    def close_stream(self, response: Any) -> None:
+        raise NotImplementedError
+
+    def start_get(self, url: str) -> Pending:
+        """A GET sent from another thread (an asyncio task for the async client), whose
+        wait for a pooled connection has no deadline."""
+        raise NotImplementedError
+
+    def names(self) -> list[str]:
+        return sorted(self.breakers.names())
+
+    def reset_breaker(self, name: str) -> None:
+        """Closed again, counters and all (an operator's reset)."""
+        self.breaker(name).reset()
+
+    def call_directly(self, name: str) -> str:
+        """Another caller's successful call on the breaker, without the client: "success",
+        or the reason it was refused."""
+        try:
+            self.breaker(name).acquire().success()
+        except BreakerOpen as refused:
+            return refused.reason
+        return "success"
+
+    def record_failures(self, name: str, count: int) -> None:
+        """count failures recorded on a breaker by hand, as another worker's calls would."""
+        breaker = self.breaker(name)
+        for _ in range(count):
+            breaker.acquire().failure()
 
     def stream_unread(self, url: str) -> int:
         """A streamed GET whose body is never read (nor the response closed)."""
@@ -71,7 +127,15 @@ class Client:
         raise NotImplementedError
 
     def snapshot(self, name: str) -> dict[str, Any]:
-        return self.breakers.get(name).snapshot()  # type: ignore[no-any-return]
+        return self.breaker(name).snapshot()  # type: ignore[no-any-return]
+
+    def breaker(self, name: str) -> Any:
+        """The breaker of name: the one the client made, or one with the client's config (so
+        that the client, asking for it next, finds the config it gives)."""
+        try:
+            return self.breakers.get(name, self.options["config"])
+        except ValueError:  # the client made it with another (configs, a group's)
+            return self.breakers.get(name)
 
     def group(self) -> Any:
         return self.options["groups"][0]
@@ -86,19 +150,34 @@ class Client:
 class RequestsClient(Client):
     kind = "requests"
     base_error = requests.RequestException
+    own_errors: tuple[type[BaseException], ...] = (requests.RequestException,)
     timeout_error = requests.Timeout
     connect_error = requests.ConnectionError
 
-    def __init__(self, breakers: Any, **options: Any) -> None:
+    def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         super().__init__(breakers, **options)
         self.session = requests.Session()
         self.session.mount("http://", BreakerAdapter(breakers, **options))
+        if proxy is not None:
+            self.session.proxies = {"http": proxy}
 
     def get(self, url: str, timeout: float = 5.0) -> int:
         return self.session.get(url, timeout=timeout).status_code
 
     def stream_unread(self, url: str) -> int:
         return self.session.get(url, timeout=5, stream=True).status_code
+
+    def open_stream(self, url: str) -> Any:
+        return self.session.get(url, timeout=5, stream=True)
+
+    def read_stream(self, response: Any) -> bytes:
+        return response.content  # type: ignore[no-any-return]
+
+    def close_stream(self, response: Any) -> None:
+        response.close()
+
+    def start_get(self, url: str) -> Pending:
+        return Pending(lambda: self.get(url))
 
     def many(self, url: str, n: int) -> list[int | BaseException]:
         barrier = threading.Barrier(n)
@@ -121,18 +200,30 @@ class RequestsClient(Client):
 class HttpxClient(RequestsClient):
     kind = "httpx"
     base_error = httpx.TransportError
+    own_errors = (httpx.HTTPError, httpx.InvalidURL)
     timeout_error = httpx.TimeoutException
     connect_error = httpx.ConnectError
 
-    def __init__(self, breakers: Any, **options: Any) -> None:
+    def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         Client.__init__(self, breakers, **options)
-        self.client = httpx.Client(transport=BreakerTransport(breakers, **options))
+        transport_options = options if proxy is None else {**options, "proxy": proxy}
+        self.client = httpx.Client(transport=BreakerTransport(breakers, **transport_options),
+                                   follow_redirects=True)
 
     def get(self, url: str, timeout: float = 5.0) -> int:
         return self.client.get(url, timeout=timeout).status_code
 
     def stream_unread(self, url: str) -> int:
         return self.client.send(self.client.build_request("GET", url), stream=True).status_code
+
+    def open_stream(self, url: str) -> Any:
+        return self.client.send(self.client.build_request("GET", url), stream=True)
+
+    def read_stream(self, response: Any) -> bytes:
+        return response.read()  # type: ignore[no-any-return]
+
+    def start_get(self, url: str) -> Pending:
+        return Pending(lambda: self.client.get(url, timeout=httpx.Timeout(5.0, pool=None)).status_code)
 
     def close(self) -> None:
         self.client.close()
@@ -142,13 +233,16 @@ class HttpxClient(RequestsClient):
 class AsyncHttpxClient(Client):
     kind = "httpx_async"
     base_error = httpx.TransportError
+    own_errors = (httpx.HTTPError, httpx.InvalidURL)
     timeout_error = httpx.TimeoutException
     connect_error = httpx.ConnectError
 
-    def __init__(self, breakers: Any, **options: Any) -> None:
+    def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         super().__init__(breakers, **options)
         self.loop = asyncio.new_event_loop()
-        self.client = httpx.AsyncClient(transport=AsyncBreakerTransport(breakers, **options))
+        transport_options = options if proxy is None else {**options, "proxy": proxy}
+        self.client = httpx.AsyncClient(transport=AsyncBreakerTransport(breakers, **transport_options),
+                                        follow_redirects=True)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -159,6 +253,45 @@ class AsyncHttpxClient(Client):
     def stream_unread(self, url: str) -> int:
         request = self.client.build_request("GET", url)
         return int(self.run(self.client.send(request, stream=True)).status_code)
+
+    def open_stream(self, url: str) -> Any:
+        return self.run(self.client.send(self.client.build_request("GET", url), stream=True))
+
+    def read_stream(self, response: Any) -> bytes:
+        return self.run(response.aread())  # type: ignore[no-any-return]
+
+    def close_stream(self, response: Any) -> None:
+        self.run(response.aclose())
+
+    def start_get(self, url: str) -> Pending:
+        async def get() -> int:
+            return (await self.client.get(url, timeout=httpx.Timeout(5.0, pool=None))).status_code
+
+        return Pending(self.loop.create_task(get()), self.run)
+
+    def names(self) -> list[str]:
+        return sorted(self.run(self.breakers.names()))
+
+    def reset_breaker(self, name: str) -> None:
+        self.run(self.breaker(name).reset())
+
+    def call_directly(self, name: str) -> str:
+        async def call() -> str:
+            try:
+                await (await self.breaker(name).acquire()).success()
+            except BreakerOpen as refused:
+                return refused.reason
+            return "success"
+
+        return self.run(call())  # type: ignore[no-any-return]
+
+    def record_failures(self, name: str, count: int) -> None:
+        async def fail() -> None:
+            breaker = self.breaker(name)
+            for _ in range(count):
+                await (await breaker.acquire()).failure()
+
+        self.run(fail())
 
     def many(self, url: str, n: int) -> list[int | BaseException]:
         async def one() -> int | BaseException:
@@ -173,7 +306,7 @@ class AsyncHttpxClient(Client):
         return self.run(all_of())  # type: ignore[no-any-return]
 
     def snapshot(self, name: str) -> dict[str, Any]:
-        return self.run(self.breakers.get(name).snapshot())  # type: ignore[no-any-return]
+        return self.run(self.breaker(name).snapshot())  # type: ignore[no-any-return]
 
     def group_status(self) -> dict[str, Any]:
         return self.run(self.group().status())  # type: ignore[no-any-return]
@@ -182,6 +315,66 @@ class AsyncHttpxClient(Client):
         self.run(self.client.aclose())
         self.run(self.breakers.aclose())
         self.loop.close()
+
+
+POOL_WAITS = frozenset({"_get_conn", "wait_for_connection"})  # urllib3's pool, httpcore's
+
+
+class Pending:
+    """A GET under way in a thread of its own, or an asyncio task on the client's
+    loop (stepped by ``run``, which the async client's calls drive)."""
+
+    def __init__(self, call: Any, run: Callable[[Any], Any] | None = None) -> None:
+        self.run = run
+        self.answer: list[Any] = []
+        if run is None:
+            self.thread: threading.Thread | None = threading.Thread(target=self._call, args=(call,),
+                                                                    daemon=True)
+            self.thread.start()
+            self.task = None
+        else:
+            self.thread, self.task = None, call
+
+    def _call(self, call: Callable[[], Any]) -> None:
+        try:
+            self.answer.append(call())
+        except BaseException as exc:
+            self.answer.append(exc)
+
+    def stack(self) -> list[str]:
+        """The functions the call is in now, outermost first."""
+        if self.thread is not None:
+            frame = sys._current_frames().get(self.thread.ident or 0)
+            names = []
+            while frame is not None:
+                names.append(frame.f_code.co_name)
+                frame = frame.f_back
+            return names[::-1]
+        assert self.run is not None and self.task is not None
+        self.run(asyncio.sleep(0))  # let the task go on until it waits
+        names, awaited = [], self.task.get_coro()  # (Task.get_stack shows a suspended task's outermost frame)
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                break
+            names.append(frame.f_code.co_name)
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        return names
+
+    def waiting_in_pool(self) -> bool:
+        return bool(POOL_WAITS & set(self.stack()))
+
+    def result(self, timeout: float = 10.0) -> Any:
+        if self.thread is not None:
+            self.thread.join(timeout)
+            assert not self.thread.is_alive(), f"the call is still under way: {self.stack()}"
+            return self.answer[0]
+        assert self.run is not None and self.task is not None
+
+        async def done() -> Any:
+            return await asyncio.wait_for(asyncio.shield(self.task), timeout)  # type: ignore[arg-type]
+
+        return self.run(done())
 
 
 CLIENTS: dict[str, type[Client]] = {"requests": RequestsClient, "httpx": HttpxClient,
@@ -371,19 +564,376 @@ def test_retry_after_is_capped_by_max_open_seconds_and_can_be_ignored(
     assert refused.value.retry_after == 10.0
 
 
+@pytest.fixture(scope="module")
+def raw_host() -> Iterator[RawUpstream]:
+    made = RawUpstream()
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def raw(raw_host: RawUpstream) -> RawUpstream:
+    raw_host.reset()
+    return raw_host
+
+
+def counted(client: Client, name: str) -> tuple[str, int, int, int]:
+    snapshot = client.snapshot(name)
+    return snapshot["state"], snapshot["successes"], snapshot["failures"], snapshot["ignored"]
+
+
+# Retry-After values a service may send that say nothing usable: each must be ignored (the
+# breaker opens for its own open_seconds), and the failing response reach the caller.
+MALFORMED_RETRY_AFTER = [
+    "²".encode("latin-1"),  # a superscript two: str.isdigit() says yes, float() says no
+    "²".encode(),  # the same in UTF-8
+    "٣".encode(),  # an Arabic-Indic three: a digit to Python, not to HTTP
+    b"Wed, 21 Oct 2099 99:28:00 GMT",  # hour 99
+    b"Wed, 21 Oct 2099 99999999999999999999:28:00 GMT",  # an hour past a C long: OverflowError
+    b"Wed, 21 Oct 2099 07:28:00 +99999999999999999999",  # a zone past a C int
+    b"Wed, 31 Feb 2099 07:28:00 GMT",
+    b"-1", b"1e3", b"0x10", b" ", b"\xff\xfe",
+]
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_streamed_response_is_judged_at_its_status_and_settles_unread(
-    kind: str, make_client, a: LocalUpstream, clock
+def test_a_malformed_retry_after_is_ignored_and_the_failing_response_kept(
+    kind: str, make_client, raw: RawUpstream
+):
+    for value in MALFORMED_RETRY_AFTER:
+        client = make_client(kind, config=BreakerConfig(failure_threshold=1, open_seconds=10))
+        raw.answer(503, headers=[(b"Retry-After", value)], body=b"{}")
+        assert client.attempt(raw.url + "/pay") == 503, value  # tripped: the header was read
+        with pytest.raises(BreakerOpen) as refused:
+            client.get(raw.url + "/pay")
+        assert (refused.value.reason, refused.value.retry_after) == ("open", 10.0), value
+        assert counted(client, raw.name) == ("open", 0, 1, 0)
+
+
+_HEADER_NAMES = st.sampled_from([b"Retry-After", b"retry-after", b"RETRY-AFTER", b"X-Other", b"Date"])
+# a header value: any bytes but CR and LF (which would end it and frame another header)
+_HEADER_VALUES = st.one_of(
+    st.binary(max_size=60).map(lambda value: value.replace(b"\r", b"").replace(b"\n", b"")),
+    st.text(max_size=40).map(lambda value: value.encode("utf-8", "surrogatepass")
+                             .replace(b"\r", b"").replace(b"\n", b"")),
+    st.integers(-(10**30), 10**30).map(lambda n: str(n).encode()),
+    st.builds(lambda day, year, hour, zone: f"Wed, {day} Oct {year} {hour}:28:00 {zone}".encode(),
+              st.integers(-99, 10**12), st.integers(-(10**6), 10**25), st.integers(-(10**3), 10**22),
+              st.sampled_from(["GMT", "-0000", "+2359", "+99999999999999999999", "UT", "XYZ", ""])),
+)
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(value=st.one_of(st.none(), st.text(), st.binary(), _HEADER_VALUES, st.integers(), st.floats(),
+                       st.text(alphabet=st.characters(categories=["Nd", "No", "Nl"]), min_size=1)))
+def test_any_retry_after_is_read_without_raising(value: Any):
+    """Property: parsed_header never raises; what it reads is a wait in (0, a day], and
+    only ASCII digits (or an HTTP date) read as one."""
+    for headers in ({"Retry-After": value}, requests.structures.CaseInsensitiveDict({"retry-after": value})):
+        seconds = parsed_header(headers, "Retry-After", retry_after_seconds)
+        assert seconds is None or 0 < seconds <= 86400.0
+        if isinstance(value, str) and value.strip(" \t").isascii() and value.strip(" \t").isdigit():
+            assert seconds == (min(float(int(value)), 86400.0) if int(value) else None)
+    assert parsed_header(None, "Retry-After", retry_after_seconds) is None  # no headers at all
+    assert retry_after_seconds(value) is None or 0 < retry_after_seconds(value) <= 86400.0  # type: ignore[operator]
+
+
+def test_retry_after_reads_what_http_allows():
+    now = 1_700_000_000.0  # 2023-11-14 22:13:20 GMT
+    assert [retry_after_seconds(v, now) for v in ["120", " 7\t", "0", "99999999999999999999999"]] == [
+        120.0, 7.0, None, 86400.0]
+    # an IMF-fixdate, the obsolete RFC 850 and asctime forms (asctime has no zone: GMT)
+    assert [retry_after_seconds(v, now) for v in ["Tue, 14 Nov 2023 22:15:20 GMT",
+                                                 "Tuesday, 14-Nov-23 22:15:20 GMT",
+                                                 "Tue Nov 14 22:15:20 2023"]] == [120.0, 120.0, 120.0]
+    assert retry_after_seconds("Tue, 14 Nov 2023 22:13:19 GMT", now) is None  # in the past
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hostile_headers_on_a_failing_response_never_cost_the_caller_its_response(
+    kind: str, make_client, raw: RawUpstream
+):
+    """Property: whatever headers a failing response carries, the client returns it or
+    raises its own exception (httpx refuses some header bytes as a protocol error), and
+    the breaker counts one failure, opened for between open_seconds and max_open_seconds."""
+    config = BreakerConfig(failure_threshold=1, open_seconds=10, max_open_seconds=60)
+    client = make_client(kind, config=config)
+    calls = []
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(headers=st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=3))
+    @example(headers=[(b"Retry-After", MALFORMED_RETRY_AFTER[0])])
+    @example(headers=[(b"Retry-After", MALFORMED_RETRY_AFTER[4]), (b"retry-after", b"120")])
+    def check(headers: list[tuple[bytes, bytes]]) -> None:
+        client.reset_breaker(raw.name)
+        raw.answer(503, headers=headers, body=b"{}")
+        answer = client.attempt(raw.url + "/pay")
+        assert answer in (503, "RemoteProtocolError"), (answer, headers)
+        with pytest.raises(BreakerOpen) as refused:
+            client.get(raw.url + "/pay")
+        assert refused.value.retry_after is not None and 10.0 <= refused.value.retry_after <= 60.0
+        calls.append(answer)
+
+    check()
+    assert len(calls) >= 40 and counted(client, raw.name)[2] == len(calls)
+
+
+# What each client raises when a body fails mid-read: the upstream stalls past the read
+# timeout, or closes the connection before the Content-Length it announced.
+BODY_ERRORS = {
+    ("requests", "stall"): "ConnectionError", ("requests", "close"): "ChunkedEncodingError",
+    ("httpx", "stall"): "ReadTimeout", ("httpx", "close"): "RemoteProtocolError",
+    ("httpx_async", "stall"): "ReadTimeout", ("httpx_async", "close"): "RemoteProtocolError",
+}
+
+
+RESET_ERRORS = {"requests": "ChunkedEncodingError", "httpx": "ReadError", "httpx_async": "ReadError"}
+
+
+@pytest.mark.parametrize("ending", ["stall", "close"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_body_that_fails_mid_read_is_a_failure(kind: str, ending: str, make_client, raw: RawUpstream):
+    # 200 and Content-Length: 1000, then 10 bytes and a stall (or the connection closed):
+    # the caller gets the client's error, and the breaker a failure, not a success
+    client = make_client(kind)
+    raw.answer(200, body=b"0123456789", length=1000, then=ending)
+    answers = [client.attempt(raw.url + "/pay", timeout=0.5) for _ in range(12)]
+    assert answers == [BODY_ERRORS[kind, ending]] * 5 + [f"refused:{raw.name}"] * 7
+    assert raw.requests == 5
+    assert counted(client, raw.name) == ("open", 0, 5, 0)
+
+
+def chunked(body: bytes, pieces: int) -> bytes:
+    """body in Transfer-Encoding: chunked framing, in at most ``pieces`` chunks."""
+    size = max(1, -(-len(body) // pieces))
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_any_body_cut_anywhere_is_counted_as_the_caller_saw_it(kind: str, make_client, raw: RawUpstream):
+    """Property: a 200 whose body (Content-Length or chunked) is cut at any byte, read
+    plainly, streamed to the end, or streamed and closed unread, is one outcome: a
+    failure when the caller got the client's error, else a success; a body sent whole
+    is read whole and is a success."""
+    client = make_client(kind, config=BreakerConfig(failure_threshold=1_000_000))
+    outcomes: Counter[str] = Counter()
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(body=st.binary(max_size=200), pieces=st.integers(1, 4),
+           framing=st.sampled_from(["length", "chunked"]), cut=st.one_of(st.none(), st.integers(0, 400)),
+           how=st.sampled_from(["get", "read", "close"]))
+    def check(body: bytes, pieces: int, framing: str, cut: int | None, how: str) -> None:
+        wire = chunked(body, pieces) if framing == "chunked" else body
+        sent = wire if cut is None else wire[:cut]
+        raw.answer(200, body=sent, length=len(body), chunked=framing == "chunked")
+        before = counted(client, raw.name)
+        got: Any
+        if how == "get":
+            got = client.attempt(raw.url + "/pay")
+        else:
+            response = client.open_stream(raw.url + "/pay")
+            try:
+                got = client.read_stream(response) if how == "read" else "closed"
+            except client.own_errors as exc:
+                got = type(exc).__name__
+            finally:
+                client.close_stream(response)
+        after = counted(client, raw.name)
+        failed = isinstance(got, str) and got != "closed"
+        assert (after[1] - before[1], after[2] - before[2]) == ((0, 1) if failed else (1, 0)), got
+        if sent == wire:
+            assert got == (200 if how == "get" else body if how == "read" else "closed")
+        outcomes["failure" if failed else "success"] += 1
+
+    check()
+    assert counted(client, raw.name) == ("closed", outcomes["success"], outcomes["failure"], 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_streamed_response_settles_when_its_body_is_read_to_the_end_or_closed(
+    kind: str, make_client, raw: RawUpstream, clock, redis_server
 ):
     client = make_client(kind)
-    a.control(fail_rate=1.0)
-    assert [client.stream_unread(a.url + "/pay") for _ in range(5)] == [500] * 5
-    assert client.snapshot(a.name)["state"] == "open"  # five unread failures tripped it
+    raw.answer(500, body=b"{}")
+    # a failing status settles at once: five streams never read nor closed trip the breaker
+    unread = [client.open_stream(raw.url + "/pay") for _ in range(5)]
+    assert [response.status_code for response in unread] == [500] * 5
+    assert counted(client, raw.name) == ("open", 0, 5, 0)
+
+    # a good status waits for the body: the probe holds its slot while its body is unread ...
     clock.advance(10_000)
-    a.reset()
-    assert client.stream_unread(a.url + "/pay") == 200  # the probe: never read, yet it closes the breaker
-    snapshot = client.snapshot(a.name)
+    raw.answer(200, body=b"x" * 100)
+    probe = client.open_stream(raw.url + "/pay")
+    assert probe.status_code == 200
+    snapshot = client.snapshot(raw.name)
+    assert (snapshot["state"], snapshot["probes_in_flight"], snapshot["successes"]) == ("half_open", 1, 0)
+    assert client.attempt(raw.url + "/pay") == f"refused:{raw.name}"
+    # ... and its end settles it: a success, which closes the breaker
+    assert client.read_stream(probe) == b"x" * 100
+    snapshot = client.snapshot(raw.name)
     assert (snapshot["state"], snapshot["probes_in_flight"], snapshot["successes"]) == ("closed", 0, 1)
+
+    # closed by the caller before its end, after a good status: a success (the caller chose to stop)
+    early = client.open_stream(raw.url + "/pay")
+    assert counted(client, raw.name) == ("closed", 1, 5, 0)
+    client.close_stream(early)
+    assert counted(client, raw.name) == ("closed", 2, 5, 0)
+
+    # reset in the middle of its body: a failure, whatever the status said
+    raw.answer(200, body=b"0123456789", length=1000, then="reset")
+    broken = client.open_stream(raw.url + "/pay")
+    raw.release()
+    raw.wait_reset(1)
+    with pytest.raises(client.base_error) as raised:
+        client.read_stream(broken)
+    assert type(raised.value).__name__ == RESET_ERRORS[kind]
+    client.close_stream(broken)
+    assert counted(client, raw.name) == ("closed", 2, 6, 0)
+    assert transitions(redis_server.client(), client, raw.name) == [
+        ("closed", "open", "consecutive"), ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded")]
+    for response in unread:
+        client.close_stream(response)
+    assert counted(client, raw.name) == ("closed", 2, 6, 0)  # settled once, at their status
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_dropped_unclosed_is_settled_once_collected(kind: str, make_client, raw: RawUpstream, clock):
+    client = make_client(kind)
+    client.record_failures(raw.name, 5)
+    clock.advance(10_000)
+    raw.answer(200, body=b"x" * 100)
+    # the probe: never read, never closed, dropped (the status read and the response let go)
+    assert client.stream_unread(raw.url + "/pay") == 200
+    gc.collect()  # httpx's responses are reference cycles: collected by the collector, not at once
+    # the Settler thread (the event loop for httpx_async, which each snapshot runs) records it
+    wait_until(lambda: client.snapshot(raw.name)["state"] == "closed", 10, "the dropped probe's success")
+    snapshot = client.snapshot(raw.name)
+    assert (snapshot["probes_in_flight"], snapshot["successes"], snapshot["failures"]) == (0, 1, 5)
+
+
+# A valid DNS name of 231 characters (four labels of at most 63): its host:port is longer
+# than a breaker name may be (200)
+LONG_HOST = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 39])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_host_that_cannot_be_a_breaker_name_gets_a_derived_one(kind: str, make_client, raw: RawUpstream):
+    # the raw host answers every request, for any host, as the client's HTTP proxy: no DNS needed
+    client = make_client(kind, proxy=raw.url, configs={f"http://{LONG_HOST}": {"failure_threshold": 2}})
+    digest = hashlib.sha256(f"{LONG_HOST}:80".encode()).hexdigest()[:16]
+    derived = f"{LONG_HOST[:180]}~{digest}:80"
+    assert len(LONG_HOST) == 231 and len(derived) == 200
+    assert client.get(f"http://{LONG_HOST}/pay") == 200
+    raw.answer(302, headers=[(b"Location", f"http://{LONG_HOST}/cart".encode())], once=True)
+    assert client.get(raw.url + "/redirect") == 200  # a redirect to it: the same breaker
+    assert raw.targets == [f"http://{LONG_HOST}/pay", raw.url + "/redirect", f"http://{LONG_HOST}/cart"]
+    assert client.names() == sorted([raw.name, derived])
+    assert counted(client, derived) == ("closed", 2, 0, 0)
+    # protected as any host is, with the config given for its URL: two failures trip it
+    raw.answer(503, body=b"{}")
+    answers = [client.attempt(f"http://{LONG_HOST}/pay") for _ in range(3)]
+    assert answers == [503, 503, f"refused:{derived}"]
+    if kind != "requests":  # (http.client cannot send to a host holding braces: an AssertionError of its own)
+        raw.reset()
+        raw.answer(302, headers=[(b"Location", b"http://a{b}.example/pay")], once=True)
+        assert client.get(raw.url + "/redirect") == 200
+        braces = "a_b_.example~" + hashlib.sha256(b"a{b}.example:80").hexdigest()[:16] + ":80"
+        assert client.names() == sorted([raw.name, derived, braces])
+        assert counted(client, braces) == ("closed", 1, 0, 0)
+
+
+_LABEL = st.text(alphabet="abcxyz019-", min_size=1, max_size=63)
+_HOSTS = st.one_of(
+    st.lists(_LABEL, min_size=1, max_size=6).map(".".join),
+    st.lists(st.sampled_from(["a" * 63, "b" * 40, "c"]), min_size=3, max_size=8).map(".".join),
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_any_host_a_client_accepts_is_protected_under_a_valid_name(kind: str, make_client, raw: RawUpstream):
+    """Property: for any host (through a proxy, so that none needs DNS), the client
+    answers or raises its own exception, never a breaker's ValueError; an answer is
+    counted on the breaker ``request_name`` gives, a valid name."""
+    client = make_client(kind, proxy=raw.url, config=BreakerConfig(failure_threshold=1_000_000))
+    braces = st.sampled_from(["", "{x}", "}", " "]) if kind != "requests" else st.just("")
+    answered: Counter[str] = Counter()
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(host=_HOSTS, extra=braces, port=st.sampled_from(["", ":80", ":8080", ":65535"]))
+    def check(host: str, extra: str, port: str) -> None:
+        url = f"http://{host}{extra}{port}/pay"
+        try:
+            status = client.get(url)
+        except client.own_errors:
+            return
+        assert status == 200
+        sent = raw.targets[-1]  # the URL as the client sent it (httpx encodes some characters)
+        answered[validate_name(request_name(sent))] += 1
+
+    check()
+    for name, count in answered.items():
+        assert counted(client, name)[1] == count
+
+
+@settings(max_examples=1000, deadline=None, database=None)
+@given(host=st.text(max_size=300), port=st.sampled_from(["", ":0", ":1", ":443", ":65535", ":99999", ":x"]),
+       scheme=st.sampled_from(["http", "https", "HTTP", "ws", "gopher"]))
+def test_request_name_is_always_a_valid_breaker_name(host: str, scheme: str, port: str):
+    """Property: whatever a URL holds, its request's breaker name is valid, the same
+    every time, and a host that is a valid name as it is keeps ``host:port``."""
+    url = f"{scheme}://{host}{port}/x"
+    name = request_name(url)
+    assert validate_name(name) == name and len(name) <= 200
+    assert request_name(url) == name
+    try:
+        plain = host_name(url)
+    except ValueError:  # no host in it, or a port urlsplit refuses: derived from the URL
+        return
+    assert plain == name
+
+
+# One connection per host, and a request waits for it as long as it takes (requests:
+# pool_block; httpx: max_connections, and start_get's pool timeout of None)
+ONE_CONNECTION: dict[str, dict[str, Any]] = {
+    "requests": {"pool_block": True, "pool_maxsize": 1, "pool_connections": 1},
+    "httpx": {"limits": httpx.Limits(max_connections=1)},
+    "httpx_async": {"limits": httpx.Limits(max_connections=1)},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_request_waiting_for_a_pooled_connection_holds_no_probe_slot(
+    kind: str, make_client, a: LocalUpstream, clock, redis_server
+):
+    client = make_client(kind, **ONE_CONNECTION[kind])
+    held = client.open_stream(a.url + "/pay")  # neither read nor closed (yet): the only connection
+    assert held.status_code == 200
+    if kind != "requests":  # httpx gives up waiting after timeout.pool: PoolTimeout, not the service's
+        with pytest.raises(httpx.PoolTimeout):
+            call = client.client.get(a.url + "/pay", timeout=httpx.Timeout(5.0, pool=0.05))
+            if kind == "httpx_async":
+                client.run(call)  # type: ignore[attr-defined]
+        assert counted(client, a.name) == ("closed", 0, 0, 0)  # (the held stream is not settled yet)
+    client.record_failures(a.name, 5)  # another worker's failures open the breaker
+    clock.advance(10_000)  # its open period is over: the next caller to ask is the probe
+    waiting = client.start_get(a.url + "/pay")
+    try:
+        wait_until(waiting.waiting_in_pool, 10, "the call to wait for a pooled connection")
+        # longer than probe_timeout_seconds (30 s): a probe slot the waiting call held would have
+        # expired, reopening the breaker for everyone (probe_timeout); it holds none, so another
+        # caller is the probe, and its success closes the breaker
+        clock.advance(31_000)
+        assert client.call_directly(a.name) == "success"
+        assert client.snapshot(a.name)["state"] == "closed"
+    finally:
+        client.close_stream(held)  # the connection comes back: the waiting call asks, and goes on
+    assert waiting.result() == 200
+    assert transitions(redis_server.client(), client, a.name) == [
+        ("closed", "open", "consecutive"), ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded")]
+    assert counted(client, a.name) == ("closed", 3, 5, 0)  # the stream, the probe, the waiting call
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -77,7 +77,12 @@ class Recording(Generic[D]):
     def ignore(self) -> D:
         return self.record("ignored")
 
-    def record(self, outcome: str) -> D:
+    def record(self, outcome: str, *, ended_ms: int | None = None) -> D:
+        """Record the call's outcome. ``ended_ms``: when the call ended on the
+        breaker's clock (``breaker.now_ms()``), if that was before now: an HTTP
+        response is judged, and timed, at its headers, but its permit is settled
+        once its body is read, and the time the caller took over the body is not
+        the service's."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be success, failure or ignored (got {outcome!r})")
         try:
@@ -86,7 +91,9 @@ class Recording(Generic[D]):
             return self._nothing  # recorded already
         breaker = self._breaker
         started = self.started
-        return breaker._record(self, outcome, breaker.now_ms() - started if started else 0)
+        if not started:
+            return breaker._record(self, outcome, 0)
+        return breaker._record(self, outcome, (breaker.now_ms() if ended_ms is None else ended_ms) - started)
 
     @property
     def recorded(self) -> bool:

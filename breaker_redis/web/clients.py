@@ -4,21 +4,36 @@ and httpx.AsyncClient). No HTTP client is imported here.
 
 One breaker per upstream host by default (``host:port``), so a payment API
 that fails is refused for every worker while the inventory API next to it
-keeps being called. A request goes through one permit: asked before the
-request is sent (a refusal never opens a connection), settled when the
-response's status and headers arrive, before its body is read, so a streamed
-response the caller never reads settles it all the same. What counts as a
-failure: a connection error or a timeout, and a response whose status is in
-``failure_statuses`` (5xx and 429 by default), judged as the server-side
-integrations judge a route's response (``http_policy.judge``). A failing response
-whose service said when to come back (``Retry-After``) keeps the breaker open
-at least that long, for every worker (``Breaker.hold_open``).
+keeps being called. A request goes through one permit (an ``Exchange``):
+asked before the request is sent (a refusal never sends it), judged when the
+response's status and headers arrive, and settled once its body is read to
+the end or closed, so that a body the service fails to deliver (a reset, a
+stall past the read timeout, a body cut short) counts as the failure it is.
+A failing status settles at once: nothing in the body can change it.
+
+What counts as a failure: a connection error or a timeout, a body that
+fails mid-read, and a response whose status is in ``failure_statuses`` (5xx
+and 429 by default), judged as the server-side integrations judge a route's
+response (``http_policy.judge``). A failing response whose service said when
+to come back (``Retry-After``) keeps the breaker open at least that long, for
+every worker (``Breaker.hold_open``). A header a service sent is read by
+``parsed_header`` alone, which never raises: a malformed one is ignored, never
+the reason a caller loses the response.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import datetime
 import email.utils
+import hashlib
+import logging
+import os
+import queue
+import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -26,7 +41,7 @@ from urllib.parse import urlsplit
 
 from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.storage.scripts import validate_name
+from breaker_redis.storage.scripts import MAX_NAME_LENGTH, validate_name
 from breaker_redis.web.http_policy import Warnings, judge
 from breaker_redis.web.routes import DEFAULT_FAILURE_STATUSES as ROUTE_FAILURE_STATUSES
 from breaker_redis.web.routes import RouteSpec, route_config, status_codes
@@ -50,9 +65,22 @@ MAX_RETRY_AFTER_SECONDS = 86400.0
 NameRule = Callable[[Any], str]
 
 
+log = logging.getLogger("breaker_redis")
+
+# A derived name (derived_name): the host's readable start, "~", this many hex digits of its digest
+DIGEST_CHARS = 16
+_DELAY_SECONDS = re.compile(r"[0-9]+")  # Retry-After: delay-seconds, ASCII digits only (RFC 9110)
+
+
 def host_name(url: str) -> str:
     """The default breaker name of a request: the host and port it goes to,
-    ``api.example.com:443`` (the scheme's port when the URL names none)."""
+    ``api.example.com:443`` (the scheme's port when the URL names none).
+
+    Always a valid breaker name: a host that cannot be one (longer than a
+    name may be, or holding braces or whitespace, which a client may still
+    accept) gets ``derived_name``'s, so that its requests stay protected and
+    the same host always gets the same breaker. ValueError only for a URL
+    that names no host or cannot be split (a configuration's mistake)."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
     if not host:
@@ -60,7 +88,43 @@ def host_name(url: str) -> str:
     port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
     if ":" in host:
         host = f"[{host}]"  # IPv6
-    return f"{host}:{port}" if port else host
+    name = f"{host}:{port}" if port else host
+    try:
+        return validate_name(name)
+    except ValueError:
+        return derived_name(host, "" if port is None else str(port))
+
+
+def derived_name(host: str, port: str = "") -> str:
+    """A valid breaker name for a host that cannot be one as it is: its start
+    with every character a name may not hold replaced by ``_``, then ``~`` and
+    the first DIGEST_CHARS hex digits of the SHA-256 of the host and port, then
+    the port: ``aaaa...aaaa~3f09a1c2b4d5e6f7:443``. The digest keeps two hosts
+    apart that look alike once cut or replaced (a DNS name cannot hold ``~``,
+    so no real host is named so either)."""
+    key = f"{host}:{port}".encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(key).hexdigest()[:DIGEST_CHARS]
+    suffix = f"~{digest}" + (f":{port}" if port else "")
+    readable = "".join(char if _may_name(char) else "_" for char in host[: MAX_NAME_LENGTH - len(suffix)])
+    return validate_name(readable + suffix)
+
+
+def _may_name(char: str) -> bool:
+    try:
+        validate_name(char)
+    except ValueError:
+        return False
+    return True
+
+
+def request_name(url: str) -> str:
+    """``host_name`` of a request the client has accepted: never raises, since a
+    URL the client sends must not fail because of the breaker's naming rules
+    (a port or an IPv6 literal urlsplit refuses gets a derived name too)."""
+    try:
+        return host_name(url)
+    except ValueError:
+        return derived_name(url.partition("//")[2].lower() or url.lower())
 
 
 def member_name(value: str) -> str:
@@ -68,23 +132,51 @@ def member_name(value: str) -> str:
     return host_name(value) if "://" in value else validate_name(value)
 
 
-def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """The seconds a ``Retry-After`` value asks to wait (delta-seconds or an HTTP
-    date), or None when it says nothing usable."""
-    if not value:
+H = TypeVar("H")
+
+
+def parsed_header(headers: Any, name: str, parse: Callable[[str], H | None]) -> H | None:
+    """A response header as ``parse`` reads it, or None when it is missing,
+    undecodable or malformed. The one way the HTTP client integrations read a
+    header a service sent, and it never raises: whatever bytes a service
+    sends, its caller gets its response and the breaker its outcome (a header
+    that cannot be read is ignored, as if it had not been sent)."""
+    try:
+        value = headers.get(name)
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        if not isinstance(value, str):
+            return None
+        return parse(value)
+    except Exception:
         return None
-    value = value.strip()
-    if value.isdigit():
-        seconds = float(value)
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` value asks to wait (delta-seconds in ASCII
+    digits, or an HTTP date, one without a zone read as GMT as RFC 9110 says),
+    at most MAX_RETRY_AFTER_SECONDS; None when it says nothing usable. Never
+    raises: read through ``parsed_header``, but safe alone too."""
+    try:
+        return _retry_after(value, now)
+    except Exception:  # a date past what datetime or a C long holds, or a bug: ignored, never raised
+        return None
+
+
+def _retry_after(value: str | None, now: float | None) -> float | None:
+    if not value or not isinstance(value, str):
+        return None
+    value = value.strip(" \t")
+    if _DELAY_SECONDS.fullmatch(value):
+        seconds = float(value) if len(value) < 20 else MAX_RETRY_AFTER_SECONDS
     else:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
+        parsed = email.utils.parsedate_tz(value)
+        if parsed is None:
             return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds <= 0:
+        # datetime refuses what no date holds (hour 99, 31 February); no zone: GMT, as every HTTP date is
+        when = datetime.datetime(*parsed[:6], tzinfo=datetime.timezone.utc).timestamp() - (parsed[9] or 0)
+        seconds = when - (time.time() if now is None else now)
+    if not seconds > 0:  # (not >: a NaN too)
         return None
     return min(seconds, MAX_RETRY_AFTER_SECONDS)
 
@@ -208,7 +300,7 @@ class Outbound:
             if name is None:
                 if len(self._hosts) >= HOSTS_KEPT:
                     self._hosts.clear()
-                name = self._hosts[origin] = host_name(origin)
+                name = self._hosts[origin] = request_name(origin)
             return name
         return _checked_name(self._rule(request), f"{self.where}: name(request)")
 
@@ -233,15 +325,15 @@ class Outbound:
     def judge(self, spec: RouteSpec, status: int, response: Any) -> str:
         return judge(spec, status, response, None, self._warnings.warn)
 
-    def warn(self, name: str, message: str) -> None:
-        self._warnings.warn(name, message)
+    def warn(self, name: str, message: str, *, traceback: bool = True) -> None:
+        self._warnings.warn(name, message, traceback=traceback)
 
     def hold_for(self, breaker: Any, outcome: str, response: Any) -> float | None:
         """How long to keep the breaker open after this outcome (None: nothing to do):
         the Retry-After of a failing response, once the breaker is open."""
         if outcome != "failure" or not self.honor_retry_after:
             return None
-        seconds = retry_after_seconds(response.headers.get("Retry-After"))
+        seconds = parsed_header(response.headers, "Retry-After", retry_after_seconds)
         if seconds is None:
             return None
         known = breaker.known
@@ -297,76 +389,302 @@ def _checked_name(value: Any, where: str, *, url: bool = False) -> str:
         raise type(exc)(f"{where}: {exc}") from None
 
 
+
+
+# -- one request through its breaker ---------------------------------------------------------------
+
+
+class Settler:
+    """Settles the permits of responses dropped without being read to the end
+    or closed, in a daemon thread of its own (one per process, started again
+    in a forked child). A finalizer must not do I/O: it may run inside any
+    code of its thread, a lock of redis-py's held, and recording a permit
+    takes that lock; so it only hands the job over (``SimpleQueue.put`` is
+    safe there, which is what it is for), and the job runs here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+
+    def ready(self) -> None:
+        """Start the thread in this process unless it runs: called in ordinary code,
+        where a body is watched, never in a finalizer (a thread's start takes locks)."""
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._jobs = queue.SimpleQueue()  # a forked child's: the parent's may have been mid-put
+            threading.Thread(target=self._run, args=(self._jobs,), name="breaker_redis-settler",
+                             daemon=True).start()
+            self._pid = os.getpid()
+
+    def put(self, job: Callable[[], object]) -> None:
+        self._jobs.put(job)
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[Callable[[], object]]) -> None:
+        while True:
+            job = jobs.get()
+            try:
+                job()
+            except Exception:  # the thread must outlive one failed job
+                log.exception("settling the permit of an HTTP response dropped unclosed failed")
+
+
+SETTLER = Settler()
+_TASKS: set[asyncio.Task[None]] = set()  # settling tasks started by finalizers, kept until done
+
+
+def settle_on_loop(loop: asyncio.AbstractEventLoop, job: Callable[[], Awaitable[None]]) -> None:
+    """From a finalizer: run ``job()`` as a task on ``loop`` (an asyncio permit is
+    recorded on its own loop). ``call_soon_threadsafe`` takes no lock, so it is safe
+    there; a loop already closed drops the job, and a probe's lease then expires."""
+
+    def start() -> None:
+        task = asyncio.ensure_future(job())
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed
+        loop.call_soon_threadsafe(start)
+
+
+class ExchangeState:
+    """One request through its breaker: asking for the permit (``ask``),
+    judging the response at its headers (``answered``), and settling the
+    permit once the body is read to the end (``body_ended``), fails mid-read
+    (``body_failed``: a failure when ``body_failures`` says the service broke
+    it), or is closed before its end (``body_closed``: as its status says).
+
+    A failing status settles at once; any other waits for the body, so that
+    every outcome of the call, reading its body included, reaches the breaker
+    exactly once. The state is kept under a lock: a body may be closed from
+    another thread (the Settler's). This class holds the state and the rules;
+    Exchange takes the steps on the sync side, AsyncExchange awaits them."""
+
+    def __init__(
+        self,
+        outbound: Outbound,
+        request: Any,
+        url: str,
+        refused: Callable[[BreakerOpen, Any], BaseException],
+        failures: Callable[[BaseException], bool],
+        body_failures: Callable[[BaseException], bool] | None = None,
+    ) -> None:
+        self.outbound = outbound
+        self.breaker, self.spec = outbound.resolve(request, url)
+        self.request = request
+        self.refused = refused
+        self.failures = failures
+        self.body_failures = body_failures or failures
+        self.permit: Any = None
+        self.asked = False
+        self.outcome: str | None = None  # the status's verdict, once judged
+        self.body: str | None = None  # "end", "failed" or "closed", once known
+        self.answered_ms: int | None = None  # when the headers came (the breaker's clock)
+        self.done = False
+        self.dropping = False  # its response is being collected: settled by the Settler
+        self._lock = threading.Lock()
+
+    def _asked(self) -> bool:
+        """Whether to go on asking: False once asked (a retry inside one send asks no more)."""
+        if self.asked:
+            return False
+        self.asked = True
+        return True
+
+    def _refusal(self, refused: BreakerOpen) -> BaseException:
+        return self.refused(refused, self.request)
+
+    def _unprotected(self) -> None:
+        self.outbound.warn(self.spec.name, "could not ask breaker %r; the request goes through unprotected")
+
+    def _headers_at(self) -> None:
+        permit = self.permit
+        if permit is not None and permit.started:
+            self.answered_ms = self.breaker.now_ms()
+
+    def _due(self, outcome: str | None = None, body: str | None = None) -> str | None:
+        """What to record now, once: None while the outcome is not known yet."""
+        with self._lock:
+            if outcome is not None:
+                self.outcome = outcome
+            if body is not None and self.body is None:
+                self.body = body
+            if self.done or self.permit is None or self.outcome is None:
+                return None
+            if self.outcome == "failure" or self.body == "failed":
+                final = "failure"
+            elif self.body is not None:
+                final = self.outcome
+            else:
+                return None
+            self.done = True
+            return final
+
+    def _raised_outcome(self, exc: BaseException) -> str | None:
+        with self._lock:
+            if self.done or self.permit is None:
+                return None
+            self.done = True
+        return "failure" if self.failures(exc) else "ignored"
+
+    def _body_kind(self, exc: BaseException) -> str:
+        return "failed" if self.body_failures(exc) else "closed"
+
+
+class Exchange(ExchangeState):
+    """ExchangeState's steps over sync breakers (requests, httpx.Client)."""
+
+    def ask(self) -> None:
+        """Ask the breaker for a permit, once; a refusal raises the client's exception."""
+        if not self._asked():
+            return
+        try:
+            self.permit = self.breaker.acquire()
+        except BreakerOpen as refused:
+            raise self._refusal(refused) from None
+        except Exception:  # a bug, not an outage (the store gate handles those): do not fail the call
+            self._unprotected()
+
+    def raised(self, exc: BaseException) -> None:
+        """The send raised before a response: a failure if the service did not answer."""
+        outcome = self._raised_outcome(exc)
+        if outcome is not None:
+            self._record(outcome, None)
+
+    def answered(self, status: int, response: Any, body_open: bool) -> None:
+        """The status and headers arrived: judge them; ``body_open``: a body is left to read."""
+        if self.permit is None:
+            return
+        self._headers_at()
+        final = self._due(self.outbound.judge(self.spec, status, response), None if body_open else "end")
+        if final is not None:
+            self._record(final, response)
+
+    def body_ended(self) -> None:
+        self._settle(self._due(body="end"))
+
+    def body_failed(self, exc: BaseException) -> None:
+        self._settle(self._due(body=self._body_kind(exc)))
+
+    def body_closed(self) -> None:
+        self._settle(self._due(body="closed"))
+
+    def _settle(self, final: str | None) -> None:
+        if final is not None:
+            self._record(final, None)
+
+    def _record(self, outcome: str, response: Any) -> None:
+        self.permit.record(outcome, ended_ms=self.answered_ms)
+        group = self.outbound.group_due(self.spec.name)
+        if group is not None:
+            group.settle()  # a trip held back at the group's cap, or a member closed
+        if response is not None:
+            hold = self.outbound.hold_for(self.breaker, outcome, response)
+            if hold is not None:
+                self.breaker.hold_open(hold)
+
+
+class AsyncExchange(ExchangeState):
+    """ExchangeState's steps over asyncio breakers (httpx.AsyncClient), awaited."""
+
+    async def ask(self) -> None:
+        if not self._asked():
+            return
+        try:
+            self.permit = await self.breaker.acquire()
+        except BreakerOpen as refused:
+            raise self._refusal(refused) from None
+        except Exception:
+            self._unprotected()
+
+    async def raised(self, exc: BaseException) -> None:
+        outcome = self._raised_outcome(exc)
+        if outcome is not None:
+            await self._record(outcome, None)
+
+    async def answered(self, status: int, response: Any, body_open: bool) -> None:
+        if self.permit is None:
+            return
+        self._headers_at()
+        final = self._due(self.outbound.judge(self.spec, status, response), None if body_open else "end")
+        if final is not None:
+            await self._record(final, response)
+
+    async def body_ended(self) -> None:
+        await self._settle(self._due(body="end"))
+
+    async def body_failed(self, exc: BaseException) -> None:
+        await self._settle(self._due(body=self._body_kind(exc)))
+
+    async def body_closed(self) -> None:
+        await self._settle(self._due(body="closed"))
+
+    async def _settle(self, final: str | None) -> None:
+        if final is not None:
+            await self._record(final, None)
+
+    async def _record(self, outcome: str, response: Any) -> None:
+        await self.permit.record(outcome, ended_ms=self.answered_ms)
+        group = self.outbound.group_due(self.spec.name)
+        if group is not None:
+            await group.settle()
+        if response is not None:
+            hold = self.outbound.hold_for(self.breaker, outcome, response)
+            if hold is not None:
+                await self.breaker.hold_open(hold)
+
+
 def send(
-    outbound: Outbound,
-    request: Any,
-    url: str,
+    exchange: Exchange,
     transport: Callable[[], R],
-    refused: Callable[[BreakerOpen, Any], BaseException],
-    failures: tuple[type[BaseException], ...],
+    watch: Callable[[R], bool],
+    *,
+    ask_first: bool = True,
 ) -> R:
-    """One request behind its breaker: ``transport()`` sends it and returns a
-    response with a ``status_code``; ``refused(exc, request)`` is the client's
-    exception of a refusal; an exception in ``failures`` is a failure, any other
-    is ignored."""
-    breaker, spec = outbound.resolve(request, url)
-    try:
-        permit = breaker.acquire()
-    except BreakerOpen as exc:
-        raise refused(exc, request) from None
-    except Exception:  # a bug, not an outage (the store gate handles those): do not fail the call
-        outbound.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-        return transport()
+    """One request behind its breaker. ``transport()`` sends it and returns a
+    response with a ``status_code``; ``watch(response)`` makes its body report
+    to the exchange and says whether a body is left to read. ``ask_first``:
+    ask the breaker before sending; False when the transport asks once its
+    pool hands the request a connection, so that a request waiting for a
+    connection holds no permit (no probe slot that could expire while it
+    waits, no pool wait in its time)."""
+    if ask_first:
+        exchange.ask()
     try:
         response = transport()
     except BaseException as exc:
-        permit.record("failure" if isinstance(exc, failures) else "ignored")
-        group = outbound.group_due(spec.name)
-        if group is not None:
-            group.settle()
+        exchange.raised(exc)
         raise
-    outcome = outbound.judge(spec, response.status_code, response)
-    permit.record(outcome)
-    group = outbound.group_due(spec.name)
-    if group is not None:
-        group.settle()  # a trip held back at the group's cap, or a member closed
-    hold = outbound.hold_for(breaker, outcome, response)
-    if hold is not None:
-        breaker.hold_open(hold)
+    if exchange.permit is not None:
+        exchange.answered(response.status_code, response, watch(response))
+    elif not exchange.asked:  # the pool never asked: a connection class of its own
+        exchange.outbound.warn(exchange.spec.name, "the request to breaker %r was sent without asking it",
+                                     traceback=False)
     return response
 
 
 async def send_async(
-    outbound: Outbound,
-    request: Any,
-    url: str,
+    exchange: AsyncExchange,
     transport: Callable[[], Awaitable[R]],
-    refused: Callable[[BreakerOpen, Any], BaseException],
-    failures: tuple[type[BaseException], ...],
+    watch: Callable[[R], bool],
+    *,
+    ask_first: bool = True,
 ) -> R:
     """``send`` for asyncio breakers and an awaited transport."""
-    breaker, spec = outbound.resolve(request, url)
-    try:
-        permit = await breaker.acquire()
-    except BreakerOpen as exc:
-        raise refused(exc, request) from None
-    except Exception:
-        outbound.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-        return await transport()
+    if ask_first:
+        await exchange.ask()
     try:
         response = await transport()
     except BaseException as exc:
-        await permit.record("failure" if isinstance(exc, failures) else "ignored")
-        group = outbound.group_due(spec.name)
-        if group is not None:
-            await group.settle()
+        await exchange.raised(exc)
         raise
-    outcome = outbound.judge(spec, response.status_code, response)
-    await permit.record(outcome)
-    group = outbound.group_due(spec.name)
-    if group is not None:
-        await group.settle()
-    hold = outbound.hold_for(breaker, outcome, response)
-    if hold is not None:
-        await breaker.hold_open(hold)
+    if exchange.permit is not None:
+        await exchange.answered(response.status_code, response, watch(response))
+    elif not exchange.asked:
+        exchange.outbound.warn(exchange.spec.name, "the request to breaker %r was sent without asking it",
+                                     traceback=False)
     return response

@@ -252,7 +252,10 @@ class Warnings:
         self._lock = threading.Lock()
         self._clock = clock
 
-    def warn(self, name: str, message: str) -> None:
+    def warn(self, name: str, message: str, *, traceback: bool = True) -> None:
+        """Log ``message % name`` unless it was logged within EVERY seconds; with the
+        traceback of the exception being handled, or (``traceback=False``, outside
+        an ``except``) as a plain warning."""
         key = f"{name}:{message}"
         now = self._clock()
         with self._lock:
@@ -261,4 +264,7 @@ class Warnings:
             if len(self._last) > self.CAP:
                 self._last.clear()
             self._last[key] = now
-        log.exception(message, name)
+        if traceback:
+            log.exception(message, name)
+        else:
+            log.warning(message, name)
