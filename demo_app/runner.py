@@ -231,6 +231,8 @@ class Demo:
                 first = False
                 self.control(fail_rate=0.0, latency_ms=700)
                 print("        -- the upstream recovers (slowly: 700 ms); no worker calls it to find out --")
+            if len(story.workers_refusing) < self.workers:
+                continue  # the next round at once: a busy machine may leave time for few
             remaining = (open_until - self.redis_now_ms()) / 1000.0
             time.sleep(max(0.0, min(1.0, remaining - 1.5 * round_ms / 1000 + 0.05)))
 
