@@ -111,6 +111,17 @@ def closed_promptly(breakers: Breakers) -> None:
     assert took < PROMPT, f"close() took {took:.1f}s"
 
 
+def unreachable(down: str, asyncio_side: bool = False) -> Any:
+    """A client of a Redis that does not answer: an in-process fakeredis marked down, or a
+    URL's client of a port nobody serves."""
+    if down == "fake":
+        server = fakeredis.FakeServer()
+        server.connected = False
+        return (fakeredis.FakeAsyncRedis if asyncio_side else fakeredis.FakeRedis)(server=server)
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    return async_client_from_url(url) if asyncio_side else client_from_url(url)
+
+
 def successes(store: Store, name: str = "pay") -> int:
     client = store.client()
     try:
@@ -212,13 +223,7 @@ def test_close_sends_the_batch_the_recorder_is_holding(store, monkeypatch):
 @pytest.mark.parametrize("down", ["fake", "no server"])
 def test_close_wakes_the_store_prober_from_its_backoff(down):
     """Redis is down: the gate's prober waits its backoff (LONG here) between probes."""
-    if down == "fake":
-        server = fakeredis.FakeServer()
-        server.connected = False
-        client: Any = fakeredis.FakeRedis(server=server)
-    else:
-        client = client_from_url(f"redis://127.0.0.1:{free_port()}/0")
-    breakers = Breakers(client, listen=False)
+    breakers = Breakers(unreachable(down), listen=False)
     gate = breakers.gate
     gate._min_backoff = gate._max_backoff = LONG  # type: ignore[union-attr]
     breakers.get("pay").call(lambda: None)  # fails on Redis: answered by the local store
@@ -256,13 +261,7 @@ def test_aclose_ends_every_task_and_sends_the_batch(store, monkeypatch):
 @pytest.mark.parametrize("down", ["fake", "no server"])
 def test_aclose_ends_the_store_prober_in_its_backoff(down):
     async def main() -> None:
-        if down == "fake":
-            server = fakeredis.FakeServer()
-            server.connected = False
-            client: Any = fakeredis.FakeAsyncRedis(server=server)
-        else:
-            client = async_client_from_url(f"redis://127.0.0.1:{free_port()}/0")
-        breakers = AsyncBreakers(client, listen=False)
+        breakers = AsyncBreakers(unreachable(down, asyncio_side=True), listen=False)
         gate = breakers.gate
         gate._min_backoff = gate._max_backoff = LONG  # type: ignore[union-attr]
         await breakers.get("pay").call(lambda: None)
