@@ -400,8 +400,9 @@ class BreakerGroup(_Group):
                                                 ["", "", *self._member_args(step)], fallback=False)
             except StoreUnavailable:
                 return None
-            self.breakers.barrier(step[1])  # a release may have closed it: every worker hears
-            return Reply.decode(raw)
+            reply = Reply.decode(raw)
+            self.breakers.barrier(step[1], reply.ack)  # a release may have closed it: every worker hears
+            return reply
         gate = self.breakers.gate
         if step[0] == "register":
             with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
@@ -437,8 +438,9 @@ class AsyncBreakerGroup(_Group):
         name = _member(self.name, member)
         gate, clock = self.breakers.gate, self.breakers.clock_ms()
         raw = await gate.run_remote("member", name, clock, ["", "", "release", "", "released"])
-        await self.breakers.barrier(name)  # the member may have closed: every worker hears it first
-        upto = Reply.decode(raw).lease or "0"
+        reply = Reply.decode(raw)
+        await self.breakers.barrier(name, reply.ack)  # the member may have closed: every worker hears
+        upto = reply.lease or "0"
         return int(await gate.run_remote("group", self.name, clock, ["", "", "release", name, upto])) == 1
 
     async def _run(self, step: Step) -> Any:
@@ -452,8 +454,9 @@ class AsyncBreakerGroup(_Group):
                                                       ["", "", *self._member_args(step)], fallback=False)
             except StoreUnavailable:
                 return None
-            await self.breakers.barrier(step[1])
-            return Reply.decode(raw)
+            reply = Reply.decode(raw)
+            await self.breakers.barrier(step[1], reply.ack)
+            return reply
         gate = self.breakers.gate
         if step[0] == "register":
             with contextlib.suppress(Exception):
@@ -490,7 +493,7 @@ def release_grant(breakers: Any, group: str, member: str) -> bool:
     validate_name(group)
     name = _member(group, member)
     clock = breakers.clock_ms()
-    raw = breakers.gate.run_remote("member", name, clock, ["", "", "release", "", "released"])
-    breakers.barrier(name)  # the member may have closed: every worker hears it first
-    upto = Reply.decode(raw).lease or "0"
+    reply = Reply.decode(breakers.gate.run_remote("member", name, clock, ["", "", "release", "", "released"]))
+    breakers.barrier(name, reply.ack)  # the member may have closed: every worker hears it first
+    upto = reply.lease or "0"
     return int(breakers.gate.run_remote("group", group, clock, ["", "", "release", name, upto])) == 1

@@ -59,12 +59,14 @@
 -- gets its keys and arguments as parameters).
 local KEY_LIST, ARGS
 local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG
-local NAME, CHANNEL, DB, SHARD, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
+local NAME, CHANNEL, DB, SHARD, WORKERS, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
 -- Keys found corrupted (a field that does not parse) and repaired by this call,
 -- for the reply: the worker logs them, once each. EVENTS: the transitions of this call.
 -- LOST: '' or what this call found of a state the caller knew and Redis had lost
 -- ('restored' from the caller's knowledge, or 'lost': it knew it closed).
 local REPAIRED, EVENTS, LOST
+-- ACK: this call's acknowledged notices, {token, workers that heard them} (notify), or nil
+local ACK
 -- ISO: the calling reporter's isolation (until, ms) for the reply; nil, and nothing in the
 -- reply, unless min_reporters > 1 and that reporter is isolated (see "One sick host" below)
 local ISO
@@ -103,9 +105,12 @@ local function memo(kind, text, derive)
   return d
 end
 
+-- The workers' channel (notify): on a cluster the breaker's sharded one, else the
+-- database's '<prefix>:notices:<db>' (the prefix's channel without ':events').
 local function channels(argv2)
   local channel, db, shard = string.match(argv2, '^(%S+) (%d+) ?(%S*)$')
-  return {channel, tonumber(db), shard}
+  local workers = shard ~= '' and shard or (string.sub(channel, 1, -8) .. ':notices:' .. db)
+  return {channel, tonumber(db), shard, workers}
 end
 
 -- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
@@ -133,7 +138,7 @@ local function begin(keys, argv)
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
   NAME = argv[1]
   local c, t = memo(2, argv[2], channels), memo(4, argv[4], ttls)
-  CHANNEL, DB, SHARD, TTL, TTL_REFRESH_MS = c[1], c[2], c[3], t[1], t[2]
+  CHANNEL, DB, SHARD, WORKERS, TTL, TTL_REFRESH_MS = c[1], c[2], c[3], c[4], t[1], t[2]
   FLOOR, KNOWN = nil, nil  -- ARGV 6, read by caller_knows() when a call needs it (rarely)
   if argv[3] ~= '' then
     NOW = tonumber(argv[3])
@@ -142,7 +147,7 @@ local function begin(keys, argv)
     local ms = time[2] / 1000  -- (microseconds: digits, so Lua's coercion suffices, one strtod)
     NOW = (NUMS[time[1]] or num(time[1])) * 1000 + (ms - ms % 1)
   end
-  REPAIRED, EVENTS, LOST, ISO = '', '', '', nil
+  REPAIRED, EVENTS, LOST, ISO, ACK = '', '', '', nil, nil
 end
 
 -- ARGV 6 (see the header): the caller's highest epoch (FLOOR) and what it knows
@@ -472,13 +477,37 @@ local function flush_pending(from)
   end
 end
 
--- One message to every listener: PUBLISH on <prefix>:events (single-server workers, the
--- CLI's events --follow, the dashboard); on Redis Cluster also SPUBLISH on the breaker's
--- own channel, which this master writes to its subscribers in the same event-loop pass as
--- the reply (a PUBLISH reaches the other masters' subscribers over the cluster bus, later).
-local function notify(message)
+-- One message to everyone who reads the events: PUBLISH on <prefix>:events (the CLI's
+-- events --follow, the dashboard, anyone's redis-cli), and on the workers' channel
+-- (WORKERS: '<prefix>:notices:<db>', or on Redis Cluster the breaker's own sharded channel,
+-- SPUBLISH, which only its master's subscribers hear).
+local function announce(message)
   redis.call('PUBLISH', CHANNEL, message)
-  if SHARD ~= '' then redis.call('SPUBLISH', SHARD, message) end
+  if SHARD ~= '' then return redis.call('SPUBLISH', SHARD, message) end
+  return redis.call('PUBLISH', WORKERS, message)
+end
+
+-- A notice the caller waits for (docs/boundary.md, "The boundary"): the message carries
+-- this call's token, every worker that reads it on the workers' channel counts it in
+-- <prefix>:{NAME}:acks (HINCRBY <token> 1) once it has applied it, and the reply's last
+-- field, '<token> <workers>', tells the caller how many to wait for: as many as the
+-- PUBLISH (SPUBLISH) reached. Only workers listen there, so a dashboard or a redis-cli
+-- watching <prefix>:events is not waited for. The hash expires a minute after its last
+-- notice; a token is the time and a count kept there, so none is ever used twice.
+local ACKS_TTL_MS = 60000
+local function notify(msg)
+  if ACK == nil then
+    local acks = string.sub(K_STATE, 1, -6) .. 'acks'  -- '<prefix>:{NAME}:state' -> ...:acks
+    local seq = redis.pcall('HINCRBY', acks, ' seq', 1)
+    if type(seq) == 'table' then  -- another type, written there by hand
+      redis.call('DEL', acks)
+      seq = redis.call('HINCRBY', acks, ' seq', 1)
+    end
+    redis.call('PEXPIRE', acks, ACKS_TTL_MS)
+    ACK = {string.format('%d-%d', NOW, seq), 0}
+  end
+  msg.ack = ACK[1]
+  ACK[2] = ACK[2] + announce(cjson.encode(msg))
 end
 
 -- Every transition: epoch+1, one line in the events list, one pub/sub message. Messages
@@ -486,7 +515,7 @@ end
 local function publish(s, kind, extra)
   local msg = {name = NAME, kind = kind, epoch = s.epoch, arms = s.arms, born = s.born, db = DB, at = NOW}
   for k, v in pairs(extra or {}) do msg[k] = v end
-  notify(cjson.encode(msg))
+  notify(msg)
 end
 
 transition = function(s, to, cause)
@@ -830,13 +859,19 @@ end
 -- The reply every state-changing script gives, so a worker refreshes what it knows:
 -- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
 --  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated),
---  lost ('', 'restored' or 'lost': see restore_lost), and only when the calling reporter is
---  isolated (min_reporters > 1): until when (ms)}
+-- '<token> <workers>' of this call's notices (notify), '' for none: the reply's last field.
+local function ack_field()
+  return ACK and string.format('%s %d', ACK[1], ACK[2]) or ''
+end
+
+--  lost ('', 'restored' or 'lost': see restore_lost), until when the calling reporter is
+--  isolated (min_reporters > 1; 0 when it is not), ack ('<token> <workers>' when this call
+--  published a notice: see notify; '' when not)}
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
-    s.born, REPAIRED, LOST, ISO}
+    s.born, REPAIRED, LOST, ISO or 0, ack_field()}
 end
 
 -- Breaker groups: a pool of replica hosts of which at most a share may be open at

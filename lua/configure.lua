@@ -19,5 +19,6 @@ for i = 7, #ARGV, 2 do
 end
 local overrides = redis.call('HGETALL', K_CONFIG)
 if #overrides > 0 then redis.call('PERSIST', K_CONFIG) end  -- a TTL an older version gave it
-notify(cjson.encode({name = NAME, kind = 'config', db = DB, at = NOW}))
+notify({name = NAME, kind = 'config', db = DB, at = NOW})
+overrides[#overrides + 1], overrides[#overrides + 2] = ' ack', ack_field()  -- not a field name
 return overrides

@@ -39,5 +39,5 @@ redis.call('GET', key)
 redis.call('PERSIST', key)
 redis.call('PEXPIRE', key, 60000)
 redis.call('PTTL', key)
-notify('{"kind":"health"}')  -- on a cluster, SPUBLISH too: the channel is the key's own name
+announce('{"kind":"health"}')  -- on a cluster, SPUBLISH too: the channel is the key's own name
 return 1

@@ -377,7 +377,7 @@ def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_an_async_sub
             assert await admits(a) and await admits(b)
             for message, round_trips in messages:
                 before = [c["acquire"] for c in counts]
-                await publisher.publish("breaker:events", message)
+                await publisher.publish("breaker:notices:0", message)
                 await delivered(workers, publisher)
                 for _ in range(3):
                     assert await admits(a) and await admits(b)

@@ -227,8 +227,8 @@ def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, conn
     before = [c["acquire"] for c in counts]
     forged = {"name": "pay", "kind": "transition", "from": "closed", "to": "open", "epoch": 10**15,
               "arms": 10**6, "open_until": 10**15, "forced": "open", "cause": "forged", "at": 0}
-    connect().publish("breaker:events", json.dumps(forged))
-    connect().publish("breaker:events", "not json at all")
+    connect().publish("breaker:notices:0", json.dumps(forged))
+    connect().publish("breaker:notices:0", "not json at all")
     for _ in range(20):
         assert admits(a) and admits(b)
     assert spent(counts, before) == [1, 1]
@@ -259,7 +259,7 @@ def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_the_subscrip
     try:
         for message, round_trips in messages:
             before = [c["acquire"] for c in counts]
-            publisher.publish("breaker:events", message)
+            publisher.publish("breaker:notices:0", message)
             publisher.ping()  # then the message is in every subscriber's socket (Breakers.barrier)
             for _ in range(3):
                 assert admits(a) and admits(b)

@@ -27,7 +27,7 @@ from breaker_redis import Breakers
 from breaker_redis.asyncio import Breakers as AsyncBreakers
 from breaker_redis.engine import recorder
 from breaker_redis.engine.background import cancelled
-from breaker_redis.storage import failover, invalidation
+from breaker_redis.storage import acks, failover, invalidation
 from breaker_redis.storage.invalidation import Link
 from breaker_redis.storage.sharded import ShardedInvalidator
 from breaker_redis.urls import async_client_from_url, client_from_url
@@ -73,8 +73,10 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> Store:
 @pytest.fixture
 def long_waits(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Every listener waits LONG seconds on its subscriptions; the event is set when one
-    starts such a wait (a thread in it now or in a moment: either way close() must end it)."""
+    starts such a wait (a thread in it now or in a moment: either way close() must end it).
+    Pings for the subscriptions' leases are as far apart."""
     monkeypatch.setattr(invalidation, "WAIT_SECONDS", LONG)
+    monkeypatch.setattr(acks, "PING_SECONDS", LONG)  # the lease's PINGs would end the wait sooner
     waiting = threading.Event()
     attach = Link.attach
 
@@ -83,7 +85,7 @@ def long_waits(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
         readable = link.readable
 
         def spied(timeout: float) -> Any:
-            if timeout >= LONG:
+            if timeout >= LONG - 1:  # (the next PING due a moment sooner)
                 waiting.set()
             return readable(timeout)
 

@@ -364,7 +364,7 @@ def test_a_forged_message_restores_nothing(redis_server: RedisServer, clock: Any
                       "born": forged_born, "epoch": forged_born + 1, "arms": 0, "open_until": 0, "at": 0}
             if db is not None:
                 forged["db"] = db
-            admin.publish("breaker:events", json.dumps(forged))
+            admin.publish("breaker:notices:0", json.dumps(forged))
             for _ in range(3):
                 assert admits(pay), forged
             snap = pay.snapshot()

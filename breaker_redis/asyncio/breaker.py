@@ -57,6 +57,9 @@ class Listener(Protocol):
 
     healthy: bool
 
+    @property
+    def trust_until(self) -> float: ...
+
     def pending(self) -> bool: ...
 
 
@@ -69,7 +72,7 @@ class Shared(steps.Shared, Protocol):
     def ensure_loop(self) -> None: ...
     def schedule(self, breaker: Breaker) -> None: ...
     async def register_name(self, name: str) -> None: ...
-    async def barrier(self, name: str) -> None: ...
+    async def barrier(self, name: str, ack: str) -> None: ...
     async def give_back_grant(self, name: str, upto: int) -> None: ...
 
 
@@ -141,8 +144,8 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
     async def _register(self) -> None:
         await self._shared.register_name(self.name)
 
-    async def _barrier(self) -> None:
-        await self._shared.barrier(self.name)
+    async def _barrier(self, ack: str) -> None:
+        await self._shared.barrier(self.name, ack)
 
     async def _give_back(self, upto: int) -> None:
         await self._shared.give_back_grant(self.name, upto)
@@ -165,8 +168,8 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
 
     def _trusted(self, known: Knowledge) -> bool:
         listener = self._listener
-        subscribed = listener is not None and listener.healthy and not listener.pending()
-        return known.trusted(self._gate, subscribed)
+        subscribed = listener is not None and not listener.pending()
+        return known.trusted(self._gate, listener.trust_until if listener is not None and subscribed else 0.0)
 
     # -- outcomes --------------------------------------------------------------
 

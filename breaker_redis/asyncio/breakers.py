@@ -26,6 +26,8 @@ from breaker_redis.asyncio.store import AsyncScriptRunner, AsyncStoreGate
 from breaker_redis.engine.background import cancelled
 from breaker_redis.engine.breakers_core import BreakersCore, Parts, configured
 from breaker_redis.engine.recorder import BATCH_SECONDS
+from breaker_redis.storage import acks
+from breaker_redis.storage.acks import acks_key, parse_ack
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.internals import forget_node_connections
 from breaker_redis.storage.notices import Notice
@@ -81,9 +83,9 @@ class Breakers(BreakersCore[Breaker, AsyncStoreGate, AsyncScriptRunner]):
         args = self._configure_args(name, overrides)
         self.ensure_loop()
         await self.register_name(name)
-        raw = await self.gate.run_remote("configure", name, self.clock_ms(), args)
-        await self.barrier(name)
-        return configured(raw)
+        overrides, ack = configured(await self.gate.run_remote("configure", name, self.clock_ms(), args))
+        await self.barrier(name, ack)
+        return overrides
 
     # -- the loop and the process ----------------------------------------------
 
@@ -140,15 +142,18 @@ class Breakers(BreakersCore[Breaker, AsyncStoreGate, AsyncScriptRunner]):
         with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
             await self._runner.register_name(name, self.clock_ms())
 
-    async def barrier(self, name: str) -> None:
-        """One round trip after a reply that made a change (see Breakers.barrier on the sync
-        side), on a cluster to the breaker's master."""
-        with contextlib.suppress(Exception):
-            slots = self._runner.slots
-            if slots is None:
-                await self.client.ping()
-            else:
+    async def barrier(self, name: str, ack: str = "") -> None:
+        """As Breakers.barrier on the sync side: the event loop runs on while it waits."""
+        slots = self._runner.slots
+        if slots is not None:
+            with contextlib.suppress(Exception):
                 await slots.abarrier(self._runner.route_key(name), notices_channel(self.prefix, name), name)
+        wanted = parse_ack(ack)
+        if wanted is not None:
+            await acks.await_acks(self.client, acks_key(self.prefix, name), *wanted)
+
+    def _acknowledge(self, key: str, token: str) -> None:
+        self._start_send(acks.aacknowledge(self.client, key, token))
 
     async def give_back_grant(self, name: str, upto: int) -> None:
         """As Breakers.give_back_grant on the sync side, awaited."""

@@ -28,6 +28,7 @@ import select
 from typing import Any, Protocol
 
 from breaker_redis.engine.background import LoopTask
+from breaker_redis.storage.acks import PING_WORD, Lease, is_lease_pong, pong_payload
 from breaker_redis.storage.internals import detach_stream
 from breaker_redis.storage.invalidation import EventSubscriber
 from breaker_redis.storage.scripts import text
@@ -62,6 +63,12 @@ class _Resp:
         if header is None:
             return None
         line, at = header
+        if line[:1] == b"$" and line[1:].isdigit():
+            # a lone bulk string (a PING's answer on RESP3), as a lone simple string reads
+            size = int(line[1:])
+            if len(self.buffer) < at + size + 2:
+                return None
+            return ["+" + bytes(self.buffer[at : at + size]).decode("utf-8", "replace")], at + size + 2
         if line[:1] not in (b"*", b">"):
             # an error reply or a lone value (a server that refused SUBSCRIBE): surface it
             return [line.decode("utf-8", "replace")], at
@@ -103,6 +110,7 @@ class Subscription(asyncio.Protocol):
         self.stream: Any = None
         self.lost: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
         self._poller: Any = None
+        self.lease = Lease()  # how long what it delivered may be trusted (storage/acks.py)
         raw = transport.get_extra_info("socket")
         if raw is not None:
             self._poller = select.poll()
@@ -125,6 +133,7 @@ class Subscription(asyncio.Protocol):
         self._finish(exc or ConnectionError("the subscription's connection was closed"))
 
     def _finish(self, exc: BaseException | None) -> None:
+        self.lease.ended()
         self._owner.finished(self)
         if not self.lost.done():
             self.lost.set_result(exc)
@@ -134,6 +143,24 @@ class Subscription(asyncio.Protocol):
         parts = [arg.encode() for arg in args]
         bulks = b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
         self.transport.write(b"*%d\r\n%s" % (len(parts), bulks))
+
+    def ping(self) -> None:
+        """Send the lease's PING, unless too many are unanswered."""
+        if not self.lost.done() and self.lease.sending():
+            self.send("PING", PING_WORD)
+
+    def pong(self, data: Any) -> None:
+        """A PONG was read: if it answers the lease's PING, the lease runs on."""
+        if is_lease_pong(data):
+            self.lease.answered()
+
+    async def watch(self) -> BaseException | None:
+        """Until the connection ends (what ended it), pinging it when the lease asks."""
+        while True:
+            done, _ = await asyncio.wait([self.lost], timeout=self.lease.wait())
+            if done:
+                return self.lost.result()
+            self.ping()
 
     def unread(self) -> bool:
         """Whether something received is not delivered yet (see the module's docstring)."""
@@ -156,6 +183,13 @@ class AsyncInvalidator(EventSubscriber):
 
     def ensure_running(self) -> None:
         self.keeper.start()
+
+    @property
+    def trust_until(self) -> float:
+        """Until when memory may decide (time.monotonic): the subscription's lease, 0.0 while
+        it is down."""
+        subscription = self._subscription
+        return subscription.lease.until if subscription is not None and self.healthy else 0.0
 
     def pending(self) -> bool:
         """Whether a message may have arrived that is not delivered yet: then memory does not decide."""
@@ -192,7 +226,7 @@ class AsyncInvalidator(EventSubscriber):
         while True:
             try:
                 subscription = await self._subscribe()
-                exc = await subscription.lost
+                exc = await subscription.watch()
                 if self._subscription is subscription:
                     self._subscription = None
                 if exc is not None:
@@ -209,6 +243,7 @@ class AsyncInvalidator(EventSubscriber):
     async def _subscribe(self) -> Subscription:
         subscription = await take_over(self.client.connection_pool.make_connection(), self)
         subscription.send("SUBSCRIBE", self.channel)
+        subscription.ping()  # its PONG starts the lease
         self._subscription = subscription
         return subscription
 
@@ -221,8 +256,12 @@ class AsyncInvalidator(EventSubscriber):
 
     def handle(self, subscription: Subscription, message: list[Any]) -> None:
         kind = text(message[0]).lower() if message else ""
+        pong = pong_payload(kind, message)
+        if pong is not None:
+            subscription.pong(pong)
+            return
         whole = kind != "message" or len(message) >= 3  # a message: kind, channel, data
-        if (whole and self.event(kind, message[-1] if message else None)) or kind in ("pong", "unsubscribe"):
+        if (whole and self.event(kind, message[-1] if message else None)) or kind == "unsubscribe":
             return
         log.info("the event subscription got %r; asking Redis at every call", message)
         subscription.transport.close()

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from breaker_redis.asyncio.invalidation import Subscription, take_over
 from breaker_redis.engine.background import cancelled
+from breaker_redis.storage.acks import pong_payload
 from breaker_redis.storage.scripts import text
 from breaker_redis.storage.sharded import Channel, Channels
 
@@ -86,6 +87,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
                     idle.transport.close()
                 delay = 0.1
                 timeout = None if not self._wanted else delay
+                timeout = self._pinged(timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -93,6 +95,16 @@ class AsyncShardedInvalidator(Channels[Subscription]):
                 self._refresh = True
                 timeout, delay = delay, min(delay * 2, 5.0)
             await woken(wake, timeout)
+
+    def _pinged(self, timeout: float | None) -> float | None:
+        """Ping each connection whose lease asks for it; the wait until the next is due
+        (timeout at most)."""
+        for subscription in list(self._subscriptions.values()):
+            if subscription.lease.wait() == 0:
+                subscription.ping()
+            due = subscription.lease.wait()
+            timeout = due if timeout is None else min(timeout, due)
+        return timeout
 
     async def _subscribe_wanted(self) -> None:
         if not self._wanted:
@@ -118,6 +130,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
             for channel in channels:
                 channel.healthy, channel.connection = False, subscription
                 subscription.send("SSUBSCRIBE", channel.channel)  # one each: SSUBSCRIBE takes one slot
+            subscription.ping()  # its PONG (after the confirmations) starts the lease
         if unserved:  # a slot no master serves (yet): again after a backoff
             self._wanted.update(unserved)
             raise ConnectionError(f"{len(unserved)} breakers' slots served by no master")
@@ -148,6 +161,10 @@ class AsyncShardedInvalidator(Channels[Subscription]):
                 return
             except (IndexError, ValueError):
                 pass
+        pong = pong_payload(kind, message)
+        if pong is not None:
+            subscription.pong(pong)
+            return
         channel = text(message[1]) if len(message) > 1 else ""
         if not self._handled(subscription, kind, channel, message[2] if len(message) > 2 else None):
             log.info("the event subscription got %r; asking Redis at every call", message)

@@ -56,6 +56,9 @@ class Listener(Protocol):
 
     healthy: bool
 
+    @property
+    def trust_until(self) -> float: ...
+
     def drain(self) -> None: ...
 
 
@@ -69,7 +72,7 @@ class Shared(steps.Shared, Protocol):
     def listener(self, name: str) -> Listener | None: ...
     def ensure_process(self) -> None: ...
     def register_name(self, name: str) -> None: ...
-    def barrier(self, name: str) -> None: ...
+    def barrier(self, name: str, ack: str) -> None: ...
     def give_back_grant(self, name: str, upto: int) -> None: ...
 
 
@@ -112,8 +115,8 @@ class Breaker(BreakerSteps[Permit, None], Protects):
     async def _register(self) -> None:
         self._shared.register_name(self.name)
 
-    async def _barrier(self) -> None:
-        self._shared.barrier(self.name)
+    async def _barrier(self, ack: str) -> None:
+        self._shared.barrier(self.name, ack)
 
     async def _give_back(self, upto: int) -> None:
         self._shared.give_back_grant(self.name, upto)
@@ -205,7 +208,7 @@ class Breaker(BreakerSteps[Permit, None], Protects):
     def _trusted(self, known: Knowledge) -> bool:
         """Whether memory may decide (knowledge.py). Call after the listener's drain()."""
         listener = self._listener
-        return known.trusted(self._gate, listener is not None and listener.healthy)
+        return known.trusted(self._gate, listener.trust_until if listener is not None else 0.0)
 
     # -- 3. outcomes --------------------------------------------------------
 

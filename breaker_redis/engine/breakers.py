@@ -16,6 +16,8 @@ from breaker_redis.engine.background import BackgroundThread, process_hooks, sto
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers_core import DEFAULT_TTL_SECONDS, BreakersCore, Parts, configured
 from breaker_redis.engine.recorder import Recorder
+from breaker_redis.storage import acks
+from breaker_redis.storage.acks import acks_key, parse_ack
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.failover import SentinelFollower
 from breaker_redis.storage.invalidation import Invalidator
@@ -78,31 +80,32 @@ class Breakers(BreakersCore[Breaker, StoreGate, ScriptRunner]):
         """Write live overrides for a breaker; None removes one. Validated first."""
         args = self._configure_args(name, overrides)
         self.register_name(name)
-        raw = self.gate.run_remote("configure", name, self.clock_ms(), args)
-        self.barrier(name)  # every worker applies it at its next call
-        return configured(raw)
+        overrides, ack = configured(self.gate.run_remote("configure", name, self.clock_ms(), args))
+        self.barrier(name, ack)  # every worker has forgotten what it knew when this returns
+        return overrides
 
     def register_name(self, name: str) -> None:
         with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
             self._runner.register_name(name, self.clock_ms())
 
-    def barrier(self, name: str) -> None:
-        """One round trip after a reply that made a change to breaker name, before the call returns.
-
-        Redis writes a published message in the same event-loop pass as the
-        publisher's reply, but may write the reply first; any later command is
-        read after that pass, so once it answers, the change's message is in
-        every subscriber's socket (see invalidation.py). Done whether or not
-        this process listens: the other workers are the ones who need it. On a
-        cluster it goes to the breaker's master, whose subscribers hear the
-        breaker (cluster.Slots.barrier).
+    def barrier(self, name: str, ack: str = "") -> None:
+        """After a reply that made a change to breaker ``name``, before the call returns:
+        wait until every worker listening has applied the change's notice, or its lease
+        ran out (storage/acks.py). ``ack`` is the reply's '<token> <workers>' ('' for a
+        call that published nothing). Done whether or not this process listens: the other
+        workers are the ones who need it. On a cluster, a breaker whose slot is migrating
+        gets a hint on the migrating master first (cluster.Slots.barrier).
         """
-        with contextlib.suppress(Exception):  # a lost barrier only weakens the hint's head start
-            slots = self._runner.slots
-            if slots is None:
-                self.client.ping()
-            else:
+        slots = self._runner.slots
+        if slots is not None:
+            with contextlib.suppress(Exception):  # the acknowledgements below still bound it
                 slots.barrier(self._runner.route_key(name), notices_channel(self.prefix, name), name)
+        wanted = parse_ack(ack)
+        if wanted is not None:
+            acks.wait(self.client, acks_key(self.prefix, name), *wanted)
+
+    def _acknowledge(self, key: str, token: str) -> None:
+        acks.acknowledge(self.client, key, token)
 
     def give_back_grant(self, name: str, upto: int) -> None:
         """Breaker ``name``, a group member, gave its grant back in its own slot as it closed

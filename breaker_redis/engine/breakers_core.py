@@ -26,6 +26,7 @@ from breaker_redis.engine.config import BreakerConfig, checked_changes
 from breaker_redis.engine.knowledge import about_another_database
 from breaker_redis.engine.reporters import reporter_or_default
 from breaker_redis.engine.transitions import TransitionCallback, TransitionHooks
+from breaker_redis.storage.acks import acks_key
 from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.scripts import Scripts, flat_pairs, text, validate_name
 from breaker_redis.storage.store import GateHealth, MasterGates
@@ -121,7 +122,7 @@ class BreakersCore(Generic[B, G, R]):
         """One server's event subscription, and its Sentinel follower (failover.py)."""
         self.follower = self.parts.follower.for_client(self.client, self._master_moved)
         if listen:
-            channel = self._runner.channel
+            channel = self._runner.workers_channel
             self.invalidator = self.parts.invalidator(self.client, channel, self._on_event, self._forget_all)
 
     def _started(self) -> None:
@@ -238,6 +239,12 @@ class BreakersCore(Generic[B, G, R]):
         breaker = self._breakers.get(notice.name)
         if breaker is not None:
             self._hint(breaker, notice)
+        if notice.ack:  # applied: the call that made the change may return (storage/acks.py)
+            self._acknowledge(acks_key(self.prefix, notice.name), notice.ack)
+
+    def _acknowledge(self, key: str, token: str) -> None:
+        """Count this worker's application of a notice (each side's I/O)."""
+        raise NotImplementedError
 
     def _hint(self, breaker: B, notice: Notice) -> None:
         breaker.hint(notice)
@@ -273,6 +280,8 @@ class BreakersCore(Generic[B, G, R]):
             self._forget_names([name for name in list(self._breakers) if gate.master_of(name) == master])
 
 
-def configured(raw: Any) -> dict[str, str]:
-    """configure()'s reply: the breaker's overrides now in Redis."""
-    return {key: text(value) for key, value in flat_pairs(raw).items()}
+def configured(raw: Any) -> tuple[dict[str, str], str]:
+    """configure()'s reply: the breaker's overrides now in Redis, and its notice's
+    '<token> <workers>' (lua/configure.lua's last pair, ' ack': no field's name)."""
+    overrides = {key: text(value) for key, value in flat_pairs(raw).items()}
+    return overrides, overrides.pop(" ack", "")

@@ -68,6 +68,8 @@ class Reply:
     lost: str = ""
     # min_reporters > 1: until when (Redis ms) the calling worker's reporter is isolated, 0 if not
     isolated_until: int = 0
+    # the notices this call published: '<token> <workers>' (storage/acks.py), '' for none
+    ack: str = ""
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
@@ -159,18 +161,21 @@ class Knowledge:
             return True
         return self.rank >= other.rank
 
-    def trusted(self, gate: Gate, subscribed: bool) -> bool:
+    def trusted(self, gate: Gate, lease_until: float) -> bool:
         """Whether memory may decide (after the notices received were delivered).
 
         Learned from the store the gate uses now; and that store is the
         in-process fallback, which no other process changes, or the
-        subscription is up and a reply came within TRUST_SECONDS.
+        subscription is up and its lease runs (``lease_until``, time.monotonic:
+        storage/acks.py; 0.0 when it is down) and a reply came within
+        TRUST_SECONDS.
         """
         if self.generation != gate.generation:
             return False
         if not gate.healthy:
             return True
-        return subscribed and time.monotonic() - self.learned_at < TRUST_SECONDS
+        now = time.monotonic()
+        return now < lease_until and now - self.learned_at < TRUST_SECONDS
 
     def slow(self, duration_ms: int) -> bool:
         """A call this long counts as slow (as lua/record.lua judges it)."""

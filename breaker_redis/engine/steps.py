@@ -111,8 +111,9 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         """List this breaker's name (Breakers.register_name)."""
         raise NotImplementedError
 
-    async def _barrier(self) -> None:
-        """Breakers.barrier: the change's message is in every worker's socket."""
+    async def _barrier(self, ack: str) -> None:
+        """Breakers.barrier: every listening worker applied the change's notice (``ack``:
+        the reply's '<token> <workers>', storage/acks.py)."""
         raise NotImplementedError
 
     async def _give_back(self, upto: int) -> None:
@@ -144,7 +145,7 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         if current and self._listing_due(shared.pid, gate.remote.ttl_ms):
             await self._register()
         if reply.events and current:
-            await self._barrier()
+            await self._barrier(reply.ack)
             shared.transitioned(self.name, reply.events, reply.epoch, reply.now)
         hooked = self.on_events is not None and gate.live(generation)
         if reply.events and self.on_events is not None and hooked:

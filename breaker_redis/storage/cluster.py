@@ -206,14 +206,16 @@ class Slots:
         return cluster if node is None else cluster.get_redis_connection(node)
 
     def barrier(self, key: str, channel: str, name: str) -> None:
-        """One round trip to the master of key's slot after a reply that reports a change,
-        so every subscriber there has the change's message (see the module's docstring);
-        during a migration a hint on the migrating master first."""
+        """After a reply that reports a change, while key's slot migrates: a hint on the
+        migrating master, whose subscribers did not hear the change (see the module's
+        docstring), and one round trip to it after. Nothing otherwise: the change's own
+        notice is acknowledged (storage/acks.py)."""
+        if not self.moving(self.slot(key)):
+            return
         with self.following():
             target = self.target(key)
-            if self.moving(self.slot(key)):
-                with contextlib.suppress(_HINT_REFUSED):
-                    target.execute_command("SPUBLISH", channel, _moving_hint(name))
+            with contextlib.suppress(_HINT_REFUSED):
+                target.execute_command("SPUBLISH", channel, _moving_hint(name))
             target.ping()
 
     # -- the asyncio client -----------------------------------------------------------
@@ -251,12 +253,14 @@ class Slots:
             return await send(self.client)
 
     async def abarrier(self, key: str, channel: str, name: str) -> None:
+        """barrier() for the asyncio client."""
+        if not self.moving(self.slot(key)):
+            return
         async with self.afollowing():
             node = self.owner(self.slot(key))
             target = self.client if node is None else node
-            if self.moving(self.slot(key)):
-                with contextlib.suppress(_HINT_REFUSED):
-                    await target.execute_command("SPUBLISH", channel, _moving_hint(name))
+            with contextlib.suppress(_HINT_REFUSED):
+                await target.execute_command("SPUBLISH", channel, _moving_hint(name))
             await target.execute_command("PING")
 
 

@@ -1,20 +1,19 @@
 """Keeps every worker's knowledge honest without asking Redis before each call.
 
-One subscription per process to ``<prefix>:events``: every script that changes
-a breaker (a transition, the breaker arming, a force, a reset, a live-config
-write) publishes there. A message is a hint (see knowledge.py): the worker
-forgets what it knew about that breaker and asks Redis at its next call.
+One subscription per process to the workers' channel, ``<prefix>:notices:<db>``:
+every script that changes a breaker (a transition, the breaker arming, a
+force, a reset, a live-config write) publishes there. A message is a hint
+(see knowledge.py): the worker forgets what it knew about that breaker and
+asks Redis at its next call; then it acknowledges the message, and the call
+that made the change waits for those acknowledgements (storage/acks.py).
 
-The trip boundary rests on one ordering: by the time the call that made a
-change returns, the change's message is already in every subscriber's socket.
-Redis writes a published message in the same event-loop pass as the
-publisher's reply (the embedded server does the same), and the worker that
-made the change runs one more round trip (``Breakers.barrier``) before it
-returns, which that pass must have finished first. So a worker never waits
-for its listener thread to be scheduled: before deciding from memory, the
-deciding thread itself delivers whatever is readable (``drain``). The thread
-only keeps an idle worker's socket empty and reconnects after a loss; while
-the subscription is down, ``healthy`` is False and workers ask Redis.
+Memory decides only while the subscription's lease runs: the listener pings
+the connection every ``acks.PING_SECONDS``, and each PONG of its own extends
+the lease to ``acks.LEASE_SECONDS`` after that PING was sent. Whatever is
+readable is also delivered by the deciding thread before it decides
+(``drain``), so a message already received never waits for the listener
+thread to be scheduled; while the subscription is down, ``healthy`` is False
+and workers ask Redis.
 
 Every wait of the listener ends the moment ``close()`` (or a master's switch)
 asks it to: the socket it waits on is shut down, an in-process connection
@@ -37,6 +36,7 @@ import redis
 
 from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl
+from breaker_redis.storage.acks import PING_WORD, Lease, is_lease_pong
 from breaker_redis.storage.internals import connection_socket, fake_readable
 from breaker_redis.storage.notices import Notice, parse_notice
 from breaker_redis.storage.scripts import text
@@ -70,6 +70,7 @@ class Link:
         self.closed = False
         self.socket: Any = None
         self.readable: Callable[[float], Any] = _never
+        self.lease = Lease()  # how long what it delivered may be trusted (storage/acks.py)
         self._interrupted = threading.Event()  # ends the wait of a transport that cannot be polled
         self._closing = threading.Lock()  # one close of the connection at a time (interrupt, close)
         self.attach()
@@ -105,6 +106,16 @@ class Link:
         with self.lock:
             self.read_all()
 
+    def ping(self) -> None:
+        """Send the lease's PING, if one is due and not too many are unanswered. Holds lock."""
+        if not self.closed and self.lease.sending():
+            self.pubsub.ping(PING_WORD)
+
+    def pong(self, data: Any) -> None:
+        """A PONG was read: if it answers the lease's PING, the lease runs on."""
+        if is_lease_pong(data):
+            self.lease.answered()
+
     def read_all(self) -> None:
         """Read and deliver every message that has arrived. Holds lock."""
         if self.closed:
@@ -122,6 +133,7 @@ class Link:
                     # the client reconnected and re-subscribed by itself: messages
                     # may have been missed, so nothing known is trusted until the
                     # new subscription is confirmed (perhaps by this very message)
+                    self.lease.ended()
                     self.owner.reconnected(self)
                     self.attach()
                 if message is not None:
@@ -142,6 +154,7 @@ class Link:
         with self.lock:
             self.closed = True
             self.readable = _never
+            self.lease.ended()
             sock = self.socket
         self._interrupted.set()
         if isinstance(sock, socket.socket):
@@ -153,6 +166,7 @@ class Link:
         """Stop reading it (drain returns at once) and close the connection."""
         self.closed = True
         self.readable = _never
+        self.lease.ended()
         with self._closing, contextlib.suppress(Exception):
             self.pubsub.close()
 
@@ -169,7 +183,7 @@ OnMessage = Callable[[Notice], None]  # given each event, read by parse_notice (
 
 @dataclass(eq=False)
 class EventSubscriber:
-    """What a process's subscription to ``<prefix>:events`` does with what it reads,
+    """What a process's subscription to the workers' channel does with what it reads,
     the same on both sides: ``Invalidator`` here reads it in a thread,
     ``AsyncInvalidator`` (breaker_redis/asyncio/invalidation.py) in the event loop's
     protocol callback."""
@@ -208,12 +222,19 @@ class Invalidator(EventSubscriber):
         # connection this process subscribes on in turn.
         self._read_lock = threading.Lock()
         self._link: Link | None = None
-        prefix = self.channel.removesuffix(":events")
+        prefix = self.channel.rpartition(":notices:")[0]
         self._permission = acl.PermissionLog(self.client, prefix, "the event subscription")
 
     def listener(self, name: str) -> Invalidator:
         """What a breaker drains and checks: on one server, the one subscription."""
         return self
+
+    @property
+    def trust_until(self) -> float:
+        """Until when memory may decide (time.monotonic): the lease of the subscription, 0.0
+        while it is down."""
+        link = self._link
+        return link.lease.until if link is not None and self.healthy else 0.0
 
     def ensure_running(self) -> None:
         """Start the listener once per process, whatever the concurrency of first calls."""
@@ -274,12 +295,16 @@ class Invalidator(EventSubscriber):
                     link = Link(pubsub, self, self._read_lock)
                     self._link = link
                     pubsub.subscribe(self.channel)
+                    link.ping()  # its PONG starts the lease
                     link.attach()
                     link.read_all()
                 while not thread.stopped() and self._link is link and not link.closed:
-                    if link.readable(WAIT_SECONDS):
+                    if link.readable(min(WAIT_SECONDS, link.lease.wait())):
                         with self._read_lock:
                             link.read_all()
+                    if link.lease.wait() == 0:
+                        with self._read_lock:
+                            link.ping()
                     delay = 0.1 if self.healthy else delay
                 if self._link is not link:  # left by resubscribe(): at once, on the new server
                     self.lost(link, None)
@@ -293,7 +318,11 @@ class Invalidator(EventSubscriber):
     # -- what the link reports ------------------------------------------------
 
     def handle(self, link: Link, message: dict[str, Any]) -> None:
-        self.event(text(message.get("type")), message.get("data"))
+        kind = text(message.get("type"))
+        if kind == "pong":
+            link.pong(message.get("data"))
+        else:
+            self.event(kind, message.get("data"))
 
     def refused(self, link: Link, exc: BaseException) -> bool:
         return False  # SUBSCRIBE refused (an ACL without the channel): the connection ends

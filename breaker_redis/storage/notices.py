@@ -73,6 +73,9 @@ class Notice:
     came_from: str | None = None
     cause: str | None = None
     details: tuple[tuple[str, str | int], ...] = ()
+    # the token a worker acknowledges once it has applied the message (storage/acks.py):
+    # '<ms>-<count>' as lua/_lib.lua notify writes it, '' for none (or anything else)
+    ack: str = ""
 
 
 def parse_notice(data: Any) -> Notice | None:
@@ -105,6 +108,7 @@ def parse_notice(data: Any) -> Notice | None:
             came_from=came_from if isinstance(came_from, str) and came_from in STATES else None,
             cause=cause if isinstance(cause, str) else None,
             details=_details(payload),
+            ack=_token(payload.get("ack")),
         )
     except Exception:  # anything at all (a RecursionError on deep nesting included): dropped
         return None
@@ -120,7 +124,7 @@ _NOT_A_NUMBER = _NotANumber()
 
 # The fields a Notice holds by name; the others are its details.
 KNOWN_FIELDS = frozenset({"name", "kind", "db", "born", "epoch", "arms", "open_until", "to", "forced",
-                          "reporter", "at", "from", "cause"})
+                          "reporter", "at", "from", "cause", "ack"})
 
 
 def _details(payload: dict[str, Any]) -> tuple[tuple[str, str | int], ...]:
@@ -158,6 +162,15 @@ def _integer(value: Any) -> int | None:
     if isinstance(value, int) and 0 <= value <= MAX_INTEGER:
         return value
     return None
+
+
+def _token(value: Any) -> str:
+    """An acknowledgement token as a script writes it ('<ms>-<count>'), else ''."""
+    if isinstance(value, str) and len(value) <= 2 * MAX_DIGITS + 1:
+        ms, dash, count = value.partition("-")
+        if dash and ms.isdigit() and count.isdigit() and ms.isascii() and count.isascii():
+            return value
+    return ""
 
 
 def _database(payload: dict[str, Any]) -> int | None:

@@ -57,11 +57,12 @@ OPERATIONS = (
     *("hold", "member", "group"),
 )
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
-# A breaker's key the scripts touch without declaring it: only with min_reporters above 1
-# (lua/_lib.lua rep_key, '<prefix>:{NAME}:reporters'). It carries the breaker's hash tag, so it
-# is in the slot of the declared keys (on Redis Cluster too); declared, it would cost every
-# call one more key, for a feature off by default.
-UNDECLARED_SUFFIXES = ("reporters",)
+# A breaker's keys the scripts touch without declaring them: '<prefix>:{NAME}:reporters' only
+# with min_reporters above 1 (lua/_lib.lua rep_key), '<prefix>:{NAME}:acks' only when a script
+# publishes a notice (notify). Each carries the breaker's hash tag, so it is in the slot of the
+# declared keys (on Redis Cluster too); declared, each would cost every call one more key, for
+# something most calls never touch.
+UNDECLARED_SUFFIXES = ("reporters", "acks")
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 
 # The steps of one script call (the module's docstring; Scripts.after), and what sends each:
@@ -208,6 +209,9 @@ class Scripts:
         # worker drops those about another database's breakers (Breakers._on_event)
         self.database = database_of(client)
         self._publish_to = f"{self.channel} {self.database}"
+        # what workers subscribe to on one server (on a cluster, each breaker's sharded channel):
+        # only workers, so the scripts know how many to wait for (storage/acks.py)
+        self.workers_channel = f"{prefix}:notices:{self.database}"
         self.names_key = f"{prefix}:names"
         self.health_key = f"{prefix}:health"  # lua/health.lua's, outside every breaker's hash tag
         self.groups_key = f"{prefix}:groups"  # the names of the breaker groups (breaker_redis/groups.py)

@@ -56,6 +56,7 @@ import redis
 
 from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl, invalidation
+from breaker_redis.storage.acks import Leased
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.internals import connection_socket, forget_shard_channel
 from breaker_redis.storage.invalidation import Link, OnMessage
@@ -65,7 +66,8 @@ from breaker_redis.storage.scripts import Scripts, text
 log = logging.getLogger("breaker_redis")
 
 
-X = TypeVar("X")  # the connection a channel is subscribed on: a Link here, a Subscription in asyncio
+# the connection a channel is subscribed on: a Link here, a Subscription in asyncio
+X = TypeVar("X", bound=Leased)
 
 
 class Channel(Generic[X]):
@@ -80,6 +82,13 @@ class Channel(Generic[X]):
         self.slot = slot
         self.healthy = False
         self.connection: X | None = None
+
+    @property
+    def trust_until(self) -> float:
+        """Until when memory may decide (time.monotonic): the lease of its master's connection
+        while the channel is trusted there, else 0.0."""
+        connection = self.connection
+        return connection.lease.until if connection is not None and self.healthy else 0.0
 
     def drain(self) -> None:
         """Deliver, in this thread, what the connection of this breaker's master holds (sync)."""
@@ -195,8 +204,11 @@ class Channels(Generic[X]):
             if notice is not None:
                 self._on_message(notice)
             return True
+        if kind == "pong":
+            connection.pong(data)
+            return True
         if kind not in ("ssubscribe", "sunsubscribe"):
-            return kind == "pong"
+            return False
         channel = self._by_channel.get(channel_name)
         if channel is None or channel.connection is not connection:
             return True  # a channel since subscribed elsewhere
@@ -337,6 +349,8 @@ class ShardedInvalidator(Channels[Link]):
                 poller.register(fd, select.POLLIN)
                 by_fd[fd] = link
         timeout = invalidation.WAIT_SECONDS  # a wake-up (close(), a breaker to subscribe) ends it
+        for link in links:
+            timeout = min(timeout, link.lease.wait())
         if self._wanted:
             timeout = min(timeout, max(0.0, self._retry_at - time.monotonic()))
         if len(by_fd) < len(links):
@@ -350,6 +364,9 @@ class ShardedInvalidator(Channels[Link]):
             if id(link) not in polled:  # readable, or not pollable
                 with link.lock:
                     link.read_all()
+            if link.lease.wait() == 0:
+                with link.lock:
+                    link.ping()
 
     def _subscribe_wanted(self) -> None:
         if not self._wanted or time.monotonic() < self._retry_at:
@@ -388,6 +405,7 @@ class ShardedInvalidator(Channels[Link]):
             except Exception as exc:
                 self.lost(link, exc)
                 raise
+            link.ping()  # its PONG (after the confirmations) starts the lease
             if link.socket is not connection_socket(link.pubsub.connection):
                 link.attach()  # a new connection
             link.read_all()
