@@ -14,6 +14,8 @@ from breaker_redis import Breakers
 from breaker_redis.embedded import EmbeddedServer
 from breaker_redis.urls import client_from_url
 from demo_app import stack
+from tests.jitter_proxy import Proxies
+from tests.mp_workers import emptied_server_url
 from tests.redis_server import RedisServer
 from tests.topologies import ClusterGroup, started
 
@@ -47,6 +49,22 @@ def embedded() -> Iterator[EmbeddedServer]:
     server = EmbeddedServer("127.0.0.1", 0).start()  # port 0: the kernel picks a free one
     yield server
     server.stop()
+
+
+@pytest.fixture
+def jitter_proxies() -> Iterator[Proxies]:
+    """Starts proxies that deliver each connection's replies late, subscriptions later
+    (tests/jitter_proxy.py): ``jitter_proxies(port)``. Stopped at the test's end."""
+    proxies = Proxies()
+    yield proxies
+    proxies.stop()
+
+
+@pytest.fixture(params=["real", "embedded"])
+def proxied_url(request: pytest.FixtureRequest, jitter_proxies: Proxies) -> str:
+    """The URL of a proxy from ``jitter_proxies`` in front of the session's redis-server
+    ('real') or embedded server ('embedded'), emptied (tests/mp_workers.py emptied_server_url)."""
+    return emptied_server_url(request, through=jitter_proxies)
 
 
 class Clock:

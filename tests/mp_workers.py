@@ -73,12 +73,16 @@ def serve(
     ``now_ms``, a test clock that the command "clock <ms>" sets. Besides the calls:
     "listening" (its subscription is confirmed), "store" (its breaker's store:
     "redis" or the fallback's), "calm N" (N healthy calls in a row, then its batch
-    sent: what a busy worker does between two of the test's steps)."""
+    sent: what a busy worker does between two of the test's steps), "failure-opens" (a
+    failure, answered "opened" when this call's own reply opened the breaker, else
+    "recorded"), "hold" then "release-<outcome>" (a call left running, then recorded)."""
     clock = [now_ms]
     breakers = Breakers.from_url(
         url, batch_successes=batch_successes, reporter=reporter,
         clock=None if now_ms is None else (lambda: int(clock[0] or 0)),
     )
+    made: list[str] = []  # the states this process's calls moved the breaker to (on_transition)
+    breakers.on_transition(lambda t: made.append(t.new))
     breaker = breakers.get(name, config)
     breakers.ensure_process()
     while not (breakers.invalidator is not None and breakers.invalidator.healthy):
@@ -112,8 +116,13 @@ def serve(
                 breakers.flush()
             elif command == "hold":
                 held.append(breaker.acquire())
-            elif command == "release-success":
-                held.pop().success()
+            elif command.startswith("release-"):
+                held.pop().record(command.removeprefix("release-"))
+            elif command == "failure-opens":
+                made.clear()
+                breaker.acquire().failure()
+                conn.send("opened" if "open" in made else "recorded")
+                continue
             else:  # "success" | "failure"
                 breaker.acquire().record(command)
             conn.send(True)
@@ -220,16 +229,25 @@ def steady(url: str, name: str, config: BreakerConfig, failure_rate: float, seco
     return calls, failures, refused
 
 
-def emptied_server_url(request: Any) -> str:
+def emptied_server_url(request: Any, through: Callable[[int], Any] | None = None) -> str:
     """The URL of the session's redis-server (``request.param`` 'real') or embedded
-    server ('embedded'), emptied: a ``url`` fixture of the process tests."""
+    server ('embedded'), emptied: a ``url`` fixture of the process tests. With
+    ``through`` (tests/jitter_proxy.py's ``Proxies``), the URL of a proxy it starts
+    in front of that server."""
     server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
     Breakers.from_url(server.url, listen=False).client.flushall()
     # the longest client timeout the product allows: a reply stalled past the default
     # 0.25 s on a busy machine sends a worker to its local store, whose counts Redis
     # never sees (8 free-running processes on 2 cores keep a server busy)
-    url = str(server.url)
+    url = str(server.url if through is None else through(server.port).url)
     return url + ("&" if "?" in url else "?") + "socket_timeout=0.9&socket_connect_timeout=0.9"
+
+
+def at_once(workers: list[Worker], command: str) -> list[Any]:
+    """Send command to every worker before any answers; their answers, in the workers' order."""
+    for worker in workers:
+        worker.conn.send(command)
+    return [worker.answer(command) for worker in workers]
 
 
 class Worker:
@@ -261,6 +279,10 @@ class Worker:
 
     def ask(self, command: str) -> Any:
         self.conn.send(command)
+        return self.answer(command)
+
+    def answer(self, command: str) -> Any:
+        """The answer to command, sent already."""
         assert self.conn.poll(30), f"the worker process did not answer {command!r}"
         return self.conn.recv()
 

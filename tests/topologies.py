@@ -7,7 +7,7 @@
 - ``SentinelGroup``: a master, one replica and three sentinels (quorum 2,
   short timeouts);
 - ``ClusterGroup``: three cluster masters joined with ``redis-cli --cluster create``,
-  with a replica each when asked.
+  with a replica each when asked, behind a proxy each when asked (tests/jitter_proxy.py).
 
 Each keeps its files (configs, certificates, logs) in a temp dir of its own and
 removes it in ``stop()``; ``start()`` either returns a topology that answers
@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import redis
 
 from breaker_redis.urls import no_retry
+from tests.jitter_proxy import JitterProxy
 from tests.redis_server import free_port, redis_server_binary, wait_until
 
 T = TypeVar("T")
@@ -526,14 +527,26 @@ class ClusterGroup(Topology):
     that a ``CLUSTER FAILOVER`` or a dead master's automatic failover can
     happen at once. ``ports`` lists every node started (masters first, as
     ``redis-cli --cluster create`` takes them); a node killed with ``kill``
-    stays listed there and in ``dead``."""
+    stays listed there and in ``dead``.
+
+    ``proxied``: a JitterProxy in front of every node (``proxies``, as ``ports``), each
+    node announcing its proxy's port (``--cluster-announce-port``; its bus stays on the
+    node's port + 10000), so that CLUSTER SLOTS, MOVED and ``url`` name the proxies and
+    clients reach every node through its proxy. The group's own checks use the nodes'
+    ports; CLUSTER NODES and CLUSTER SLOTS then name the proxies' (no replicas then)."""
 
     kind = "cluster"
 
-    def __init__(self, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 3000) -> None:
+    def __init__(
+        self, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 3000, proxied: bool = False
+    ) -> None:
         super().__init__()
         if replicas not in (0, 1):
             raise ValueError(f"replicas must be 0 or 1 (got {replicas!r})")
+        if replicas and proxied:
+            raise ValueError("a proxied cluster has no replicas (views() reads the nodes' ports)")
+        self.proxied = proxied
+        self.proxies: list[JitterProxy] = []  # the nodes', in the order of ports
         self.size = masters
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
@@ -552,8 +565,18 @@ class ClusterGroup(Topology):
         for index in range(self.node_count):
             node_dir = self.dir / f"node{index}"
             node_dir.mkdir()
+            proxy = JitterProxy().start() if self.proxied else None
+            if proxy is not None:
+                self.proxies.append(proxy)
 
-            def argv(port: int, node_dir: Path = node_dir) -> list[str]:
+            def argv(port: int, node_dir: Path = node_dir, proxy: JitterProxy | None = proxy) -> list[str]:
+                announce: list[str] = []
+                if proxy is not None:  # the proxy connects to its target when a client connects
+                    proxy.target_port = port
+                    announce = [
+                        *("--cluster-announce-ip", HOST, "--cluster-announce-port", str(proxy.port)),
+                        *("--cluster-announce-bus-port", str(port + 10000)),
+                    ]
                 return _server_argv(
                     binary,
                     node_dir,
@@ -566,6 +589,7 @@ class ClusterGroup(Topology):
                     "--cluster-node-timeout",
                     str(self.node_timeout_ms),
                     *repl,
+                    *announce,
                 )
 
             port, child = _start(
@@ -725,9 +749,17 @@ class ClusterGroup(Topology):
         for port in self.masters():
             self.node(port).flushall()
 
+    def stop(self) -> None:
+        super().stop()
+        for proxy in self.proxies:
+            proxy.stop()
+        self.proxies.clear()
+
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"{HOST}:{port}" for port in self.ports)
+        """The nodes', or with ``proxied`` their proxies' addresses."""
+        ports = [proxy.port for proxy in self.proxies] if self.proxied else self.ports
+        return "redis+cluster://" + ",".join(f"{HOST}:{port}" for port in ports)
 
 
 @contextlib.contextmanager
