@@ -30,7 +30,6 @@ from breaker_redis.storage import acks
 from breaker_redis.storage.acks import acks_key, parse_ack
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.internals import forget_node_connections
-from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.scripts import text
 
 log = logging.getLogger("breaker_redis")
@@ -164,9 +163,8 @@ class Breakers(BreakersCore[Breaker, AsyncStoreGate, AsyncScriptRunner]):
         except Exception as exc:  # an outage, a permission: the reclaim covers it
             log.warning("breaker %r gave its group grant back; a group could not be told (%s)", name, exc)
 
-    def _hint(self, breaker: Breaker, notice: Notice) -> None:
-        if breaker.hint(notice):  # news, and a batch waits: sent now (the breaker may no longer be calm)
-            self._start_send(breaker.flush_batch())
+    def _send_batch(self, breaker: Breaker) -> None:
+        self._start_send(breaker.flush_batch())
 
     async def flush(self) -> None:
         """Send every breaker's batched successes and counts kept in memory now."""

@@ -255,14 +255,14 @@ class Breaker(BreakerSteps[Permit, None], Protects):
         with self._send_lock:
             run_sync(self._sending(epoch, outcome, duration_ms, lease, generation))
 
-    def hint(self, notice: Notice) -> None:
-        """A pushed message about this breaker: if it is news, the next call asks
-        Redis, and the batch goes now (the breaker may no longer be calm). Ignored
-        while its store is the local one: nothing known there came from Redis."""
+    def hint(self, notice: Notice) -> bool:
+        """A pushed message about this breaker: if it is news, the next call asks Redis;
+        True when, besides, a batch waits, which the caller sends at once (the breaker
+        may no longer be calm), once the message is acknowledged. Ignored while its
+        store is the local one: nothing known there came from Redis."""
         if self._about_another_reporter(notice):
-            return
-        if self._gate.healthy and self._memory.hint(notice):
-            self.flush_batch()
+            return False
+        return self._gate.healthy and self._memory.hint(notice) and self.holds_counts
 
     # -- reading and administration (the actions: steps.py) -------------------
 

@@ -107,6 +107,9 @@ class Breakers(BreakersCore[Breaker, StoreGate, ScriptRunner]):
     def _acknowledge(self, key: str, token: str) -> None:
         acks.acknowledge(self.client, key, token)
 
+    def _send_batch(self, breaker: Breaker) -> None:
+        breaker.flush_batch()
+
     def give_back_grant(self, name: str, upto: int) -> None:
         """Breaker ``name``, a group member, gave its grant back in its own slot as it closed
         (every token up to ``upto`` revoked, lua/_lib.lua give_back_grant): every breaker group

@@ -41,7 +41,7 @@ class Built(Protocol):
     config: BreakerConfig
 
     def forget(self) -> None: ...
-    def hint(self, notice: Notice) -> bool | None: ...
+    def hint(self, notice: Notice) -> bool: ...
 
 
 B = TypeVar("B", bound=Built)  # the side's Breaker
@@ -237,17 +237,19 @@ class BreakersCore(Generic[B, G, R]):
         if about_another_database(notice, self._runner.database):
             return
         breaker = self._breakers.get(notice.name)
-        if breaker is not None:
-            self._hint(breaker, notice)
+        batched = breaker is not None and breaker.hint(notice)
         if notice.ack:  # applied: the call that made the change may return (storage/acks.py)
             self._acknowledge(acks_key(self.prefix, notice.name), notice.ack)
+        if batched and breaker is not None:  # after: a send made here never waits for itself
+            self._send_batch(breaker)
 
     def _acknowledge(self, key: str, token: str) -> None:
         """Count this worker's application of a notice (each side's I/O)."""
         raise NotImplementedError
 
-    def _hint(self, breaker: B, notice: Notice) -> None:
-        breaker.hint(notice)
+    def _send_batch(self, breaker: B) -> None:
+        """Send a breaker's batch now: a notice made it news (each side's I/O)."""
+        raise NotImplementedError
 
     def _master_moved(self) -> None:
         """Sentinel named another master (failover.py): what this worker knew, and its
