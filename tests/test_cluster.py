@@ -437,6 +437,10 @@ def test_a_resharded_slot_is_followed_and_the_boundary_holds_throughout(made):
         assert shard_numsub(group, source, channel) == 2 and shard_numsub(group, target, channel) == 0
         held.ignore()
 
+        # what the seven keys' migration left: the acknowledgements' hash, which only matters
+        # while a change waits (the importing master has its own since the ASK)
+        for key in group.node(source).execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            group.node(source).delete(key)
         for port in (target, source, *(p for p in group.ports if p not in (source, target))):
             group.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
         wait_until(

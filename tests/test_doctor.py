@@ -151,7 +151,8 @@ def test_a_healthy_server_passes_every_check_and_leaves_nothing_behind(
     )
     assert only(result, "ordering") == (
         f"{ORDERING_ROUNDS} of {ORDERING_ROUNDS} messages were in the subscriber's socket when the "
-        "publisher's barrier PING was answered"
+        "publisher's next reply was answered; not relied on: every change waits for the workers' "
+        "acknowledgements"
     )
     assert re.fullmatch(r"100 PINGs: median \d+\.\d\d ms, p99 \d+\.\d\d ms", only(result, "latency"))
     assert re.fullmatch(
@@ -423,25 +424,24 @@ class DelayingProxy:
 
 
 @pytest.mark.processes
-def test_a_subscriber_served_late_fails_the_ordering_check_and_a_direct_one_passes(
-    server: RedisServer, prefix: str
-) -> None:
+def test_a_subscriber_served_late_is_measured_and_not_relied_on(server: RedisServer, prefix: str) -> None:
+    """Messages that reach a subscriber after the publisher's next reply (a proxy here)
+    were a problem while the boundary rested on that order; with acknowledged changes
+    they are counted and the check passes."""
     direct = doctor(server.url, prefix)
     assert direct.exit_code == 0, direct.output
     assert only(direct, "ordering").startswith(f"{ORDERING_ROUNDS} of {ORDERING_ROUNDS} messages were in")
     with DelayingProxy(server.port, delay=0.02) as proxy:
         result = doctor(f"redis://127.0.0.1:{proxy.port}/0", prefix)
-    assert result.exit_code == 1, result.output
     line = only(result, "ordering")
     late, rounds = map(int, re.match(r"(\d+) of (\d+) messages", line).groups())
     assert late == ORDERING_ENOUGH_LATE and late <= rounds
     assert line.endswith(
-        " messages reached the subscriber only after the publisher's barrier PING was answered: a worker "
-        "deciding from memory may admit calls for about one network hop after a trip; run Redis with "
-        "io-threads 1 (I/O threads of Redis 8 and Valkey 8 reorder this) and no proxy between the workers "
-        "and Redis"
+        " messages reached the subscriber after the publisher's next reply was answered; not relied on: "
+        "every change waits for the workers' acknowledgements"
     )
-    assert problems(result) == [f"ordering: {line}"]
+    assert statuses(result)["ordering"] == ["OK"]
+    assert problems(result) == []
 
 
 @pytest.mark.processes
@@ -453,8 +453,8 @@ def test_a_far_redis_is_a_latency_warning(server: RedisServer, prefix: str) -> N
     median = float(re.match(r"100 PINGs: median (\d+\.\d\d) ms", only(result, "latency"))[1])
     assert median >= 5.0
     assert only(result, "latency").endswith(
-        f": above {LATENCY_WARN_MS:g} ms, and every armed outcome and every barrier waits one round trip; "
-        "run Redis closer to the workers"
+        f": above {LATENCY_WARN_MS:g} ms, and every armed outcome waits one round trip, every change a "
+        "few; run Redis closer to the workers"
     )
     assert "warning" in result.stdout.splitlines()[-1]
 
@@ -478,7 +478,8 @@ def test_a_cluster_reports_its_masters_and_slots_and_every_master_s_policy(clust
     ]
     assert [text for _, text in report(result)["ordering"]] == [
         f"127.0.0.1:{port}: {ORDERING_ROUNDS} of {ORDERING_ROUNDS} messages were in the subscriber's socket "
-        "when the publisher's barrier PING was answered"
+        "when the publisher's next reply was answered; not relied on: every change waits for the "
+        "workers' acknowledgements, except a change made while its cluster slot migrates"
         for port in sorted(cluster.ports)
     ]
     assert only(result, "server").endswith(

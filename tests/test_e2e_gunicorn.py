@@ -99,8 +99,8 @@ class Stack:
         return pids
 
     def subscribed_workers(self) -> int:
-        return int(dict(self.redis.pubsub_numsub(f"{self.prefix}:events")).get(
-            f"{self.prefix}:events".encode(), 0))
+        channel = f"{self.prefix}:notices:0"  # the workers' channel (docs/boundary.md)
+        return int(dict(self.redis.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
 def start_stack(redis_server, upstream_url: str, extra_args: list[str], **env):

@@ -1133,7 +1133,9 @@ def check_commands(lines: list[tuple[str, list[bytes]]], prefix: str, names: Seq
                    admin: redis.Redis, script_first: bool) -> list[str]:
     """Every script declares the seven keys of the name it is given and touches only those; every
     other command touches only the keys of the names in use and the global keys."""
-    allowed, channel = allowed_keys(prefix, names), f"{prefix}:events".encode()
+    allowed = allowed_keys(prefix, names)
+    channels = (f"{prefix}:events".encode(), f"{prefix}:notices:0".encode())  # everyone's, the workers'
+
     health = f"{prefix}:health".encode()
     problems: list[str] = []
     scripts: list[tuple[list[bytes], list[list[bytes]]]] = []
@@ -1173,7 +1175,7 @@ def check_commands(lines: list[tuple[str, list[bytes]]], prefix: str, names: Seq
             swept = script[1] in _SWEEP_SCRIPTS  # any name of the names set, whose keys it may delete
             if (name not in names and not swept) or keys != own:
                 problems.append(f"{label} declares {keys!r}, not the seven keys of its name {name!r}")
-            if argv[1:2] != [channel + b" 0"]:  # and database 0's number (lua/_lib.lua ARGV 2)
+            if argv[1:2] != [channels[0] + b" 0"]:  # and database 0's number (lua/_lib.lua ARGV 2)
                 problems.append(f"{label} was given the channel {argv[1:2]!r}")
         name_given = argv[0].decode("utf-8", "replace") if argv else ""
         touchable = {*keys, *(k.encode() for k in undeclared_keys(prefix, name_given) if keys != [health])}
@@ -1181,7 +1183,7 @@ def check_commands(lines: list[tuple[str, list[bytes]]], prefix: str, names: Seq
             stray = [k for k in command_keys(args, admin) if k not in touchable]
             if stray:
                 problems.append(f"{label}: {args[:6]!r} touches undeclared {stray!r}")
-            if args[0].upper() == b"PUBLISH" and args[1] != channel:
+            if args[0].upper() == b"PUBLISH" and args[1] not in channels:
                 problems.append(f"{label} published on {args[1]!r}")
     return problems
 

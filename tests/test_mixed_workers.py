@@ -112,7 +112,7 @@ class Mixed:
         return [(e["from"], e["to"], e["cause"]) for e in map(parse_event, lines) if e is not None]
 
     def subscribers(self) -> int:
-        channel = f"{self.prefix}:events"
+        channel = f"{self.prefix}:notices:0"  # the workers' channel (docs/boundary.md)
         return int(dict(self.redis.pubsub_numsub(channel)).get(channel.encode(), 0))
 
     def every_worker(self, path: str, check: Any, what: str, timeout: float) -> dict[str, set[str]]:

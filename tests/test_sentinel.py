@@ -183,7 +183,7 @@ def test_an_asyncio_worker_follows_a_failover_and_decides_from_memory_on_the_new
             await asyncio.sleep(0.01)
 
     def subscribers(port: int) -> int:
-        return int(group.data(port).execute_command("PUBSUB", "NUMSUB", "breaker:events")[1])
+        return int(group.data(port).execute_command("PUBSUB", "NUMSUB", "breaker:notices:0")[1])
 
     async def main() -> None:
         worker = AsyncBreakers.from_url(group.url())

@@ -470,11 +470,11 @@ def run_failover(
     shop.control(latency_ms=30)  # overlapping requests spread over the workers
     shop.every_worker("/pay", 200, "every worker to serve /pay")
     shop.every_worker("/recommend", 200, "every worker to serve /recommend")
-    channel = f"{prefix}:events"
+    channel = f"{prefix}:notices:0"  # the workers' channel
     wait_until(
         lambda: int(dict(old_master.pubsub_numsub(channel)).get(channel.encode(), 0)) >= WORKERS,
         timeout=15,
-        what="every worker to subscribe to the events",
+        what="every worker to subscribe to the workers' channel",
     )
 
     # -- trip pay: exactly 5 failures; the replica has the trip ------------------------------------------
@@ -529,7 +529,7 @@ def run_failover(
         "asked_to_accepted_s": round(accepted - asked, 3),
         "sentinels_name_the_new_master_s": round(took, 3),
     }
-    channel = f"{prefix}:events"
+    channel = f"{prefix}:notices:0"  # the workers' channel
 
     def subscribed_on_new() -> float | None:
         (_, count), = new_master.pubsub_numsub(channel)

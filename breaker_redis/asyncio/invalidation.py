@@ -184,13 +184,6 @@ class AsyncInvalidator(EventSubscriber):
     def ensure_running(self) -> None:
         self.keeper.start()
 
-    @property
-    def trust_until(self) -> float:
-        """Until when memory may decide (time.monotonic): the subscription's lease, 0.0 while
-        it is down."""
-        subscription = self._subscription
-        return subscription.lease.until if subscription is not None and self.healthy else 0.0
-
     def pending(self) -> bool:
         """Whether a message may have arrived that is not delivered yet: then memory does not decide."""
         subscription = self._subscription
@@ -259,6 +252,8 @@ class AsyncInvalidator(EventSubscriber):
         pong = pong_payload(kind, message)
         if pong is not None:
             subscription.pong(pong)
+            if subscription is self._subscription:
+                self.leased(subscription.lease)
             return
         whole = kind != "message" or len(message) >= 3  # a message: kind, channel, data
         if (whole and self.event(kind, message[-1] if message else None)) or kind == "unsubscribe":

@@ -192,7 +192,28 @@ class EventSubscriber:
     channel: str
     on_message: OnMessage
     on_subscribed: Callable[[], None]  # told when what was learned may have missed messages
-    healthy: bool = field(default=False, init=False)  # subscribed: memory may decide
+    # Until when memory may decide (time.monotonic): the subscription's lease while it is
+    # healthy, else 0.0. A plain attribute, kept by the setters below: the healthy call reads it.
+    trust_until: float = field(default=0.0, init=False)
+    _healthy: bool = field(default=False, init=False)
+
+    @property
+    def healthy(self) -> bool:
+        """Subscribed (confirmed): memory may decide while the lease runs."""
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        self._healthy = value
+        if not value:
+            self.trust_until = 0.0
+
+    def leased(self, lease: Lease) -> None:
+        """The subscription's lease ran on (a PONG of its own)."""
+        if self._healthy:
+            self.trust_until = lease.until
+            if not self._healthy:  # left meanwhile (another thread): not trusted after all
+                self.trust_until = 0.0
 
     def __post_init__(self) -> None:
         """What each side adds (its thread, its task)."""
@@ -229,12 +250,6 @@ class Invalidator(EventSubscriber):
         """What a breaker drains and checks: on one server, the one subscription."""
         return self
 
-    @property
-    def trust_until(self) -> float:
-        """Until when memory may decide (time.monotonic): the lease of the subscription, 0.0
-        while it is down."""
-        link = self._link
-        return link.lease.until if link is not None and self.healthy else 0.0
 
     def ensure_running(self) -> None:
         """Start the listener once per process, whatever the concurrency of first calls."""
@@ -321,6 +336,8 @@ class Invalidator(EventSubscriber):
         kind = text(message.get("type"))
         if kind == "pong":
             link.pong(message.get("data"))
+            if link is self._link:
+                self.leased(link.lease)
         else:
             self.event(kind, message.get("data"))
 

@@ -74,21 +74,32 @@ class Channel(Generic[X]):
     """One breaker's subscription, as its breaker uses it: ``healthy`` once the master
     now serving the breaker confirmed it, and the ``connection`` it was made on."""
 
-    __slots__ = ("channel", "connection", "healthy", "name", "slot")
+    __slots__ = ("_healthy", "channel", "connection", "name", "slot", "trust_until")
 
     def __init__(self, name: str, channel: str, slot: int) -> None:
         self.name = name
         self.channel = channel
         self.slot = slot
-        self.healthy = False
         self.connection: X | None = None
+        # Until when memory may decide (time.monotonic): the lease of its master's connection
+        # while the channel is trusted there, else 0.0. A plain attribute (the healthy call reads
+        # it), kept by the setter below and by leased().
+        self.trust_until = 0.0
+        self._healthy = False
 
     @property
-    def trust_until(self) -> float:
-        """Until when memory may decide (time.monotonic): the lease of its master's connection
-        while the channel is trusted there, else 0.0."""
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        self._healthy = value
+        self.leased()
+
+    def leased(self) -> None:
+        """Its connection's lease ran on, or the channel was trusted or left there."""
         connection = self.connection
-        return connection.lease.until if connection is not None and self.healthy else 0.0
+        self.trust_until = connection.lease.until if connection is not None and self._healthy else 0.0
 
     def drain(self) -> None:
         """Deliver, in this thread, what the connection of this breaker's master holds (sync)."""
@@ -206,6 +217,9 @@ class Channels(Generic[X]):
             return True
         if kind == "pong":
             connection.pong(data)
+            for held in list(self._channels.values()):
+                if held.connection is connection:
+                    held.leased()
             return True
         if kind not in ("ssubscribe", "sunsubscribe"):
             return False

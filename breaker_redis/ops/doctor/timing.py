@@ -1,11 +1,16 @@
 """The round-trip checks: pub/sub ordering and latency.
 
-Ordering is the boundary the workers decide from memory by (README "The
-boundary", breaker_redis/storage/invalidation.py): once the call that made a change
-has had the answer to its barrier PING, the change's message is in every
-subscriber's socket. Checked the way a worker relies on it: PUBLISH (on a
-cluster SPUBLISH, on each master), the PING, then one non-blocking poll of
-the subscriber's socket.
+Ordering across connections is no longer what the boundary rests on: a change
+waits until every worker listening has acknowledged its notice, and a worker
+decides from memory only while its own subscription keeps answering PINGs
+(breaker_redis/storage/acks.py, docs/boundary.md). The check still measures
+it, the way the boundary once relied on it: PUBLISH (on a cluster SPUBLISH, on
+each master), a PING on the publisher's connection, then one non-blocking poll
+of the subscriber's socket. Late messages say the server (I/O threads) or a
+proxy reorders connections: it changes how long a change waits for the
+acknowledgements, not what the workers decide. A message that never arrives
+is a problem: a path that drops a message yet answers the PINGs after it
+keeps a worker deciding from what it knew.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ ORDERING_SECONDS = 3.0  # at most this long in all
 MESSAGE_WAIT = 1.0  # a message not there after this long is lost
 LATENCY_PINGS = 100
 LATENCY_WARN_MS = 2.0  # median above this: warn
+# what still relies on the order (docs/boundary.md, "A migration under way")
+MIGRATING = ", except a change made while its cluster slot migrates"
 
 
 def check_ordering(up: Checkup) -> Lines:
@@ -36,7 +43,8 @@ def check_ordering(up: Checkup) -> Lines:
     each master to a subscriber there (the workers' sharded channels: sharded.py)."""
     if up.cluster is None:
         channel = f"{up.prefix}:doctor"  # in the prefix's channel pattern; no worker listens to it
-        return _ordering(up, up.client, channel, sharded=False)
+        return [(status, line.replace(MIGRATING, "")) for status, line in
+                _ordering(up, up.client, channel, sharded=False)]
     lines: Lines = []
     for server in up.servers:
         found = _ordering(up, server.client, _channel_served_by(up, server.label), sharded=True)
@@ -74,11 +82,11 @@ def _ordering(up: Checkup, client: Any, channel: str, *, sharded: bool) -> Lines
         while rounds < ORDERING_ROUNDS and late < ORDERING_ENOUGH_LATE and time.monotonic() < deadline:
             payload = f"doctor {rounds}"
             client.execute_command(publish, channel, payload)
-            client.ping()  # the barrier
+            client.ping()  # the publisher's next reply
             in_time = readable(0)
             if not _received(pubsub, payload, kind):
                 return [(PROBLEM, f"a message published on {channel} did not reach its subscriber "
-                         f"within {MESSAGE_WAIT:g} s: workers would miss trips until their 30 s re-check; "
+                         f"within {MESSAGE_WAIT:g} s: workers would miss changes; "
                          "look for a proxy in the way that drops pub/sub messages")]
             rounds += 1
             late += not in_time
@@ -86,12 +94,12 @@ def _ordering(up: Checkup, client: Any, channel: str, *, sharded: bool) -> Lines
         pubsub.close()
     if late:
         threads = " (this server runs I/O threads)" if _io_threads(up) else ""
-        return [(PROBLEM, f"{late} of {rounds} messages reached the subscriber only after the publisher's "
-                 f"barrier PING was answered{threads}: a worker deciding from memory may admit calls for "
-                 "about one network hop after a trip; run Redis with io-threads 1 (I/O threads of Redis 8 "
-                 "and Valkey 8 reorder this) and no proxy between the workers and Redis")]
-    return [(OK, f"{rounds} of {rounds} messages were in the subscriber's socket when the publisher's "
-             "barrier PING was answered")]
+        return [(OK, f"{late} of {rounds} messages reached the subscriber after the publisher's next reply "
+                 f"was answered{threads}; not relied on: every change waits for the workers' "
+                 f"acknowledgements{MIGRATING}")]
+    return [(OK, f"{rounds} of {rounds} messages were in the subscriber's socket when the publisher's next "
+             f"reply was answered; not relied on: every change waits for the workers' "
+             f"acknowledgements{MIGRATING}")]
 
 
 def _received(pubsub: Any, payload: str, kind: str) -> bool:
@@ -122,6 +130,6 @@ def check_latency(up: Checkup) -> Lines:
     to = f" to {up.servers[0].label}" if up.cluster is not None else ""
     line = f"{len(times)} PINGs{to}: median {median:.2f} ms, p99 {p99:.2f} ms"
     if median > LATENCY_WARN_MS:
-        return [(WARN, f"{line}: above {LATENCY_WARN_MS:g} ms, and every armed outcome and every barrier "
-                 "waits one round trip; run Redis closer to the workers")]
+        return [(WARN, f"{line}: above {LATENCY_WARN_MS:g} ms, and every armed outcome waits one round "
+                 "trip, every change a few; run Redis closer to the workers")]
     return [(OK, line)]
