@@ -54,7 +54,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -119,21 +119,24 @@ def free_port() -> int:
 
 
 @contextmanager
-def redis_server(binary: str | None = None) -> Iterator[str]:
-    """A fresh redis-server without persistence (PATH's, or ``binary``); yields its URL, stops it after."""
-    with redis_server_process(binary) as (url, _process):
+def redis_server(binary: str | None = None, extra: Sequence[str] = ()) -> Iterator[str]:
+    """A fresh redis-server without persistence (PATH's, or ``binary``, given ``extra``
+    arguments); yields its URL, stops it after."""
+    with redis_server_process(binary, extra) as (url, _process):
         yield url
 
 
 @contextmanager
-def redis_server_process(binary: str | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def redis_server_process(
+    binary: str | None = None, extra: Sequence[str] = ()
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """redis_server() with its process, for a bench that stops or kills it (bench/peers.py)."""
     binary = binary or shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (apt-get install redis-server)")
     port = free_port()
     folder = tempfile.mkdtemp(prefix="breaker-redis-bench-")
-    argv = redis_server_argv(binary, port, folder)
+    argv = [*redis_server_argv(binary, port, folder), *extra]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     try:
