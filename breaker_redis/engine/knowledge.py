@@ -122,6 +122,7 @@ class Knowledge:
     # bulkhead. Worked out once, so the healthy call checks one field
     admits: bool = field(init=False, compare=False)
     calm: bool = field(init=False, compare=False)
+    stale_at: float = field(init=False, compare=False)  # learned_at + TRUST_SECONDS
 
     def __post_init__(self) -> None:
         forced, closed = self.forced, self.state == "closed"
@@ -129,6 +130,7 @@ class Knowledge:
         object.__setattr__(self, "admits", forced == "closed" or admits)
         # closed with nothing a late success could change: successes may be batched
         object.__setattr__(self, "calm", forced == "closed" or (closed and not forced and not self.armed))
+        object.__setattr__(self, "stale_at", self.learned_at + TRUST_SECONDS)
 
     @classmethod
     def from_reply(
@@ -174,8 +176,7 @@ class Knowledge:
             return False
         if not gate.healthy:
             return True
-        now = time.monotonic()
-        return now < lease_until and now - self.learned_at < TRUST_SECONDS
+        return time.monotonic() < (lease_until if lease_until < self.stale_at else self.stale_at)
 
     def slow(self, duration_ms: int) -> bool:
         """A call this long counts as slow (as lua/record.lua judges it)."""
