@@ -27,6 +27,18 @@ def redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def no_subscriber_left(request: pytest.FixtureRequest) -> None:
+    """A test of the session's redis-server starts with no subscription an earlier test
+    left behind (tests/redis_server.py ``emptied`` says why); its data is its own business."""
+    if "redis_server" in request.fixturenames:
+        client = request.getfixturevalue("redis_server").client()
+        try:
+            client.client_kill_filter(_type="pubsub", skipme=True)
+        finally:
+            client.close()
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterGroup]:
     """Three Redis Cluster masters (tests/topologies.py), started once per session."""

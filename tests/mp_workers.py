@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+from tests.redis_server import emptied
 
 
 def record_outcomes(url: str, name: str, config: BreakerConfig, n: int, barrier: Any) -> int:
@@ -235,7 +236,7 @@ def emptied_server_url(request: Any, through: Callable[[int], Any] | None = None
     ``through`` (tests/jitter_proxy.py's ``Proxies``), the URL of a proxy it starts
     in front of that server."""
     server = request.getfixturevalue("redis_server" if request.param == "real" else "embedded")
-    Breakers.from_url(server.url, listen=False).client.flushall()
+    emptied(Breakers.from_url(server.url, listen=False).client)
     # the longest client timeout the product allows: a reply stalled past the default
     # 0.25 s on a busy machine sends a worker to its local store, whose counts Redis
     # never sees (8 free-running processes on 2 cores keep a server busy)

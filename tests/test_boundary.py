@@ -22,7 +22,7 @@ from breaker_redis import BreakerConfig, Breakers, State
 from breaker_redis.storage.notices import FOREIGN_DATABASE, parse_notice
 from breaker_redis.urls import describe
 from tests.hostile import hostile
-from tests.redis_server import wait_until
+from tests.redis_server import emptied, wait_until
 from tests.workers import RATE, TRIP_AT_3, TRIP_AT_5, admits, counting, fail, spent, subscribed
 
 
@@ -43,7 +43,7 @@ def connect(request: pytest.FixtureRequest):
     # the longest client timeout the product allows: a reply stalled past the default
     # 0.25 s on a busy machine sends a worker to its local store, which sees no trip
     url += ("&" if "?" in url else "?") + "socket_timeout=0.9&socket_connect_timeout=0.9"
-    client_from_url(url).flushall()
+    emptied(client_from_url(url))
     yield lambda: client_from_url(url)
 
 
@@ -234,6 +234,26 @@ def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, conn
     assert spent(counts, before) == [1, 1]
     fail(a, 3)  # later replies carry lower epochs than the forged one: still exact
     assert not admits(b)
+
+
+@pytest.mark.parametrize(("token", "asks"), [("", 1), ("1700000000000-1", 0)])
+def test_a_notice_on_the_legacy_channel_counts_only_without_a_token(workers, connect, token, asks):
+    """During a rolling deploy the workers of an earlier version publish their changes on
+    <prefix>:events only, without a token: heard there (the worker asks Redis again). A
+    notice with a token comes on the workers' channel too: there it is acted on, not here."""
+    counts = counting(workers)
+    a, b = (w.get("pay", TRIP_AT_3) for w in workers)
+    subscribed(workers)
+    assert admits(a) and admits(b)
+    before = [c["acquire"] for c in counts]
+    notice = {"name": "pay", "kind": "transition", "from": "closed", "to": "open", "epoch": 10**15,
+              "arms": 0, "born": 1, "open_until": 10**15, "forced": "", "cause": "trip", "at": 0, "db": 0}
+    if token:
+        notice["ack"] = token
+    connect().publish("breaker:events", json.dumps(notice))
+    for _ in range(5):
+        assert admits(a) and admits(b)
+    assert spent(counts, before) == [asks, asks]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,

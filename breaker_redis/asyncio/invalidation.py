@@ -235,7 +235,7 @@ class AsyncInvalidator(EventSubscriber):
 
     async def _subscribe(self) -> Subscription:
         subscription = await take_over(self.client.connection_pool.make_connection(), self)
-        subscription.send("SUBSCRIBE", self.channel)
+        subscription.send("SUBSCRIBE", self.channel, self.legacy_channel)
         subscription.ping()  # its PONG starts the lease
         self._subscription = subscription
         return subscription
@@ -256,7 +256,8 @@ class AsyncInvalidator(EventSubscriber):
                 self.leased(subscription.lease)
             return
         whole = kind != "message" or len(message) >= 3  # a message: kind, channel, data
-        if (whole and self.event(kind, message[-1] if message else None)) or kind == "unsubscribe":
+        channel = text(message[1]) if len(message) > 1 else ""
+        if (whole and self.event(kind, message[-1] if message else None, channel)) or kind == "unsubscribe":
             return
         log.info("the event subscription got %r; asking Redis at every call", message)
         subscription.transport.close()

@@ -163,7 +163,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
                 pass
         pong = pong_payload(kind, message)
         if pong is not None:
-            subscription.pong(pong)
+            self._handled(subscription, "pong", "", pong)  # the lease, and its channels'
             return
         channel = text(message[1]) if len(message) > 1 else ""
         if not self._handled(subscription, kind, channel, message[2] if len(message) > 2 else None):

@@ -218,16 +218,25 @@ class EventSubscriber:
     def __post_init__(self) -> None:
         """What each side adds (its thread, its task)."""
 
-    def event(self, kind: str, data: Any) -> bool:
+    @property
+    def legacy_channel(self) -> str:
+        """``<prefix>:events``, which the workers of earlier versions listen to and their
+        scripts publish on: heard too, so that a worker hears the changes of workers not yet
+        upgraded during a rolling deploy."""
+        return self.channel.rpartition(":notices:")[0] + ":events"
+
+    def event(self, kind: str, data: Any, channel: str) -> bool:
         """Act on one message read: the subscription confirmed (what was learned before
         may have missed messages), or an event (a hint: see knowledge.py). False for
-        any other kind."""
+        any other kind. A message on the legacy channel that carries a token comes on
+        the workers' channel too, and is acted on there."""
         if kind == "subscribe":
-            self.healthy = True
-            self.on_subscribed()
+            if channel == self.channel:
+                self.healthy = True
+                self.on_subscribed()
         elif kind == "message":
             notice = parse_notice(data)  # never raises: a hostile message must not end the subscription
-            if notice is not None:
+            if notice is not None and not (notice.ack and channel != self.channel):
                 self.on_message(notice)
         else:
             return False
@@ -309,7 +318,7 @@ class Invalidator(EventSubscriber):
                     pubsub = self.client.pubsub()
                     link = Link(pubsub, self, self._read_lock)
                     self._link = link
-                    pubsub.subscribe(self.channel)
+                    pubsub.subscribe(self.channel, self.legacy_channel)
                     link.ping()  # its PONG starts the lease
                     link.attach()
                     link.read_all()
@@ -339,7 +348,7 @@ class Invalidator(EventSubscriber):
             if link is self._link:
                 self.leased(link.lease)
         else:
-            self.event(kind, message.get("data"))
+            self.event(kind, message.get("data"), text(message.get("channel")))
 
     def refused(self, link: Link, exc: BaseException) -> bool:
         return False  # SUBSCRIBE refused (an ACL without the channel): the connection ends
