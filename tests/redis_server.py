@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -117,7 +118,5 @@ def emptied(client: redis.Redis) -> None:
     among the workers a change waits for, and cost every change the 2 s lease
     (breaker_redis/storage/acks.py). The embedded server has no CLIENT KILL: flushed only."""
     client.flushall()
-    try:
+    with contextlib.suppress(redis.exceptions.ResponseError):
         client.client_kill_filter(_type="pubsub", skipme=True)
-    except redis.exceptions.ResponseError:
-        pass
