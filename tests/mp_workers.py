@@ -76,7 +76,8 @@ def serve(
     "redis" or the fallback's), "calm N" (N healthy calls in a row, then its batch
     sent: what a busy worker does between two of the test's steps), "failure-opens" (a
     failure, answered "opened" when this call's own reply opened the breaker, else
-    "recorded"), "hold" then "release-<outcome>" (a call left running, then recorded)."""
+    "recorded"), "hold" then "release-<outcome>" (a call left running, then recorded),
+    "trusted" (what it knows would decide its next call)."""
     clock = [now_ms]
     breakers = Breakers.from_url(
         url, batch_successes=batch_successes, reporter=reporter,
@@ -103,6 +104,10 @@ def serve(
             if command == "admits":
                 breaker.acquire().ignore()
                 conn.send(True)
+                continue
+            if command == "trusted":  # memory would decide its next call: its lease runs
+                known = breaker.known
+                conn.send(known is not None and breaker._trusted(known))
                 continue
             if command == "listening":
                 breaker.acquire().ignore()  # delivers what its master sent, as any call does

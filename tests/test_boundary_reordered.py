@@ -44,9 +44,10 @@ import pytest
 import redis
 
 from breaker_redis import BreakerConfig, Breakers
-from tests.jitter_proxy import SUBSCRIPTION_DELAYS, Proxies
+from breaker_redis.storage.acks import LEASE_SECONDS
+from tests.jitter_proxy import SUBSCRIPTION_DELAYS, Delays, Proxies
 from tests.mp_workers import Team, Worker, at_once
-from tests.redis_server import wait_until
+from tests.redis_server import emptied, wait_until
 from tests.topologies import ClusterGroup, started
 
 pytestmark = pytest.mark.multiprocess
@@ -215,3 +216,29 @@ def test_a_trip_from_calm_on_a_cluster_through_proxies():
             operator.close()
             team.stop_all()
     assert admitted == 0, f"{admitted} of {ROUNDS} calls started after the trip were admitted"
+
+
+def test_a_worker_that_cannot_acknowledge_is_waited_for_until_its_lease_ends(redis_server, jitter_proxies):
+    """Worker b's subscription path becomes slower than the lease (3 s a reply, a path
+    that stalls): b cannot acknowledge a's trip in time. a's tripping call waits for it
+    until the lease ends (storage/acks.py LEASE_SECONDS), not longer; by then b, whose
+    last answered PING was sent before the trip, no longer decides from memory: its very
+    next call asks Redis and is refused, though the trip's notice has not reached it."""
+    server_url = redis_server.url
+    emptied(redis.Redis.from_url(server_url))
+    proxy_a, proxy_b = jitter_proxies(redis_server.port), jitter_proxies(redis_server.port)
+    suffix = "?socket_timeout=0.9&socket_connect_timeout=0.9"
+    teams = [Team(proxy.url + suffix) for proxy in (proxy_a, proxy_b)]
+    try:
+        (a,), (b,) = (team.start("pay", TRIP_AT_1, 1) for team in teams)
+        assert a("admits") and b("admits")
+        wait_until(lambda: b.ask("trusted"), what="b deciding from memory")
+        proxy_b.subscription_delays = Delays(base_ms=3000, jitter_ms=0)
+        started = time.monotonic()
+        assert a.ask("failure-opens") == "opened"
+        waited = time.monotonic() - started
+        assert not b("admits")
+        assert LEASE_SECONDS <= waited < LEASE_SECONDS + 10, waited
+    finally:
+        for team in teams:
+            team.stop_all()

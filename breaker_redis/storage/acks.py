@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from typing import Any, Protocol
+
+log = logging.getLogger("breaker_redis")
 
 # How long a worker trusts its memory after its subscription last answered a PING, and so
 # the longest a change waits for a worker that does not acknowledge it. The same in every
@@ -183,7 +186,16 @@ def wait(client: Any, key: str, token: str, workers: int) -> int:
             break
         time.sleep(min(pause, left))
         pause = min(pause * 2, POLL_MAX)
+    _waited_out(key, counted, workers)
     return counted
+
+
+def _waited_out(key: str, counted: int, workers: int) -> None:
+    """Say so when workers did not acknowledge within the lease (stopped, partitioned,
+    their listener starved): the change was safe, and slow by the lease."""
+    if counted < workers:
+        log.info("%s: %d of %d listening workers acknowledged a change within %g s; the others "
+                 "stopped deciding from memory", key, counted, workers, LEASE_SECONDS)
 
 
 async def await_acks(client: Any, key: str, token: str, workers: int) -> int:
@@ -199,4 +211,5 @@ async def await_acks(client: Any, key: str, token: str, workers: int) -> int:
             break
         await asyncio.sleep(min(pause, left))
         pause = min(pause * 2, POLL_MAX)
+    _waited_out(key, counted, workers)
     return counted
