@@ -147,7 +147,7 @@ def test_a_healthy_server_passes_every_check_and_leaves_nothing_behind(
     )
     assert only(result, "permissions") == (
         f"user 'default': the {len(acl.required_commands())} commands breaker_redis sends are allowed, "
-        f"on the keys {prefix}:* and the channel {prefix}:events"
+        f"on the keys {prefix}:* and the channels {prefix}:notices:0 and {prefix}:events"
     )
     assert only(result, "ordering") == (
         f"{ORDERING_ROUNDS} of {ORDERING_ROUNDS} messages were in the subscriber's socket when the "
@@ -280,7 +280,7 @@ def test_the_least_privilege_user_passes(
         "OK",
         (
             f"user {user!r}: the {len(acl.required_commands(functions))} commands breaker_redis sends are "
-            f"allowed, on the keys {prefix}:* and the channel {prefix}:events"
+            f"allowed, on the keys {prefix}:* and the channels {prefix}:notices:0 and {prefix}:events"
         ),
     )
     assert only(result, "keys") == (

@@ -70,15 +70,19 @@ def tries(up: Checkup, held: list[Any]) -> list[tuple[str, Callable[[], Any]]]:
     sha, source, keys, argv = scripts.call("health", "health", None, ())
     args = (len(keys), *keys, *argv)
 
+    channels = (scripts.workers_channel, scripts.channel)  # as a worker subscribes (invalidation.py)
+
     def subscribe() -> None:
         held.append(client.pubsub())
-        held[-1].subscribe(scripts.channel)
-        confirmed(held[-1], "subscribe")
+        held[-1].subscribe(*channels)
+        for _ in channels:
+            confirmed(held[-1], "subscribe")
 
     def unsubscribe() -> None:
         for pubsub in held:
-            pubsub.unsubscribe(scripts.channel)
-            confirmed(pubsub, "unsubscribe")
+            pubsub.unsubscribe(*channels)
+            for _ in channels:
+                confirmed(pubsub, "unsubscribe")
 
     found: list[tuple[str, Callable[[], Any]]] = [
         ("ping", client.ping),
@@ -188,5 +192,5 @@ def check_permissions(up: Checkup) -> Lines:
         if replica:
             what = f"the {tried - len(optional)} read commands breaker_redis sends"
         lines.insert(0, (OK, f"user {up.who}: {what} are allowed, on the keys {up.prefix}:* and the "
-                         f"channel {up.scripts.channel}"))
+                         f"channels {up.scripts.workers_channel} and {up.scripts.channel}"))
     return lines
