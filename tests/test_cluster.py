@@ -814,10 +814,10 @@ def test_a_worker_never_trusts_a_subscription_on_the_demoted_master(side, made, 
                 stale_maps(monkeypatch, worker.client.nodes_manager, slot, f"{HOST}:{old}", used)
                 await asyncio.to_thread(group.failover, new)
                 await asyncio.to_thread(moved_to_the_new_master, lambda: worker.invalidator.healthy)
-                for _ in range(20):
-                    pay.reset()
+                for _ in range(20):  # the operator's blocking calls in a thread, not on the loop
+                    await asyncio.to_thread(pay.reset)
                     assert await admitted(mine)
-                    fail(pay, 3)
+                    await asyncio.to_thread(fail, pay, 3)
                     assert not await admitted(mine)
             finally:
                 await worker.aclose()

@@ -199,13 +199,13 @@ def test_an_asyncio_worker_follows_a_failover_and_decides_from_memory_on_the_new
             await until(lambda: worker.invalidator.healthy and subscribers(new) == 1,
                         "the subscription on the new master", timeout=6)
             tripping = admin.get("async-pay", TRIP_AT_3)
-            for _ in range(10):
-                tripping.reset()
-                assert await admitted(pay)  # the reset's notice was in the socket before reset() returned
-                fail(tripping, 3)
+            for _ in range(10):  # the operator's blocking calls in a thread, not on the loop
+                await asyncio.to_thread(tripping.reset)
+                assert await admitted(pay)  # reset() returned once pay's listener acknowledged it
+                await asyncio.to_thread(fail, tripping, 3)
                 assert not await admitted(pay)  # right after the trip
             assert group.data(new).hget("breaker:{async-pay}:state", "state") == b"open"
-            tripping.reset()
+            await asyncio.to_thread(tripping.reset)
             assert await admitted(pay)
             before = round_trips(group.data(new))
             for _ in range(200):
