@@ -13,7 +13,8 @@ from redis.connection import SSLConnection, UnixDomainSocketConnection
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
 
 from breaker_redis import Breakers, urls
-from breaker_redis.urls import CONNECT_TIMEOUT, SCHEMES, SOCKET_TIMEOUT, client_from_url, parse, redact
+from breaker_redis.url_parsing import SCHEMES, parse, redact
+from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
 
 SECRET = "s3cret-pw"
 

@@ -17,8 +17,8 @@ import redis
 from breaker_redis.ops.reader import Reader
 from breaker_redis.storage.scripts import validate_name, validate_prefix
 from breaker_redis.storage.store import StoreUnavailable
+from breaker_redis.url_parsing import parse as parse_url
 from breaker_redis.urls import client_from_url, describe
-from breaker_redis.urls import parse as parse_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "breaker"
