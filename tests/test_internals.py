@@ -26,12 +26,12 @@ import redis.asyncio.cluster
 import redis.sentinel
 
 from breaker_redis.asyncio.invalidation import Subscription, take_over
-from breaker_redis.storage import internals
-from breaker_redis.storage.internals import UnsupportedVersion
+from breaker_redis.storage import internals, versions
+from breaker_redis.storage.versions import UnsupportedVersion
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS = internals.installed_version("redis")
-FAKEREDIS = internals.installed_version("fakeredis")
+REDIS = versions.installed_version("redis")
+FAKEREDIS = versions.installed_version("fakeredis")
 
 
 def said_unsupported(exc: UnsupportedVersion, library: str, version: str | None, needed: str) -> None:
@@ -46,21 +46,21 @@ def said_unsupported(exc: UnsupportedVersion, library: str, version: str | None,
 
 def test_the_declared_range_is_read_from_the_requirements():
     requires = ["redis>=5.0,<9", "fakeredis[lua] >= 2.26, <3", 'flask>=2.3; extra == "flask"']
-    assert internals.declared_range("redis", requires) == ">=5.0,<9"
-    assert internals.declared_range("fakeredis", requires) == ">=2.26,<3"
-    assert internals.declared_range("flask", requires) == ">=2.3"
-    assert internals.declared_range("lupa", requires) is None
+    assert versions.declared_range("redis", requires) == ">=5.0,<9"
+    assert versions.declared_range("fakeredis", requires) == ">=2.26,<3"
+    assert versions.declared_range("flask", requires) == ">=2.3"
+    assert versions.declared_range("lupa", requires) is None
     # installed metadata lists a range's clauses in its own order: the floor comes first
-    assert internals.declared_range("redis", ["redis<9,>=5.0"]) == ">=5.0,<9"
+    assert versions.declared_range("redis", ["redis<9,>=5.0"]) == ">=5.0,<9"
 
 
 def test_the_installed_libraries_are_in_the_range_breaker_redis_declares():
-    for library in internals.LIBRARIES:
-        spec = internals.declared_range(library)
+    for library in versions.LIBRARIES:
+        spec = versions.declared_range(library)
         assert spec is not None and spec.startswith(">="), (library, spec)
-        version = internals.installed_version(library)
-        assert version is not None and internals.in_range(version, spec), (library, version, spec)
-    assert internals.check_versions() == []
+        version = versions.installed_version(library)
+        assert version is not None and versions.in_range(version, spec), (library, version, spec)
+    assert versions.check_versions() == []
 
 
 @pytest.mark.parametrize(
@@ -78,13 +78,13 @@ def test_the_installed_libraries_are_in_the_range_breaker_redis_declares():
     ],
 )
 def test_in_range(version, spec, inside):
-    assert internals.in_range(version, spec) is inside
+    assert versions.in_range(version, spec) is inside
 
 
 def test_a_library_outside_the_range_gets_one_warning_naming_both_versions(caplog):
     declared = {"redis": ">=5.0,<9", "fakeredis": ">=2.26,<3"}
     with caplog.at_level(logging.WARNING, logger="breaker_redis"):
-        said = internals.check_versions(
+        said = versions.check_versions(
             installed={"redis": "9.1.0", "fakeredis": "2.41.0"}.get, declared=declared.get
         )
     assert len(said) == 1
@@ -92,7 +92,7 @@ def test_a_library_outside_the_range_gets_one_warning_naming_both_versions(caplo
     assert caplog.records[0].levelno == logging.WARNING
     assert said[0].startswith("redis 9.1.0 is installed; this breaker_redis supports redis>=5.0,<9.")
     inside = {"redis": "8.1.0", "fakeredis": "2.41.0"}
-    assert internals.check_versions(installed=inside.get, declared=declared.get) == []
+    assert versions.check_versions(installed=inside.get, declared=declared.get) == []
 
 
 def test_importing_breaker_redis_with_redis_outside_the_range_warns_once_and_runs(tmp_path, redis_server):
@@ -112,7 +112,7 @@ def test_importing_breaker_redis_with_redis_outside_the_range_warns_once_and_run
     out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "closed"
-    declared = internals.declared_range("redis")
+    declared = versions.declared_range("redis")
     warning = f"redis 4.6.0 is installed; this breaker_redis supports redis{declared}."
     assert out.stderr.count(warning) == 1, out.stderr
     assert "fakeredis" not in out.stderr
@@ -120,8 +120,8 @@ def test_importing_breaker_redis_with_redis_outside_the_range_warns_once_and_run
 
 def test_the_error_for_a_missing_internal_names_the_library_its_version_and_the_range(caplog):
     with caplog.at_level(logging.ERROR, logger="breaker_redis"):
-        exc = internals.unsupported("redis", "Thing._gone (for a test)")
-        again = internals.unsupported("redis", "Thing._gone (for a test)")
+        exc = versions.unsupported("redis", "Thing._gone (for a test)")
+        again = versions.unsupported("redis", "Thing._gone (for a test)")
     said_unsupported(exc, "redis", REDIS, "Thing._gone (for a test)")
     assert str(again) == str(exc)
     assert [record.getMessage() for record in caplog.records] == [str(exc)]  # logged once
@@ -421,7 +421,7 @@ def test_a_fakeredis_built_otherwise_stops_the_embedded_server_at_start():
         "import sys, fakeredis\n"
         "sys.modules['fakeredis._socket'] = None  # as if fakeredis had no such module\n"
         "from breaker_redis.embedded import EmbeddedServer\n"
-        "from breaker_redis.storage.internals import UnsupportedVersion\n"
+        "from breaker_redis.storage.versions import UnsupportedVersion\n"
         "try:\n"
         "    EmbeddedServer(port=0).start()\n"
         "except UnsupportedVersion as exc:\n"

@@ -12,10 +12,11 @@ tests/test_packaging.py fails if one touches these internals itself.
 Each function checks what it relies on. Where an internal is gone it uses the
 public way when there is one (slower, or less exact, said in its docstring), or
 raises ``UnsupportedVersion``, which names the library, the installed version and
-the range breaker_redis declares. At import, a redis-py or fakeredis outside that
-range (the requirements in pyproject.toml, read from the installed metadata) gets
-one WARNING: a newer minor release usually works, and the user is told plainly
-which versions this release was tested with.
+the range breaker_redis declares (storage/versions.py, which reads the installed
+metadata). At import of this module, a redis-py or fakeredis outside that range
+(the requirements in pyproject.toml) gets one WARNING: a newer minor release
+usually works, and the user is told plainly which versions this release was
+tested with.
 """
 
 from __future__ import annotations
@@ -23,119 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
-import re
 from collections.abc import Callable, Iterable, Sequence
-from importlib import metadata
 from typing import Any
 
 import redis
 
-log = logging.getLogger("breaker_redis")
+from breaker_redis.storage.versions import check_versions, declared_range, unsupported
 
-DISTRIBUTION = "breaker-redis"
-LIBRARIES = ("redis", "fakeredis")
 # The first fakeredis whose TCP server the embedded server builds on (FakeRedisConnection
 # in fakeredis._clients, FakeSocket in fakeredis._socket, encode_reply).
 EMBEDDED_FAKEREDIS = "2.39"
-
-
-class UnsupportedVersion(RuntimeError):
-    """redis-py or fakeredis lacks an internal breaker_redis relies on."""
-
-
-# -- versions ---------------------------------------------------------------------------
-
-
-def installed_version(library: str) -> str | None:
-    try:
-        return metadata.version(library)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def declared_range(library: str, requires: Iterable[str] | None = None) -> str | None:
-    """The version range breaker_redis requires of library (">=5.0,<9"), from its installed
-    metadata (pyproject.toml's dependencies); None when breaker_redis is not installed."""
-    if requires is None:
-        try:
-            requires = metadata.requires(DISTRIBUTION) or []
-        except metadata.PackageNotFoundError:
-            return None
-    for requirement in requires:
-        found = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?:\[[^\]]*\])?\s*(.*?)\s*", requirement.split(";")[0])
-        if found and found.group(1).lower().replace("_", "-") == library:
-            # the floor first, as pyproject.toml writes it: installed metadata may
-            # list the clauses in another order ("<9,>=5.0")
-            clauses = found.group(2).replace(" ", "").split(",")
-            return ",".join(sorted(clauses, key=lambda clause: not clause.startswith(">")))
-    return None
-
-
-def _numbers(version: str) -> tuple[int, ...]:
-    found = re.match(r"\d+(?:\.\d+)*", version)
-    parts = tuple(int(part) for part in found.group(0).split(".")) if found else (0,)
-    return (*parts, 0, 0, 0)[:3]
-
-
-def in_range(version: str, spec: str) -> bool:
-    """Whether version meets every clause of spec (">=5.0,<9"); an operator other than
-    >=, >, <=, <, ==, != is not judged here."""
-    have = _numbers(version)
-    checks: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
-        ">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b,
-        "<": lambda a, b: a < b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
-    }
-    for clause in filter(None, spec.split(",")):
-        found = re.fullmatch(r"(>=|<=|==|!=|>|<)([0-9][0-9.]*)\*?", clause)
-        if found and not checks[found.group(1)](have, _numbers(found.group(2))):
-            return False
-    return True
-
-
-def version_warnings(installed: dict[str, str | None], declared: dict[str, str | None]) -> list[str]:
-    """What to say about each library installed outside its declared range."""
-    said = []
-    for library in LIBRARIES:
-        version, spec = installed.get(library), declared.get(library)
-        if version and spec and not in_range(version, spec):
-            said.append(
-                f"{library} {version} is installed; this breaker_redis supports {library}{spec}. "
-                f"It relies on a few of {library}'s internals (breaker_redis/storage/internals.py): "
-                f"if something misbehaves, install {library}{spec}"
-            )
-    return said
-
-
-def check_versions(
-    installed: Callable[[str], str | None] = installed_version,
-    declared: Callable[[str], str | None] = declared_range,
-) -> list[str]:
-    """Log one WARNING per library outside its declared range; what was said."""
-    said = version_warnings(
-        {library: installed(library) for library in LIBRARIES},
-        {library: declared(library) for library in LIBRARIES},
-    )
-    for warning in said:
-        log.warning("%s", warning)
-    return said
-
-
-def unsupported(library: str, needed: str, supported: str | None = None) -> UnsupportedVersion:
-    """The error for an internal that is gone: logged once (a background task that gets
-    it only retries), returned for the caller to raise."""
-    spec = supported or declared_range(library) or ""
-    message = (
-        f"{library} {installed_version(library) or '(version unknown)'} has no {needed}, which "
-        f"breaker_redis needs; this breaker_redis supports {library}{spec}"
-    )
-    _log_once(message)
-    return UnsupportedVersion(message)
-
-
-@functools.cache
-def _log_once(message: str) -> None:
-    log.error("%s", message)
 
 
 # -- redis-py, sync ---------------------------------------------------------------------
