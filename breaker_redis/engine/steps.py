@@ -7,9 +7,10 @@ callbacks), snapshot, an operator's action, any other script. Each is an
 provides: ``_script``, ``_remote``, ``_register``, ``_barrier``. The asyncio
 Breaker awaits the steps, and its four methods await redis-py's asyncio
 client. The sync Breaker's four are ``async`` in form only: they make the
-blocking call and return, never suspending, so ``run_sync`` runs a whole step
-with one ``send(None)`` (a step that suspended there would be a bug, and
-run_sync says so).
+blocking call and return, never suspending, so ``run_sync``
+(storage/blocking.py: the stores write their sequences this way too) runs a
+whole step with one ``send(None)`` (a step that suspended there would be a
+bug, and run_sync says so).
 
 Why this and not the other ways: a base class with sync and async twins of
 each sequence would keep the try/except around each script call, the counts
@@ -29,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar
 
 from breaker_redis.engine.core import BreakerCore, Clock, P
 from breaker_redis.engine.errors import BreakerOpen
@@ -39,7 +40,6 @@ from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.store import StoreUnavailable
 
 log = logging.getLogger("breaker_redis")
-T = TypeVar("T")
 D = TypeVar("D")  # what an operator's action returns: None (sync) or an awaitable (asyncio)
 
 
@@ -77,16 +77,6 @@ class Gate(Protocol):
     def kind(self) -> str: ...
     def live(self, generation: int) -> bool: ...
     def shared(self, generation: int) -> bool: ...
-
-
-def run_sync(step: Coroutine[Any, Any, T]) -> T:
-    """Run a step whose I/O never suspends (the sync side's) to its end."""
-    try:
-        step.send(None)
-    except StopIteration as done:
-        return cast(T, done.value)
-    step.close()
-    raise RuntimeError("a sync breaker step suspended: its I/O must not await")
 
 
 class BreakerSteps(BreakerCore[P], Generic[P, D]):

@@ -1,0 +1,27 @@
+"""``run_sync``: how the sync side runs a sequence written once for both sides.
+
+The product's one way to share a sequence of calls between its sync and
+asyncio sides (engine/steps.py says why this way): the sequence is an
+``async def`` whose I/O goes through small methods each side provides. The
+asyncio side awaits it; the sync side's methods are ``async`` in form only
+(they make the blocking call and return, never suspending), and it runs the
+whole sequence here with one ``send(None)``. It lives in the storage layer,
+the lowest that writes such sequences, so the stores and the engine share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
+
+
+def run_sync(step: Coroutine[Any, Any, T]) -> T:
+    """Run a step whose I/O never suspends (the sync side's) to its end."""
+    try:
+        step.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    step.close()
+    raise RuntimeError("a sync breaker step suspended: its I/O must not await")
