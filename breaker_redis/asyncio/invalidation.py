@@ -30,8 +30,8 @@ from typing import Any, Protocol
 from breaker_redis.engine.background import LoopTask
 from breaker_redis.storage.acks import PING_WORD, Lease, is_lease_pong, pong_payload
 from breaker_redis.storage.internals import detach_stream
-from breaker_redis.storage.invalidation import EventSubscriber
 from breaker_redis.storage.scripts import text
+from breaker_redis.storage.subscriber import EventSubscriber
 
 log = logging.getLogger("breaker_redis")
 

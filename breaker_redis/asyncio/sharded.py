@@ -1,7 +1,8 @@
 """The event subscription of an asyncio worker on Redis Cluster: one connection per master.
 
 The asyncio twin of breaker_redis/storage/sharded.py (its docstring says why and
-when a breaker's channel is subscribed again), built from the pieces of
+when a breaker's channel is subscribed again): the same books
+(breaker_redis/storage/channels.py), read by the event loop, built from the pieces of
 breaker_redis/asyncio/invalidation.py: each master's connection is a
 ``Subscription`` that the loop hands every chunk the moment it reads one,
 and a breaker trusts its memory only while its channel is confirmed and its
@@ -18,8 +19,8 @@ from typing import Any, cast
 from breaker_redis.asyncio.invalidation import Subscription, take_over
 from breaker_redis.engine.background import cancelled
 from breaker_redis.storage.acks import pong_payload
+from breaker_redis.storage.channels import Channel, Channels
 from breaker_redis.storage.scripts import text
-from breaker_redis.storage.sharded import Channel, Channels
 
 log = logging.getLogger("breaker_redis")
 
@@ -45,7 +46,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
     def reset(self) -> None:
         """A new event loop or process: the old connections belong to the old one."""
         self._task = None
-        self._subscriptions: dict[str, Subscription] = {}  # by master ('host:port')
+        self._connections: dict[str, Subscription] = {}  # by master ('host:port')
         self._nodes: dict[str, Any] = {}  # the node of each subscription, by the same name
         self._forget_connections()
         self._wake_event: asyncio.Event | None = None
@@ -60,9 +61,9 @@ class AsyncShardedInvalidator(Channels[Subscription]):
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        for subscription in list(self._subscriptions.values()):
+        for subscription in list(self._connections.values()):
             subscription.transport.close()
-        self._subscriptions = {}
+        self._connections = {}
         self._forget_connections()
         await cancelled(task)
 
@@ -80,10 +81,10 @@ class AsyncShardedInvalidator(Channels[Subscription]):
             wake.clear()
             try:
                 await self._subscribe_wanted()
-                await self._verify()
-                held = self._subscriptions
+                await self._verifying()
+                held = self._connections
                 for idle in self._idle(list(held.values())):
-                    self._subscriptions = held = {m: s for m, s in held.items() if s is not idle}
+                    self._connections = held = {m: s for m, s in held.items() if s is not idle}
                     idle.transport.close()
                 delay = 0.1
                 timeout = None if not self._wanted else delay
@@ -99,7 +100,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
     def _pinged(self, timeout: float | None) -> float | None:
         """Ping each connection whose lease asks for it; the wait until the next is due
         (timeout at most)."""
-        for subscription in list(self._subscriptions.values()):
+        for subscription in list(self._connections.values()):
             if subscription.lease.wait() == 0:
                 subscription.ping()
             due = subscription.lease.wait()
@@ -117,7 +118,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
             await self._client.nodes_manager.initialize()  # not read yet (read at the first command)
         by_master, unserved = self._by_master(wanted)
         for master, (node, channels) in by_master.items():
-            subscription = self._subscriptions.get(master)
+            subscription = self._connections.get(master)
             if subscription is None or subscription.lost.done():
                 try:
                     connection = node.connection_class(**node.connection_kwargs)
@@ -125,7 +126,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
                 except BaseException:
                     self._not_done(by_master, master)
                     raise
-                self._subscriptions[master] = subscription
+                self._connections[master] = subscription
                 self._nodes[master] = node
             for channel in channels:
                 channel.healthy, channel.connection = False, subscription
@@ -135,21 +136,11 @@ class AsyncShardedInvalidator(Channels[Subscription]):
             self._wanted.update(unserved)
             raise ConnectionError(f"{len(unserved)} breakers' slots served by no master")
 
-    async def _verify(self) -> None:
-        """ROLE to the node of each subscription whose channels were confirmed (the sync
-        side's ShardedInvalidator._verify says why)."""
-        for subscription, channels in self._to_verify():
-            master = next((name for name, held in self._subscriptions.items() if held is subscription), None)
-            if master is None:
-                continue  # lost meanwhile: its channels are wanted again
-            try:
-                role = await self._nodes[master].execute_command("ROLE")
-            except BaseException:
-                self._not_verified(channels)
-                raise
-            if not self._verified(subscription, channels, role):
-                subscription.transport.close()  # finished(): its channels are wanted again
-                raise ConnectionError(f"{master} is no longer a master; reading the slot map again")
+    async def _role(self, master: str) -> Any:
+        return await self._nodes[master].execute_command("ROLE")
+
+    def _leave(self, subscription: Subscription) -> None:
+        subscription.transport.close()  # finished() follows
 
     # -- what a subscription reports (from the loop's read callback) -------------------------
 
@@ -172,9 +163,7 @@ class AsyncShardedInvalidator(Channels[Subscription]):
 
     def finished(self, subscription: Subscription) -> None:
         """The connection ended: its channels are subscribed again, where the map says."""
-        for master, held in list(self._subscriptions.items()):
-            if held is subscription:
-                del self._subscriptions[master]
+        self._dropped(subscription)
         if any(c.healthy and c.connection is subscription for c in self._channels.values()):
             log.info("event subscription lost; asking Redis at every call until subscribed again")
         self._connection_ended(subscription)

@@ -29,7 +29,6 @@ import select
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
@@ -38,8 +37,8 @@ from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl
 from breaker_redis.storage.acks import PING_WORD, Lease, is_lease_pong
 from breaker_redis.storage.internals import connection_socket, fake_readable
-from breaker_redis.storage.notices import Notice, parse_notice
 from breaker_redis.storage.scripts import text
+from breaker_redis.storage.subscriber import EventSubscriber
 
 log = logging.getLogger("breaker_redis")
 
@@ -178,71 +177,6 @@ class LinkOwner(Protocol):
     def lost(self, link: Link, exc: BaseException | None) -> None: ...
 
 
-OnMessage = Callable[[Notice], None]  # given each event, read by parse_notice (storage/notices.py)
-
-
-@dataclass(eq=False)
-class EventSubscriber:
-    """What a process's subscription to the workers' channel does with what it reads,
-    the same on both sides: ``Invalidator`` here reads it in a thread,
-    ``AsyncInvalidator`` (breaker_redis/asyncio/invalidation.py) in the event loop's
-    protocol callback."""
-
-    client: Any
-    channel: str
-    on_message: OnMessage
-    on_subscribed: Callable[[], None]  # told when what was learned may have missed messages
-    # Until when memory may decide (time.monotonic): the subscription's lease while it is
-    # healthy, else 0.0. A plain attribute, kept by the setters below: the healthy call reads it.
-    trust_until: float = field(default=0.0, init=False)
-    _healthy: bool = field(default=False, init=False)
-
-    @property
-    def healthy(self) -> bool:
-        """Subscribed (confirmed): memory may decide while the lease runs."""
-        return self._healthy
-
-    @healthy.setter
-    def healthy(self, value: bool) -> None:
-        self._healthy = value
-        if not value:
-            self.trust_until = 0.0
-
-    def leased(self, lease: Lease) -> None:
-        """The subscription's lease ran on (a PONG of its own)."""
-        if self._healthy:
-            self.trust_until = lease.until
-            if not self._healthy:  # left meanwhile (another thread): not trusted after all
-                self.trust_until = 0.0
-
-    def __post_init__(self) -> None:
-        """What each side adds (its thread, its task)."""
-
-    @property
-    def legacy_channel(self) -> str:
-        """``<prefix>:events``, which the workers of earlier versions listen to and their
-        scripts publish on: heard too, so that a worker hears the changes of workers not yet
-        upgraded during a rolling deploy."""
-        return self.channel.rpartition(":notices:")[0] + ":events"
-
-    def event(self, kind: str, data: Any, channel: str) -> bool:
-        """Act on one message read: the subscription confirmed (what was learned before
-        may have missed messages), or an event (a hint: see knowledge.py). False for
-        any other kind. A message on the legacy channel that carries a token comes on
-        the workers' channel too, and is acted on there."""
-        if kind == "subscribe":
-            if channel == self.channel:
-                self.healthy = True
-                self.on_subscribed()
-        elif kind == "message":
-            notice = parse_notice(data)  # never raises: a hostile message must not end the subscription
-            if notice is not None and not (notice.ack and channel != self.channel):
-                self.on_message(notice)
-        else:
-            return False
-        return True
-
-
 class Invalidator(EventSubscriber):
     """The one subscription of a process on a single Redis (or a Sentinel's master)."""
 
@@ -258,7 +192,6 @@ class Invalidator(EventSubscriber):
     def listener(self, name: str) -> Invalidator:
         """What a breaker drains and checks: on one server, the one subscription."""
         return self
-
 
     def ensure_running(self) -> None:
         """Start the listener once per process, whatever the concurrency of first calls."""
