@@ -117,7 +117,7 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
         # told the events of every reply of the store in use (a breaker group's hook, groups.py)
         self.on_events: Callable[[Breaker, str], None] | None = None
         super().__init__(name, config)
-        self._gate = shared.gate_for(name)  # on a cluster, its master's (store.MasterGates)
+        self._gate = shared.gate_for(name)  # on a cluster, its master's (masters.MasterGates)
         self._listener = shared.listener(name)
         self.reset_process()
 
@@ -134,9 +134,6 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
             self._memory.forget()
 
     # -- the steps' I/O (steps.py), awaited on redis-py's asyncio client -----------
-
-    async def _script(self, operation: str, args: list[Any], fallback: bool) -> tuple[Any, int]:
-        return await self._gate.run(operation, self.name, self._shared.clock_ms(), args, fallback=fallback)
 
     async def _remote(self, operation: str, args: list[Any]) -> Any:
         return await self._gate.run_remote(operation, self.name, self._shared.clock_ms(), args)

@@ -4,12 +4,13 @@ in-process store when not (the asyncio side of breaker_redis/storage/store.py).
 The same scripts, keys and SHA1s as the sync side, sent with redis-py's
 asyncio client, so a sync worker and an async worker of one deployment share
 one breaker. The rules are the sync gate's, and so is their code
-(``Scripts``, ``GateHealth``, ``MasterGates``): after the first failed command
-no call waits on Redis again; the ``on_store_error`` policy answers (``local``
-runs the same scripts on an embedded server, in this process: CPU only, never
-I/O, so it is called from the event loop directly); a task re-probes Redis
-with backoff, and a change of health is logged once. What is written here is
-what awaits: each method is its sync twin's sequence of commands, awaited.
+(``Scripts``, ``GateHealth``, ``masters.MasterGates``): after the first failed
+command no call waits on Redis again; the ``on_store_error`` policy answers
+(``local`` runs the same scripts on an embedded server, in this process: CPU
+only, never I/O, so it is called from the event loop directly); a task
+re-probes Redis with backoff, and a change of health is logged once. The
+gate's sequences (a script call, the probe loop) are GateHealth's, written
+once in engine/steps.py's way: what is written here is their I/O, awaited.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import redis
 
 from breaker_redis.engine.background import cancelled
 from breaker_redis.storage.scripts import EVALSHA, FCALL, FUNCTION_LOAD, METHODS, SWEEP_PICKS, Scripts, text
-from breaker_redis.storage.store import UNAVAILABLE, GateHealth, StoreUnavailable
+from breaker_redis.storage.store import GateHealth, StoreUnavailable
 
 __all__ = ["AsyncScriptRunner", "AsyncStoreGate", "StoreUnavailable"]
 
@@ -113,34 +114,24 @@ class AsyncStoreGate(GateHealth):
         if self._prober is None or self._prober.done():
             self._prober = asyncio.get_running_loop().create_task(self._probe_loop())
 
-    async def run(
-        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
-    ) -> tuple[Any, int]:
-        """(reply, generation) of the store that ran it; StoreUnavailable as in store.StoreGate.run."""
-        if self._down_since is None:
-            generation = self.generation
-            try:
-                return await self.remote.run_repairing(operation, name, now_ms, args), generation
-            except UNAVAILABLE as exc:
-                self._failed_remote(exc, name, generation, fallback)
-        return self.run_local(operation, name, now_ms, args)
+    run = GateHealth.running  # the same sequence, awaited
 
     async def run_remote(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         """Admin operations go to Redis only: a force must not land in one process."""
         return await self.remote.run_repairing(operation, name, now_ms, args)
+
+    # -- the I/O, awaited -----------------------------------------------------------------
+
+    _remote_run = run_remote
 
     async def _probe(self) -> None:
         if self.per_master and self.remote.slots is not None:  # the map read again first
             await self.remote.slots.cluster().nodes_manager.initialize()
         await self.remote.run("health", self.probe_name, None, ())
 
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._delay)
-            with self._probing():
-                await self._probe()
-            if self.healthy:
-                return
+    async def _paused(self) -> bool:
+        await asyncio.sleep(self._delay)
+        return True
 
     def reset(self) -> None:
         """A new event loop (or a forked child): the old loop's prober is gone with it."""

@@ -94,7 +94,7 @@ class Breaker(BreakerSteps[Permit, None], Protects):
         super().__init__(name, config)
         self.now_ms = shared.now_ms  # type: ignore[method-assign]  # one call less per permit
         self._reporter = shared.reporter
-        self._gate = shared.gate_for(name)  # on a cluster, its master's (store.MasterGates)
+        self._gate = shared.gate_for(name)  # on a cluster, its master's (masters.MasterGates)
         self._listener = shared.listener(name)
         self.after_fork()
 
@@ -106,9 +106,6 @@ class Breaker(BreakerSteps[Permit, None], Protects):
         self._forget_counts()
 
     # -- the steps' I/O (steps.py): blocking calls, 'async' in form only, run by run_sync
-
-    async def _script(self, operation: str, args: list[Any], fallback: bool) -> tuple[Any, int]:
-        return self._gate.run(operation, self.name, self._shared.clock_ms(), args, fallback=fallback)
 
     async def _remote(self, operation: str, args: list[Any]) -> Any:
         return self._gate.run_remote(operation, self.name, self._shared.clock_ms(), args)

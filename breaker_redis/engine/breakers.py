@@ -21,9 +21,10 @@ from breaker_redis.storage.acks import acks_key, parse_ack
 from breaker_redis.storage.cluster import notices_channel
 from breaker_redis.storage.failover import SentinelFollower
 from breaker_redis.storage.invalidation import Invalidator
+from breaker_redis.storage.masters import MasterGates
 from breaker_redis.storage.scripts import ScriptRunner, text
 from breaker_redis.storage.sharded import ShardedInvalidator
-from breaker_redis.storage.store import MasterGates, StoreGate
+from breaker_redis.storage.store import StoreGate
 from breaker_redis.urls import describe
 
 log = logging.getLogger("breaker_redis")

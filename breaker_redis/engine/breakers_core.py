@@ -27,9 +27,10 @@ from breaker_redis.engine.knowledge import about_another_database
 from breaker_redis.engine.reporters import reporter_or_default
 from breaker_redis.engine.transitions import TransitionCallback, TransitionHooks
 from breaker_redis.storage.acks import acks_key
+from breaker_redis.storage.masters import MasterGates
 from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.scripts import Scripts, flat_pairs, text, validate_name
-from breaker_redis.storage.store import GateHealth, MasterGates
+from breaker_redis.storage.store import GateHealth
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 

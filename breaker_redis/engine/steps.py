@@ -3,10 +3,12 @@
 A step is the sequence around one script call: acquire from Redis, send the
 outcomes and counts, learn a reply (the listing, the barrier, the transition
 callbacks), snapshot, an operator's action, any other script. Each is an
-``async def`` here, and its I/O goes through four small methods each side
-provides: ``_script``, ``_remote``, ``_register``, ``_barrier``. The asyncio
-Breaker awaits the steps, and its four methods await redis-py's asyncio
-client. The sync Breaker's four are ``async`` in form only: they make the
+``async def`` here, and its I/O goes through small methods each side
+provides: ``_remote``, ``_register``, ``_barrier``, ``_give_back``, and the
+store gate's ``running`` (storage/store.py: a script call, on Redis or the
+fallback, is itself a sequence written once). The asyncio Breaker awaits
+the steps, and its methods await redis-py's asyncio client. The sync
+Breaker's are ``async`` in form only: they make the
 blocking call and return, never suspending, so ``run_sync``
 (storage/blocking.py: the stores write their sequences this way too) runs a
 whole step with one ``send(None)`` (a step that suspended there would be a
@@ -28,7 +30,7 @@ everything and nothing between two awaits can interleave.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -77,6 +79,9 @@ class Gate(Protocol):
     def kind(self) -> str: ...
     def live(self, generation: int) -> bool: ...
     def shared(self, generation: int) -> bool: ...
+    async def running(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
+    ) -> tuple[Any, int]: ...
 
 
 class BreakerSteps(BreakerCore[P], Generic[P, D]):
@@ -88,10 +93,6 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
     on_events: Callable[[Any, str], None] | None
 
     # -- the I/O: each side's ----------------------------------------------------
-
-    async def _script(self, operation: str, args: list[Any], fallback: bool) -> tuple[Any, int]:
-        """(raw reply, store generation) of one of this breaker's scripts."""
-        raise NotImplementedError
 
     async def _remote(self, operation: str, args: list[Any]) -> Any:
         """The raw reply of a script run on Redis only (an operator's action)."""
@@ -119,7 +120,9 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
     async def _run(self, operation: str, args: list[Any], *, fallback: bool = True) -> tuple[Reply, int, int]:
         """(reply, store generation, the invalidation count when it was sent)."""
         stamp = self._memory.stamp()
-        raw, generation = await self._script(operation, self._script_args(args), fallback)
+        sent = self._script_args(args)
+        now_ms = self._shared.clock_ms()
+        raw, generation = await self._gate.running(operation, self.name, now_ms, sent, fallback=fallback)
         return Reply.decode(raw), generation, stamp
 
     async def _learn(self, reply: Reply, generation: int, stamp: int, *, operator: bool = False) -> Knowledge:
@@ -200,7 +203,8 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         with self._lock:
             pending = self._take_pending()
         try:
-            raw, _ = await self._script("snapshot", self._script_args(pending), True)
+            sent = self._script_args(pending)
+            raw, _ = await self._gate.running("snapshot", self.name, self._shared.clock_ms(), sent)
         except StoreUnavailable:
             self._restore_pending(pending)
             raise

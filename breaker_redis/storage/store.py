@@ -28,12 +28,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import redis
 
 from breaker_redis.engine.background import BackgroundThread
 from breaker_redis.storage import acl
+from breaker_redis.storage.blocking import run_sync
 from breaker_redis.storage.scripts import ScriptRunner, Scripts
 
 log = logging.getLogger("breaker_redis")
@@ -90,7 +91,7 @@ class GateHealth:
         self.remote = remote
         self.policy = check_policy(policy)
         self.generation = next(_GENERATIONS)
-        # On Redis Cluster (MasterGates) the probe runs the health script in the slot of
+        # On Redis Cluster (masters.MasterGates) the probe runs the health script in the slot of
         # the breaker whose call failed, so it reaches that breaker's master, after
         # reading the slot map again (a failover may have moved the slot).
         self.per_master = per_master
@@ -124,6 +125,48 @@ class GateHealth:
         self._mark_down(exc, generation)
         if not fallback:
             raise StoreUnavailable(self.policy) from exc
+
+    # -- the sequences, written once (engine/steps.py's way; the I/O below is each side's) --
+
+    async def running(
+        self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
+    ) -> tuple[Any, int]:
+        """(reply, generation) of the store that ran it: the step a breaker awaits
+        (engine/steps.py); each side's ``run`` is it, for its other callers.
+
+        StoreUnavailable when Redis is down and the policy is allow or deny, or
+        when ``fallback`` is False: a result admitted by Redis is not replayed
+        on the local store, whose epochs mean something else.
+        """
+        if self._down_since is None:
+            generation = self.generation
+            try:
+                return await self._remote_run(operation, name, now_ms, args), generation
+            except UNAVAILABLE as exc:
+                self._failed_remote(exc, name, generation, fallback)
+        return self.run_local(operation, name, now_ms, args)
+
+    async def _probe_loop(self) -> None:
+        """While Redis is down: probe it after each backoff until it is back (or the side
+        stops probing: a closed process)."""
+        while await self._paused():
+            with self._probing():
+                await self._probe()
+            if self.healthy:
+                return
+
+    async def _remote_run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        """The reply of a script run on Redis (Scripts.run_repairing)."""
+        raise NotImplementedError
+
+    async def _probe(self) -> None:
+        """Raises unless Redis runs a script that writes and calls every command the
+        breakers' scripts call (lua/health.lua; see the module's docstring)."""
+        raise NotImplementedError
+
+    async def _paused(self) -> bool:
+        """After the probe backoff (``_delay``); False when probing stops."""
+        raise NotImplementedError
 
     def run_local(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
@@ -257,149 +300,39 @@ class StoreGate(GateHealth):
     remote: ScriptRunner
 
     def _started(self) -> None:
-        self.thread = BackgroundThread(self._probe_loop, "breaker-redis-probe")  # while Redis is down
+        self.thread = BackgroundThread(self._prober, "breaker-redis-probe")  # while Redis is down
 
     def _start_probing(self) -> None:
         self.thread.start()
 
+    def _prober(self) -> None:
+        run_sync(self._probe_loop())
+
     def run(
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any], *, fallback: bool = True
     ) -> tuple[Any, int]:
-        """(reply, generation) of the store that ran it.
-
-        StoreUnavailable when Redis is down and the policy is allow or deny, or
-        when ``fallback`` is False: a result admitted by Redis is not replayed
-        on the local store, whose epochs mean something else.
-        """
-        if self._down_since is None:
-            generation = self.generation
-            try:
-                return self.remote.run_repairing(operation, name, now_ms, args), generation
-            except UNAVAILABLE as exc:
-                self._failed_remote(exc, name, generation, fallback)
-        return self.run_local(operation, name, now_ms, args)
+        """GateHealth.running, run to its end."""
+        return run_sync(self.running(operation, name, now_ms, args, fallback=fallback))
 
     def run_remote(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         """Admin operations go to Redis only: a force must not land in one process."""
         return self.remote.run_repairing(operation, name, now_ms, args)
 
-    def _probe(self) -> None:
-        """Raises unless Redis runs a script that writes and calls every command the
-        breakers' scripts call (lua/health.lua; see the module's docstring)."""
-        if self.per_master and self.remote.slots is not None:
+    # -- the I/O, blocking ('async' in form only: storage/blocking.py) ----------------------
+
+    async def _remote_run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
+        return self.remote.run_repairing(operation, name, now_ms, args)
+
+    async def _probe(self) -> None:
+        if self.per_master and self.remote.slots is not None:  # the map read again first
             self.remote.slots.cluster().nodes_manager.initialize()
         self.remote.run("health", self.probe_name, None, ())
 
-    def _probe_loop(self) -> None:
-        while not self.thread.wait(self._delay):
-            with self._probing():
-                self._probe()
-            if self.healthy:
-                return
+    async def _paused(self) -> bool:
+        return not self.thread.wait(self._delay)
 
     def after_fork(self) -> None:
         """A child process starts with no thread and no local store of its own."""
         self._lock = threading.Lock()
         self.thread.after_fork()
         self._new_process()
-
-
-G = TypeVar("G", bound=GateHealth)
-
-
-class MasterGates(Generic[G]):
-    """The store gates of a Redis Cluster: one per master, so that a dead master sends
-    only its own breakers to ``on_store_error`` while the others keep deciding on
-    Redis. A breaker's gate is its master's as the slot map names it at each use
-    (``for_name``): a resharding or a failover moves it to another gate, whose
-    generation it never knew, so it asks Redis again. ``make(master)`` builds the
-    gate of one master ('host:port'; '' while the map is not read yet)."""
-
-    def __init__(self, remote: Scripts, policy: str, make: Callable[[str], G]) -> None:
-        assert remote.slots is not None
-        self.remote = remote
-        self.slots = remote.slots
-        self.policy = check_policy(policy)
-        self._make = make
-        self._gates: dict[str, G] = {}
-        self._lock = threading.Lock()
-
-    def master_of(self, name: str) -> str:
-        return self.slots.owner_name(self.remote.route_key(name))
-
-    def slot_of(self, name: str) -> int:
-        return self.slots.slot(self.remote.route_key(name))
-
-    def of(self, name: str) -> G:
-        return self.at(self.slot_of(name))
-
-    def at(self, slot: int) -> G:
-        """The gate of the master serving slot now."""
-        node = self.slots.owner(slot)
-        master = "" if node is None else str(node.name)
-        gate = self._gates.get(master)
-        if gate is None:
-            with self._lock:
-                gate = self._gates.get(master)
-                if gate is None:
-                    gate = self._gates[master] = self._make(master)
-        return gate
-
-    def gates(self) -> list[G]:
-        return list(self._gates.values())
-
-    def for_name(self, name: str) -> BreakerGate:
-        return BreakerGate(self, name)
-
-    @property
-    def healthy(self) -> bool:
-        """Every master's breakers run on Redis."""
-        return all(gate.healthy for gate in self.gates())
-
-    @property
-    def kind(self) -> str:
-        return "redis" if self.healthy else self.policy
-
-    @property
-    def problem(self) -> str | None:
-        return next((gate.problem for gate in self.gates() if gate.problem), None)
-
-    def shared(self, generation: int) -> bool:
-        """Whether generation is some master's on Redis, in use now (a reply that came
-        back from another master than the map named when it was sent is still Redis's)."""
-        return any(gate.shared(generation) for gate in self.gates())
-
-    def run(self, operation: str, name: str, *args: Any, **kwargs: Any) -> Any:
-        return self.of(name).run(operation, name, *args, **kwargs)  # type: ignore[attr-defined]
-
-    def run_remote(self, operation: str, name: str, *args: Any) -> Any:
-        return self.of(name).run_remote(operation, name, *args)  # type: ignore[attr-defined]
-
-
-class BreakerGate:
-    """The store gate of one breaker on a cluster: its master's, looked up at each use."""
-
-    __slots__ = ("_gates", "_slot")
-
-    def __init__(self, gates: MasterGates[Any], name: str) -> None:
-        self._gates = gates
-        self._slot = gates.slot_of(name)
-
-    @property
-    def generation(self) -> int:
-        return int(self._gates.at(self._slot).generation)
-
-    @property
-    def healthy(self) -> bool:
-        return bool(self._gates.at(self._slot).healthy)
-
-    def live(self, generation: int) -> bool:
-        """Its master's gate's generation, or any master's on Redis: a permit admitted by
-        Redis counts on Redis wherever the slot went; a local one only on its store."""
-        return generation == self.generation or self._gates.shared(generation)
-
-    def shared(self, generation: int) -> bool:
-        return self._gates.shared(generation)
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._gates.at(self._slot), attr)
