@@ -37,7 +37,10 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
+
+from breaker_redis.storage.blocking import awaited, blocking, run_sync
 
 log = logging.getLogger("breaker_redis")
 
@@ -148,19 +151,21 @@ def acknowledge(client: Any, key: str, token: str) -> None:
     """Count one worker's application of notice ``token`` (one round trip). Never raises:
     a worker that cannot acknowledge is waited for until its lease ends, which is exact."""
     with contextlib.suppress(Exception):
-        pipe = client.pipeline(transaction=False)
-        pipe.hincrby(key, token, 1)
-        pipe.pexpire(key, ACKS_TTL_MS)
-        pipe.execute()
+        _acknowledgement(client, key, token).execute()
 
 
 async def aacknowledge(client: Any, key: str, token: str) -> None:
     """acknowledge() for the asyncio client."""
     with contextlib.suppress(Exception):
-        pipe = client.pipeline(transaction=False)
-        pipe.hincrby(key, token, 1)
-        pipe.pexpire(key, ACKS_TTL_MS)
-        await pipe.execute()
+        await _acknowledgement(client, key, token).execute()
+
+
+def _acknowledgement(client: Any, key: str, token: str) -> Any:
+    """The pipeline that counts one acknowledgement (either side's client)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(key, token, 1)
+    pipe.pexpire(key, ACKS_TTL_MS)
+    return pipe
 
 
 def _count(raw: Any) -> int:
@@ -175,41 +180,33 @@ def wait(client: Any, key: str, token: str, workers: int) -> int:
     """Return once ``workers`` acknowledgements of ``token`` are counted, or after
     LEASE_SECONDS (every worker that has not acknowledged has stopped trusting its
     memory by then). The number counted; never raises (Redis gone: after the lease)."""
-    deadline = time.monotonic() + LEASE_SECONDS
-    pause = POLL_FIRST
-    counted = 0
-    while workers > 0:
-        with contextlib.suppress(Exception):
-            counted = _count(client.hmget(key, [token]))
-        left = deadline - time.monotonic()
-        if counted >= workers or left <= 0:
-            break
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, POLL_MAX)
-    _waited_out(key, counted, workers)
-    return counted
-
-
-def _waited_out(key: str, counted: int, workers: int) -> None:
-    """Say so when workers did not acknowledge within the lease (stopped, partitioned,
-    their listener starved): the change was safe, and slow by the lease."""
-    if counted < workers:
-        log.info("%s: %d of %d listening workers acknowledged a change within %g s; the others "
-                 "stopped deciding from memory", key, counted, workers, LEASE_SECONDS)
+    return run_sync(_waiting(blocking, client.hmget, time.sleep, key, token, workers))
 
 
 async def await_acks(client: Any, key: str, token: str, workers: int) -> int:
     """wait() for the asyncio client: the event loop runs on while it waits."""
+    return await _waiting(awaited, client.hmget, asyncio.sleep, key, token, workers)
+
+
+async def _waiting(
+    io: Callable[..., Awaitable[Any]], hmget: Any, sleep: Any, key: str, token: str, workers: int
+) -> int:
+    """wait()'s sequence, written once (engine/steps.py's way): ``io`` runs each side's
+    ``hmget`` and ``sleep`` (storage/blocking.py)."""
     deadline = time.monotonic() + LEASE_SECONDS
     pause = POLL_FIRST
     counted = 0
     while workers > 0:
         with contextlib.suppress(Exception):
-            counted = _count(await client.hmget(key, [token]))
+            counted = _count(await io(hmget, key, [token]))
         left = deadline - time.monotonic()
         if counted >= workers or left <= 0:
             break
-        await asyncio.sleep(min(pause, left))
+        await io(sleep, min(pause, left))
         pause = min(pause * 2, POLL_MAX)
-    _waited_out(key, counted, workers)
+    if counted < workers:
+        # workers that did not acknowledge within the lease (stopped, partitioned, their
+        # listener starved): the change was safe, and slow by the lease
+        log.info("%s: %d of %d listening workers acknowledged a change within %g s; the others "
+                 "stopped deciding from memory", key, counted, workers, LEASE_SECONDS)
     return counted

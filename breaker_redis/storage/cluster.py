@@ -61,6 +61,7 @@ from typing import Any, TypeVar
 import redis
 from redis.crc import key_slot
 
+from breaker_redis.storage.blocking import awaited, blocking, run_sync
 from breaker_redis.urls import LazyCluster
 
 T = TypeVar("T")
@@ -168,10 +169,15 @@ class Slots:
         ``nodes_manager.initialize()`` (every redis-py from 5.0; the store gate's probe
         and the event subscription call it too). Nothing if the client is not made yet:
         its first command reads the map. A failure is left to the next command."""
+        run_sync(self._rereading(blocking))
+
+    async def _rereading(self, io: Callable[..., Awaitable[Any]]) -> None:
+        """refresh()'s sequence, written once (engine/steps.py's way): ``io`` is each
+        side's (storage/blocking.py)."""
         manager = getattr(self.built(), "nodes_manager", None)
         if manager is not None:
             with contextlib.suppress(*_REREAD_FAILED):
-                manager.initialize()
+                await io(manager.initialize)
 
     def call(self, key: str, send: Callable[[Any], T]) -> T:
         """send(client of the master of key's slot). A redirect is told (``redirected``)
@@ -232,10 +238,7 @@ class Slots:
 
     async def arefresh(self) -> None:
         """refresh() for the asyncio cluster client (its map is read at its first command)."""
-        manager = getattr(self.built(), "nodes_manager", None)
-        if manager is not None:
-            with contextlib.suppress(*_REREAD_FAILED):
-                await manager.initialize()
+        await self._rereading(awaited)
 
     async def acall(self, key: str, send: Callable[[Any], Awaitable[T]]) -> T:
         """call() for redis-py's asyncio cluster client: send(node or client) is awaited;

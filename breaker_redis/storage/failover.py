@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
 import redis.sentinel
 
 from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.storage.blocking import blocking, run_sync
 from breaker_redis.storage.internals import connection_socket, prefer_sentinel, sentinel_list
 from breaker_redis.storage.invalidation import shut_down
 from breaker_redis.storage.scripts import text
@@ -44,17 +45,22 @@ F = TypeVar("F", bound="Follower")
 
 
 class Follower:
-    """What the two followers share: the pool, its service, the sentinels it asks, and
-    what a ``+switch-master`` message means. ``SentinelFollower`` here listens in a
-    thread, ``AsyncSentinelFollower`` (breaker_redis/asyncio/failover.py) in a task."""
+    """What the two followers share: the pool, its service, the sentinels it asks, what a
+    ``+switch-master`` message means, and the listening itself (``_following``), written
+    once in engine/steps.py's way: ``SentinelFollower`` here runs it in a thread,
+    ``AsyncSentinelFollower`` (breaker_redis/asyncio/failover.py) awaits it in a task.
+    Both read a redis-py pub/sub, one blocking and one awaited: the protocols do not
+    differ, only the waiting (``_io``, ``_paused``, ``_close``)."""
 
     pool_class: ClassVar[type[Any]]  # the Sentinel-managed pool of the follower's side
+    _io: ClassVar[Callable[..., Awaitable[Any]]]  # blocking or awaited (storage/blocking.py)
 
     def __init__(self, pool: Any, on_switch: Callable[[], None]) -> None:
         self._pool = pool
         self._service = str(pool.service_name)
         self._sentinels = sentinel_list(pool)
         self._on_switch = on_switch
+        self._pubsub: Any = None  # the subscription being read (the sync side's close() shuts it down)
 
     @classmethod
     def for_client(cls: type[F], client: Any, on_switch: Callable[[], None]) -> F | None:
@@ -78,15 +84,63 @@ class Follower:
         log.warning("Sentinel moved master %r from %s:%s to %s:%s; reconnecting to the new master", *parts)
         return True
 
+    async def _following(self) -> None:
+        """Listen to one sentinel's ``+switch-master`` (the next one when it fails) until
+        the side stops it."""
+        turn = 0
+        while self._running():
+            sentinel = self.sentinel(turn)
+            pubsub = None
+            try:
+                pubsub = self._pubsub = sentinel.pubsub()
+                await self._io(pubsub.subscribe, CHANNEL)
+                while self._running():
+                    message = await self._io(pubsub.get_message, timeout=RETRY_SECONDS)
+                    if message is not None and text(message.get("type")) == "message":
+                        await self._switching(sentinel, text(message.get("data")))
+            except Exception:  # that sentinel is gone (or close() woke us): listen to the next one
+                turn += 1
+                await self._paused()
+            finally:
+                self._pubsub = None
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await self._close(pubsub)
+
+    async def _switching(self, sentinel: Any, data: str) -> None:
+        """``<service> <old ip> <old port> <new ip> <new port>`` from ``sentinel``."""
+        if not self.announced(sentinel, data):
+            return
+        # Asks the sentinels now: the pool learns the new address and closes its
+        # idle connections; one in use is closed when its thread (or task) releases it
+        # (the pool no longer owns a connection to another address). Never closed
+        # under a thread reading it.
+        with contextlib.suppress(Exception):
+            await self._io(self._pool.get_master_address)
+        self._on_switch()
+
+    # -- each side's ------------------------------------------------------------------
+
+    def _running(self) -> bool:
+        """Whether to go on listening (the thread is not told to stop)."""
+        return True
+
+    async def _paused(self) -> None:
+        """RETRY_SECONDS before the next sentinel (ended early by close())."""
+        raise NotImplementedError
+
+    async def _close(self, pubsub: Any) -> None:
+        raise NotImplementedError
+
 
 class SentinelFollower(Follower):
     """One thread per process, started at its first call (after any fork)."""
 
     pool_class = redis.sentinel.SentinelConnectionPool
+    _io = staticmethod(blocking)
 
     def __init__(self, pool: Any, on_switch: Callable[[], None]) -> None:
         super().__init__(pool, on_switch)
-        self._pubsub: Any = None  # the subscription being read, shut down by close() to wake the thread
         self.thread = BackgroundThread(self._loop, "breaker-redis-sentinel", wake=self._interrupt)
 
     def ensure_running(self) -> None:
@@ -102,36 +156,15 @@ class SentinelFollower(Follower):
             shut_down(connection_socket(pubsub.connection))
 
     def _loop(self) -> None:
-        thread = self.thread
-        turn = 0
-        while not thread.stopped():
-            sentinel = self.sentinel(turn)
-            pubsub = None
-            try:
-                pubsub = self._pubsub = sentinel.pubsub()
-                pubsub.subscribe(CHANNEL)
-                while not thread.stopped():
-                    message = pubsub.get_message(timeout=RETRY_SECONDS)
-                    if message is not None and text(message.get("type")) == "message":
-                        self.switched(sentinel, text(message.get("data")))
-            except Exception:  # that sentinel is gone (or close() woke us): listen to the next one
-                turn += 1
-                thread.wait(RETRY_SECONDS)
-            finally:
-                self._pubsub = None
-                if pubsub is not None:
-                    with contextlib.suppress(Exception):
-                        pubsub.close()
+        run_sync(self._following())
 
-    def switched(self, sentinel: Any, data: str) -> None:
-        """``<service> <old ip> <old port> <new ip> <new port>`` from ``sentinel``."""
-        if not self.announced(sentinel, data):
-            return
-        # Asks the sentinels now: the pool learns the new address and closes its
-        # idle connections; one in use is closed when its thread releases it (the
-        # pool no longer owns a connection to another address). Never closed
-        # under a thread reading it.
-        with contextlib.suppress(Exception):
-            self._pool.get_master_address()
-        self._on_switch()
+    # -- the I/O, blocking ('async' in form only: storage/blocking.py) ------------------------
 
+    def _running(self) -> bool:
+        return not self.thread.stopped()
+
+    async def _paused(self) -> None:
+        self.thread.wait(RETRY_SECONDS)
+
+    async def _close(self, pubsub: Any) -> None:
+        pubsub.close()
