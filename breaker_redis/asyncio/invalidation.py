@@ -65,10 +65,10 @@ class _Resp:
         line, at = header
         if line[:1] == b"$" and line[1:].isdigit():
             # a lone bulk string (a PING's answer on RESP3), as a lone simple string reads
-            size = int(line[1:])
-            if len(self.buffer) < at + size + 2:
+            bulk = self._bulk(line, at)
+            if bulk is None:
                 return None
-            return ["+" + bytes(self.buffer[at : at + size]).decode("utf-8", "replace")], at + size + 2
+            return ["+" + (bulk[0] or b"").decode("utf-8", "replace")], bulk[1]
         if line[:1] not in (b"*", b">"):
             # an error reply or a lone value (a server that refused SUBSCRIBE): surface it
             return [line.decode("utf-8", "replace")], at
@@ -79,17 +79,24 @@ class _Resp:
                 return None
             line, at = item
             if line[:1] == b"$":
-                size = int(line[1:])
-                if size < 0:
-                    items.append(None)
-                    continue
-                if len(self.buffer) < at + size + 2:
+                bulk = self._bulk(line, at)
+                if bulk is None:
                     return None
-                items.append(bytes(self.buffer[at : at + size]))
-                at += size + 2
+                value, at = bulk
+                items.append(value)
             else:
                 items.append(line[1:])
         return items, at
+
+    def _bulk(self, header: bytes, at: int) -> tuple[bytes | None, int] | None:
+        """The bulk string of that header whose body starts at ``at``: (its bytes, or None
+        for a null one; where it ends), or None while it is not all received."""
+        size = int(header[1:])
+        if size < 0:
+            return None, at
+        if len(self.buffer) < at + size + 2:
+            return None
+        return bytes(self.buffer[at : at + size]), at + size + 2
 
 
 class SubscriptionOwner(Protocol):
