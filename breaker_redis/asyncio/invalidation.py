@@ -36,6 +36,10 @@ from breaker_redis.storage.subscriber import EventSubscriber
 log = logging.getLogger("breaker_redis")
 
 
+class _Incomplete(Exception):
+    """The buffer ends inside a message: the rest comes with a later chunk."""
+
+
 class _Resp:
     """Just enough RESP2/RESP3 to read pub/sub messages: arrays (or pushes) of
     bulk strings, integers and simple strings."""
@@ -44,58 +48,52 @@ class _Resp:
         self.buffer = bytearray()
 
     def feed(self, data: bytes) -> list[list[Any]]:
+        """The messages complete once data is added (a chunk mostly ends with one, so a
+        message cut in two is the only one that pays for _Incomplete)."""
         self.buffer += data
         messages: list[list[Any]] = []
-        while True:
-            parsed = self._array(0)
-            if parsed is None:
-                return messages
-            message, end = parsed
+        while self.buffer:
+            try:
+                message, end = self._array(0)
+            except _Incomplete:
+                break
             del self.buffer[:end]
             messages.append(message)
+        return messages
 
-    def _line(self, at: int) -> tuple[bytes, int] | None:
+    def _line(self, at: int) -> tuple[bytes, int]:
         end = self.buffer.find(b"\r\n", at)
-        return None if end < 0 else (bytes(self.buffer[at:end]), end + 2)
+        if end < 0:
+            raise _Incomplete
+        return bytes(self.buffer[at:end]), end + 2
 
-    def _array(self, at: int) -> tuple[list[Any], int] | None:
-        header = self._line(at)
-        if header is None:
-            return None
-        line, at = header
+    def _array(self, at: int) -> tuple[list[Any], int]:
+        line, at = self._line(at)
         if line[:1] == b"$" and line[1:].isdigit():
             # a lone bulk string (a PING's answer on RESP3), as a lone simple string reads
-            bulk = self._bulk(line, at)
-            if bulk is None:
-                return None
-            return ["+" + (bulk[0] or b"").decode("utf-8", "replace")], bulk[1]
+            value, at = self._bulk(line, at)
+            return ["+" + (value or b"").decode("utf-8", "replace")], at
         if line[:1] not in (b"*", b">"):
             # an error reply or a lone value (a server that refused SUBSCRIBE): surface it
             return [line.decode("utf-8", "replace")], at
         items: list[Any] = []
         for _ in range(int(line[1:])):
-            item = self._line(at)
-            if item is None:
-                return None
-            line, at = item
+            line, at = self._line(at)
             if line[:1] == b"$":
-                bulk = self._bulk(line, at)
-                if bulk is None:
-                    return None
-                value, at = bulk
+                value, at = self._bulk(line, at)
                 items.append(value)
             else:
                 items.append(line[1:])
         return items, at
 
-    def _bulk(self, header: bytes, at: int) -> tuple[bytes | None, int] | None:
-        """The bulk string of that header whose body starts at ``at``: (its bytes, or None
-        for a null one; where it ends), or None while it is not all received."""
+    def _bulk(self, header: bytes, at: int) -> tuple[bytes | None, int]:
+        """The bulk string of that header whose body starts at ``at``: its bytes (None for
+        a null one) and where it ends."""
         size = int(header[1:])
         if size < 0:
             return None, at
         if len(self.buffer) < at + size + 2:
-            return None
+            raise _Incomplete
         return bytes(self.buffer[at : at + size]), at + size + 2
 
 
