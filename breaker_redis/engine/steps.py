@@ -8,11 +8,11 @@ provides: ``_remote``, ``_register``, ``_barrier``, ``_give_back``, and the
 store gate's ``running`` (storage/store.py: a script call, on Redis or the
 fallback, is itself a sequence written once). The asyncio Breaker awaits
 the steps, and its methods await redis-py's asyncio client. The sync
-Breaker's are ``async`` in form only: they make the
-blocking call and return, never suspending, so ``run_sync``
-(storage/blocking.py: the stores write their sequences this way too) runs a
-whole step with one ``send(None)`` (a step that suspended there would be a
-bug, and run_sync says so).
+Breaker's are ``async`` in form only: they make the blocking call and
+return, never suspending, so ``run_sync`` (storage/blocking.py: the stores
+write their sequences this way too) runs a whole step with one
+``send(None)`` (a step that suspended there would be a bug, and run_sync
+says so).
 
 Why this and not the other ways: a base class with sync and async twins of
 each sequence would keep the try/except around each script call, the counts
