@@ -73,7 +73,8 @@ class GateHealth:
     """What both store gates (StoreGate here, AsyncStoreGate in breaker_redis/asyncio/store.py)
     share, all but sending and waiting: what they keep about Redis's health (down or up
     since when, the probe backoff, the returns that did not last) and the log line of each
-    change, the fallback's decisions and the local store. ``_lock`` guards it: a
+    change, the fallback's decisions, the local store, and the two sequences (a script
+    call, the probe loop) written once over each side's I/O. ``_lock`` guards it: a
     threading.Lock on the sync side, a null context on an event loop, which runs it all."""
 
     _local: ScriptRunner | None
