@@ -14,10 +14,10 @@ from breaker_redis import Breakers
 from breaker_redis.embedded import EmbeddedServer
 from breaker_redis.urls import client_from_url
 from demo_app import stack
-from tests.jitter_proxy import Proxies
-from tests.mp_workers import emptied_server_url
-from tests.redis_server import RedisServer
-from tests.topologies import ClusterGroup, started
+from tests.support.jitter_proxy import Proxies
+from tests.support.mp_workers import emptied_server_url
+from tests.support.redis_server import RedisServer
+from tests.support.topologies import ClusterGroup, started
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +30,7 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(autouse=True)
 def no_subscriber_left(request: pytest.FixtureRequest) -> None:
     """A test of the session's redis-server starts with no subscription an earlier test
-    left behind (tests/redis_server.py ``emptied`` says why); its data is its own business."""
+    left behind (tests/support/redis_server.py ``emptied`` says why); its data is its own business."""
     if "redis_server" in request.fixturenames:
         client = request.getfixturevalue("redis_server").client()
         try:
@@ -41,7 +41,7 @@ def no_subscriber_left(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterGroup]:
-    """Three Redis Cluster masters (tests/topologies.py), started once per session."""
+    """Three Redis Cluster masters (tests/support/topologies.py), started once per session."""
     with started(ClusterGroup()) as group:
         yield group
 
@@ -66,7 +66,7 @@ def embedded() -> Iterator[EmbeddedServer]:
 @pytest.fixture
 def jitter_proxies() -> Iterator[Proxies]:
     """Starts proxies that deliver each connection's replies late, subscriptions later
-    (tests/jitter_proxy.py): ``jitter_proxies(port)``. Stopped at the test's end."""
+    (tests/support/jitter_proxy.py): ``jitter_proxies(port)``. Stopped at the test's end."""
     proxies = Proxies()
     yield proxies
     proxies.stop()
@@ -75,7 +75,7 @@ def jitter_proxies() -> Iterator[Proxies]:
 @pytest.fixture(params=["real", "embedded"])
 def proxied_url(request: pytest.FixtureRequest, jitter_proxies: Proxies) -> str:
     """The URL of a proxy from ``jitter_proxies`` in front of the session's redis-server
-    ('real') or embedded server ('embedded'), emptied (tests/mp_workers.py emptied_server_url)."""
+    ('real') or embedded server ('embedded'), emptied (tests/support/mp_workers.py emptied_server_url)."""
     return emptied_server_url(request, through=jitter_proxies)
 
 

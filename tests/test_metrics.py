@@ -23,8 +23,8 @@ from breaker_redis.groups import BreakerGroup
 from breaker_redis.metrics import BreakerCollector, Family, exposition, render
 from breaker_redis.ops import cli
 from tests.conftest import Clock
-from tests.redis_server import free_port, wait_until
-from tests.workers import TRIP_AT_3, fail
+from tests.support.redis_server import free_port, wait_until
+from tests.support.workers import TRIP_AT_3, fail
 
 ROOT = Path(__file__).resolve().parent.parent
 RECOVERS = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=10, half_open_successes=1)
