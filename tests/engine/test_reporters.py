@@ -13,7 +13,7 @@ import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.engine.reporters import default_reporter, validate_reporter
-from tests.conftest import STORES, make_store
+from tests.support.stores import STORES, make_store
 from tests.support.workers import subscribed
 
 COUNT = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30, min_reporters=2)

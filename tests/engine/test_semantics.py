@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen, State
-from tests.conftest import STORES, make_store
+from tests.support.stores import STORES, make_store
 
 # 5 failures in 10 s open it for 10 s (the classic OpenResty lua_shared_dict breaker),
 # 2 probe successes close it

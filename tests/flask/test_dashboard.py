@@ -11,7 +11,6 @@ is down. The page in a real browser: test_dashboard_browser.py.
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from breaker_redis.flask.dashboard import stream_events
 from breaker_redis.flask.state import EXTENSION_KEY
 from breaker_redis.urls import client_from_url
 from tests.support.redis_server import wait_until
+from tests.support.sse import events
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -47,21 +47,6 @@ def make_app(client=None, **config):
         return "ok", int(request.args.get("status", 200))
 
     return app, ext, client
-
-
-def events(body: str) -> list[tuple[str, dict]]:
-    """(event, data) of each server-sent event with data."""
-    found = []
-    for block in body.split("\n\n"):
-        kind, data = "message", []
-        for line in block.split("\n"):
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                data.append(line[6:])
-        if data:
-            found.append((kind, json.loads("\n".join(data))))
-    return found
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from flask import Flask, abort, jsonify
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.flask import BreakerOpenError, FlaskBreakers, wants_json
+from tests.support.flask_apps import make_app
 
 # A friendly message that is not ASCII: "the payment service is temporarily unavailable,
 # please retry later" in Chinese (its full-width comma written as an escape for the linter).
@@ -20,18 +21,6 @@ CHINESE_MESSAGE = "支付服务暂时不可用\uff0c请稍后再试"
 # 5 failures in 10 s open it for 10 s: the classic OpenResty lua_shared_dict breaker
 PAY_5_IN_10S = {"trip": "count", "failure_threshold": 5, "window_seconds": 10, "open_seconds": 10,
                 "half_open_successes": 2}
-
-
-def make_app(clock, server=None, *, config=None, testing=False, **overrides):
-    """An app with one extension on a fakeredis server (shared when given: a second
-    app on the same server is another worker)."""
-    app = Flask(__name__)
-    app.testing = testing
-    app.config.update(config or {})
-    overrides.setdefault("client", fakeredis.FakeRedis(server=server or fakeredis.FakeServer()))
-    overrides.setdefault("clock", clock)
-    overrides.setdefault("listen", False)
-    return app, FlaskBreakers(app, **overrides)
 
 
 def snapshot(ext, app, name):

@@ -26,7 +26,7 @@ from breaker_redis.ops.doctor.checkup import Checkup
 from breaker_redis.ops.doctor.permissions import PROBE_MEMBER, tries
 from breaker_redis.ops.doctor.timing import LATENCY_WARN_MS, ORDERING_ENOUGH_LATE, ORDERING_ROUNDS
 from breaker_redis.storage import acl
-from tests.storage.test_acl import rules_of
+from tests.support.acl import rules_of
 from tests.support.redis_server import RedisServer
 from tests.support.topologies import ClusterGroup, SentinelGroup, started
 

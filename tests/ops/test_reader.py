@@ -16,7 +16,8 @@ from breaker_redis.engine.config import BreakerConfig as Config
 from breaker_redis.ops import reader
 from breaker_redis.ops.reader import Reader
 from breaker_redis.storage.scripts import ScriptRunner
-from tests.conftest import STORES, Clock, make_store
+from tests.support.clock import Clock
+from tests.support.stores import STORES, make_store
 from tests.support.workers import fail
 
 PREFIX = "rd"

@@ -23,6 +23,7 @@ from breaker_redis.metrics import exposition
 from breaker_redis.ops.reader import Reader
 from breaker_redis.storage import acl
 from breaker_redis.storage.scripts import OPERATIONS, script_source
+from tests.support.acl import rules_of
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import subscribed
 
@@ -47,12 +48,6 @@ def make_user(redis_server: RedisServer) -> Iterator:
     for user in made:
         admin.execute_command("ACL", "DELUSER", user)
     admin.close()
-
-
-def rules_of(line: str, *, without: str = "", add: str = "") -> str:
-    """The rules of an ``ACL SETUSER`` line with a password of ours, one rule left out."""
-    rules = line.split(" ", 3)[3].replace(">PASSWORD", ">secret").split()
-    return " ".join([rule for rule in rules if rule != without] + add.split())
 
 
 def user_errors(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -17,34 +17,29 @@ already has:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import threading
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import pytest
 import redis
 
-from breaker_redis import BreakerConfig, Breakers
-from breaker_redis.asyncio import Breakers as AsyncBreakers
+from breaker_redis import Breakers
 from breaker_redis.engine import core as core_module
 from breaker_redis.metrics import exposition
 from breaker_redis.ops.reader import Reader
 from breaker_redis.storage.scripts import database_of
 from breaker_redis.urls import async_client_from_url, client_from_url
+from tests.support.eviction import CONFIG, STATE, never_restores_another_databases_breaker, subscribed
+from tests.support.prometheus import of, samples
 from tests.support.redis_server import RedisServer, wait_until
-from tests.support.workers import admits, admitted, fail
-from tests.test_metrics import of, samples
+from tests.support.workers import admits, fail
 
 pytestmark = pytest.mark.real
-
-CONFIG = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
-T = TypeVar("T")
-STATE = "breaker:{pay}:state"
 
 
 class Filler:
@@ -95,13 +90,6 @@ def workers(server: RedisServer) -> Iterator[list[Breakers]]:
     yield made
     for breakers in made:
         breakers.close()
-
-
-def subscribed(breakers: Breakers) -> Breakers:
-    breakers.get("pay", CONFIG).acquire().ignore()  # first use: connects and subscribes
-    wait_until(lambda: breakers.invalidator is not None and breakers.invalidator.healthy, timeout=10,
-               what="the event subscription")
-    return breakers
 
 
 def trip(workers: list[Breakers], url: str) -> None:
@@ -247,49 +235,6 @@ def test_a_worker_warns_at_start_up_when_the_policy_can_evict_its_keys(
 # -- what is never restored ----------------------------------------------------------------------
 
 
-class SyncWorker:
-    """A worker with its event subscription, asking for one breaker ('pay')."""
-
-    def __init__(self, url: str, clock: Any) -> None:
-        self.breakers = subscribed(Breakers.from_url(url, clock=clock))
-
-    def admits(self) -> bool:
-        return admits(self.breakers.get("pay", CONFIG))
-
-    def close(self) -> None:
-        self.breakers.close()
-
-
-class AsyncWorker:
-    """The same on asyncio: an event loop of its own, run by the test's thread for each call."""
-
-    def __init__(self, url: str, clock: Any) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.breakers = AsyncBreakers.from_url(url, clock=clock)
-        self.pay = self.breakers.get("pay", CONFIG)
-        self._run(self._subscribe())
-
-    def _run(self, work: Coroutine[Any, Any, T]) -> T:
-        return self.loop.run_until_complete(asyncio.wait_for(work, 10))
-
-    async def _subscribe(self) -> None:
-        await admitted(self.pay)
-        while self.breakers.invalidator is None or not self.breakers.invalidator.healthy:
-            await asyncio.sleep(0.005)
-
-    def admits(self) -> bool:
-        async def settled() -> bool:  # what was published before is delivered first
-            while self.breakers.invalidator is not None and self.breakers.invalidator.pending():
-                await asyncio.sleep(0.001)
-            return await admitted(self.pay)
-
-        return self._run(settled())
-
-    def close(self) -> None:
-        self._run(self.breakers.aclose())
-        self.loop.close()
-
-
 @pytest.mark.parametrize(("ours", "theirs", "side"), [(0, 1, "sync"), (1, 0, "sync"), (0, 1, "asyncio")])
 def test_a_breaker_of_the_same_name_on_another_database_is_never_restored_here(
     redis_server: RedisServer, clock: Any, ours: int, theirs: int, side: str
@@ -300,34 +245,6 @@ def test_a_breaker_of_the_same_name_on_another_database_is_never_restored_here(
         never_restores_another_databases_breaker(f"{url}/{ours}", f"{url}/{theirs}", clock, side)
     finally:
         redis_server.client().flushall()
-
-
-def never_restores_another_databases_breaker(ours: str, theirs: str, clock: Any, side: str = "sync") -> None:
-    """Pub/sub ignores the database (SELECT): the app on one database hears every message
-    of the app on another, whose breaker has the same name. Their trip, of an incarnation
-    later than the one ours last heard of from Redis, makes ours neither refuse nor, once
-    our keys are lost, restore their open state: the message names its database, and a
-    worker drops those naming another (Breakers._on_event). ``ours``, ``theirs``: URLs of
-    two databases of one server, empty."""
-    admin, their_admin = client_from_url(ours), client_from_url(theirs)
-    worker = (SyncWorker if side == "sync" else AsyncWorker)(ours, clock)
-    other = Breakers.from_url(theirs, listen=False, clock=clock)
-    try:
-        born = int(admin.hget(STATE, "born"))
-        clock.advance(1000)
-        fail(other.get("pay", CONFIG), 5)  # their 'pay', created after ours, trips
-        assert int(their_admin.hget(STATE, "born")) > born
-        admin.delete(STATE, "breaker:{pay}:events")  # ours is lost before our next call
-        clock.advance(1000)
-        for _ in range(3):
-            assert worker.admits()
-        assert (admin.hget(STATE, "state"), admin.hget(STATE, "forced")) == (b"closed", b"")
-        assert not admits(other.get("pay", CONFIG))  # theirs is open
-    finally:
-        worker.close()
-        other.close()
-        admin.close()
-        their_admin.close()
 
 
 def test_the_database_a_worker_names_is_its_clients(redis_server: RedisServer) -> None:

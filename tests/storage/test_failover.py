@@ -24,7 +24,7 @@ from redis.sentinel import SentinelConnectionPool
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
-from tests.storage.test_eviction import never_restores_another_databases_breaker
+from tests.support.eviction import never_restores_another_databases_breaker
 from tests.support.redis_server import wait_until
 from tests.support.topologies import HOST, SentinelGroup, started
 from tests.support.workers import TRIP_AT_3, admitted, fail, subscribed

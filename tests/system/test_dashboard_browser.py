@@ -27,8 +27,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.support.demo_stack import WORKERS, Stack, start_stack
 from tests.support.redis_server import wait_until
-from tests.system.test_e2e_gunicorn import WORKERS, Stack, start_stack
 
 pytestmark = [pytest.mark.real, pytest.mark.multiprocess]
 

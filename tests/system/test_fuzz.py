@@ -75,7 +75,7 @@ from breaker_redis.storage.scripts import (
     script_source,
     undeclared_keys,
 )
-from tests.conftest import Clock
+from tests.support.clock import Clock
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.real

@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 
 from demo_app import settings
+from tests.support.demo_stack import FRIENDLY, Stack, start_stack
 from tests.support.redis_server import wait_until
-from tests.system.test_e2e_gunicorn import FRIENDLY, Stack, start_stack
 
 pytestmark = [pytest.mark.real, pytest.mark.multiprocess]
 

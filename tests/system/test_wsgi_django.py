@@ -23,8 +23,8 @@ import requests
 
 from breaker_redis.ops.reader import Reader
 from demo_app import stack
+from tests.support.demo_stack import Stack
 from tests.support.redis_server import wait_until
-from tests.system.test_e2e_gunicorn import Stack
 
 pytestmark = [pytest.mark.real, pytest.mark.multiprocess]
 

@@ -1209,7 +1209,7 @@ def test_a_pool_shows_in_status_the_metrics_and_the_dashboard(
     from breaker_redis.flask import dashboard as dashboard_module
     from breaker_redis.metrics import exposition
     from breaker_redis.ops import cli
-    from tests.flask.test_dashboard import events
+    from tests.support.sse import events
 
     client = make_client("requests", group=pool_group(pool))
     prefix = client.breakers.prefix

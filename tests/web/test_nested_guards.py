@@ -31,7 +31,7 @@ from breaker_redis.asyncio import BreakerConfig, Breakers
 from breaker_redis.fastapi import add_refusal_handler, protect
 from breaker_redis.flask import FlaskBreakers
 from breaker_redis.wsgi import BreakerMiddleware as WsgiMiddleware
-from tests.conftest import Clock
+from tests.support.clock import Clock
 
 THRESHOLD = 3
 CONFIG = BreakerConfig(failure_threshold=THRESHOLD, open_seconds=10)
