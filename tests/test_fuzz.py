@@ -64,7 +64,7 @@ from hypothesis import strategies as st
 
 import breaker_redis
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.engine.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
+from breaker_redis.base.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
 from breaker_redis.engine.permit import Permit
 from breaker_redis.storage.scripts import (
     KEY_SUFFIXES,

@@ -39,9 +39,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.storage.scripts import MAX_NAME_LENGTH, validate_name
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.errors import BreakerOpen
+from breaker_redis.base.names import MAX_NAME_LENGTH, validate_name
 from breaker_redis.web.http_policy import Warnings, judge
 from breaker_redis.web.routes import DEFAULT_FAILURE_STATUSES as ROUTE_FAILURE_STATUSES
 from breaker_redis.web.routes import RouteSpec, route_config, status_codes

@@ -16,6 +16,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 import breaker_redis.compat.pybreaker as package
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.compat.pybreaker import awaiting
 from breaker_redis.compat.pybreaker.errors import _REFUSALS, _error
 from breaker_redis.compat.pybreaker.fail_counter import _fail_counter_op
@@ -32,7 +33,6 @@ from breaker_redis.compat.pybreaker.storages import (
 from breaker_redis.compat.pybreaker.stores import _redis_configured, _warn_once
 from breaker_redis.compat.pybreaker.tracking import _Tracking
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.transitions import Transition
 

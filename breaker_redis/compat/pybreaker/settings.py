@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+from breaker_redis.base.config import BreakerConfig, config_field_names
 from breaker_redis.compat.pybreaker.registry import _made
 from breaker_redis.compat.pybreaker.stores import _LOCK
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.config import BreakerConfig, config_field_names
 from breaker_redis.engine.knowledge import Knowledge
 
 if TYPE_CHECKING:

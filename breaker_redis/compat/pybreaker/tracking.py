@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 
 import breaker_redis.compat.pybreaker as package
+from breaker_redis.base.config import BreakerConfig
 from breaker_redis.compat.pybreaker.fail_counter import _read_fail_counter
 from breaker_redis.compat.pybreaker.listeners import CircuitBreakerListener
 from breaker_redis.compat.pybreaker.registry import _Binding, _bound_to, _hook, _register
@@ -27,7 +28,6 @@ from breaker_redis.compat.pybreaker.states import (
 from breaker_redis.compat.pybreaker.stores import _LOCK
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.transitions import Transition
 from breaker_redis.storage.store import StoreUnavailable
