@@ -57,7 +57,7 @@ from breaker_redis.engine.knowledge import Reply
 from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.scripts import text
 from breaker_redis.storage.store import StoreUnavailable
-from breaker_redis.web.clients import member_name
+from breaker_redis.web.hosts import member_name
 from breaker_redis.web.http_policy import Warnings
 
 __all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig", "release_grant"]

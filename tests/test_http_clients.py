@@ -46,7 +46,8 @@ from breaker_redis.ops.reader import parse_event
 from breaker_redis.requests import BreakerAdapter
 from breaker_redis.requests import BreakerRefused as RequestsRefused
 from breaker_redis.storage.scripts import text
-from breaker_redis.web.clients import host_name, parsed_header, request_name, retry_after_seconds
+from breaker_redis.web.clients import host_name, parsed_header, retry_after_seconds
+from breaker_redis.web.hosts import request_name
 from demo_app.stack import wait_until
 from tests.http_upstreams import LocalUpstream, RawUpstream, refused_url
 
