@@ -47,6 +47,7 @@ from breaker_redis.storage import batches
 from breaker_redis.storage.batches import Call
 from breaker_redis.storage.cluster import Slots, is_cluster, notices_channel
 from breaker_redis.storage.eviction import eviction_problem
+from breaker_redis.storage.keys import breaker_keys, group_key, undeclared_keys
 from breaker_redis.storage.lua_rules import with_live_rules
 
 log = logging.getLogger("breaker_redis")
@@ -56,13 +57,6 @@ OPERATIONS = (
     # the HTTP client integrations': a service's Retry-After, a breaker group's grants (groups.py)
     *("hold", "member", "group"),
 )
-KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
-# A breaker's keys the scripts touch without declaring them: '<prefix>:{NAME}:reporters' only
-# with min_reporters above 1 (lua/_lib.lua rep_key), '<prefix>:{NAME}:acks' only when a script
-# publishes a notice (notify). Each carries the breaker's hash tag, so it is in the slot of the
-# declared keys (on Redis Cluster too); declared, each would cost every call one more key, for
-# something most calls never touch.
-UNDECLARED_SUFFIXES = ("reporters", "acks")
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 
 # The steps of one script call (the module's docstring; Scripts.after), and what sends each:
@@ -70,20 +64,6 @@ SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 FCALL, FCALL_AGAIN, FUNCTION_LOAD, EVALSHA, EVAL = range(5)
 METHODS = ("fcall", "fcall", "function_load", "evalsha", "eval")
 COMMANDS = ("FCALL", "FCALL", "FUNCTION LOAD", "EVALSHA", "EVAL")
-
-def breaker_keys(prefix: str, name: str) -> list[str]:
-    """The seven keys of one breaker, in the order the scripts expect (KEYS[1..7])."""
-    return [f"{prefix}:{{{name}}}:{suffix}" for suffix in KEY_SUFFIXES]
-
-
-def undeclared_keys(prefix: str, name: str) -> list[str]:
-    """The keys of one breaker the scripts touch undeclared (UNDECLARED_SUFFIXES)."""
-    return [f"{prefix}:{{{name}}}:{suffix}" for suffix in UNDECLARED_SUFFIXES]
-
-
-def group_key(prefix: str, group: str) -> str:
-    """The hash of a breaker group (lua/group.lua): in the slot of its own hash tag."""
-    return f"{prefix}:group:{{{group}}}"
 
 
 def _lua_dir() -> Path:

@@ -12,7 +12,7 @@ import breaker_redis.compat.pybreaker.stores as stores
 from breaker_redis.compat.pybreaker.binding import _Binding
 from breaker_redis.compat.pybreaker.states import _OPS, STATE_CLOSED, STATE_OPEN, _check_state
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.storage.scripts import breaker_keys
+from breaker_redis.storage.keys import breaker_keys
 
 
 def _key_name(label: str) -> str:
