@@ -16,9 +16,9 @@ base class). A module that needs a higher one's type names what it uses of it
 (a Protocol) or is handed the object at run time.
 
 ``from package import name`` counts as importing the package (its
-``__init__`` runs first) and, when ``name`` is a submodule, that submodule:
-the same reading as the lead's /tmp/cycles.py, which measured the cycles
-this test now forbids.
+``__init__`` runs first, and ``name`` may be one of its own) and, when
+``name`` is a submodule, that submodule; ``import package.module`` counts
+the module alone.
 """
 
 from __future__ import annotations
