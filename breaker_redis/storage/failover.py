@@ -29,7 +29,7 @@ from typing import Any, ClassVar, TypeVar
 
 import redis.sentinel
 
-from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.base.background import BackgroundThread
 from breaker_redis.storage.internals import connection_socket, prefer_sentinel, sentinel_list
 from breaker_redis.storage.invalidation import shut_down
 from breaker_redis.storage.scripts import text

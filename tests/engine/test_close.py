@@ -1,4 +1,4 @@
-"""close() and aclose() end every background wait at once (breaker_redis/engine/background.py).
+"""close() and aclose() end every background wait at once (breaker_redis/base/background.py).
 
 What close() joins (the event listener, the recorder, the store prober, the Sentinel
 follower; on asyncio their tasks) is woken from whatever it waits on: a subscription's
@@ -25,8 +25,8 @@ import pytest
 import breaker_redis.asyncio.breakers as async_breakers
 from breaker_redis import Breakers
 from breaker_redis.asyncio import Breakers as AsyncBreakers
+from breaker_redis.base.background import cancelled
 from breaker_redis.engine import recorder
-from breaker_redis.engine.background import cancelled
 from breaker_redis.storage import acks, failover, invalidation
 from breaker_redis.storage.invalidation import Link
 from breaker_redis.storage.sharded import ShardedInvalidator

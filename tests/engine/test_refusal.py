@@ -1,4 +1,4 @@
-"""The framework-free refusal every integration answers with (breaker_redis.engine.refusal)."""
+"""The framework-free refusal every integration answers with (breaker_redis.web.refusal)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from werkzeug.test import Client
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis import asyncio as aio
 from breaker_redis.asgi import BreakerMiddleware as AsgiMiddleware
-from breaker_redis.engine.refusal import Refusal, default_message, retry_after_seconds, wants_json
 from breaker_redis.fastapi import add_refusal_handler, protect
 from breaker_redis.flask import FlaskBreakers
+from breaker_redis.web.refusal import Refusal, default_message, retry_after_seconds, wants_json
 from breaker_redis.wsgi import BreakerMiddleware as WsgiMiddleware
 
 

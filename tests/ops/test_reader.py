@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from breaker_redis import BreakerConfig, Breakers
-from breaker_redis.engine.config import BreakerConfig as Config
+from breaker_redis.base.config import BreakerConfig as Config
 from breaker_redis.ops import reader
 from breaker_redis.ops.reader import Reader
 from breaker_redis.storage.scripts import ScriptRunner

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from redis.cluster import RedisCluster, key_slot
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
-from breaker_redis.storage.scripts import KEY_SUFFIXES
+from breaker_redis.storage.keys import KEY_SUFFIXES
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
 from tests.support.hostile import hostile
 from tests.support.mp_workers import Team, Worker, serve, serve_asyncio

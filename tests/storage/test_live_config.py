@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, BreakerOpen
-from breaker_redis.engine.config import LIVE_FIELDS, LUA_FIELDS, OFF_VALUES, LiveField, live_value
+from breaker_redis.base.config import LIVE_FIELDS, LUA_FIELDS, OFF_VALUES, live_value
+from breaker_redis.base.fields import LiveField
 from breaker_redis.engine.snapshot import snapshot_dict
 from breaker_redis.storage.lua_rules import live_rules
 from breaker_redis.storage.scripts import OPERATIONS, ScriptRunner, library, prelude, script_source

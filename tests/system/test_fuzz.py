@@ -26,7 +26,7 @@ deleted, a lease or an events line forged. What must hold:
    (SLOW_REPLAYS); slow in every run, it fails if its slowest command also took more than
    REFERENCE_FACTOR times a reference workload measured right after that run (load slows both).
 4. No key outside a breaker's hash tag is touched: after each example every key in Redis is
-   ``{prefix}:{NAME}:<suffix>`` (``scripts.KEY_SUFFIXES``, ``scripts.UNDECLARED_SUFFIXES``) of a
+   ``{prefix}:{NAME}:<suffix>`` (``keys.KEY_SUFFIXES``, ``keys.UNDECLARED_SUFFIXES``) of a
    name in use, or ``{prefix}:names`` / ``{prefix}:health`` (README "Redis keys"). A second test
    watches MONITOR: every script declares exactly the seven keys of the name it is given (one
    ``{NAME}`` tag), every command it runs touches only those keys and that name's undeclared one
@@ -64,17 +64,10 @@ from hypothesis import strategies as st
 
 import breaker_redis
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.engine.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
+from breaker_redis.base.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
 from breaker_redis.engine.permit import Permit
-from breaker_redis.storage.scripts import (
-    KEY_SUFFIXES,
-    OPERATIONS,
-    UNDECLARED_SUFFIXES,
-    breaker_keys,
-    library,
-    script_source,
-    undeclared_keys,
-)
+from breaker_redis.storage.keys import KEY_SUFFIXES, UNDECLARED_SUFFIXES, breaker_keys, undeclared_keys
+from breaker_redis.storage.scripts import OPERATIONS, library, script_source
 from tests.support.clock import Clock
 from tests.support.redis_server import RedisServer
 

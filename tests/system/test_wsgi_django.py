@@ -57,7 +57,7 @@ def start_django(redis_server, upstream_url: str, extra_args: list[str]) -> tupl
 
 
 def check_refusal(response: requests.Response, as_json: bool) -> None:
-    """The Flask extension's refusal, exactly (breaker_redis.engine.refusal)."""
+    """The Flask extension's refusal, exactly (breaker_redis.web.refusal)."""
     assert response.status_code == 503, (response.status_code, response.text)
     retry_after = int(response.headers["Retry-After"])
     assert 1 <= retry_after <= OPEN_SECONDS

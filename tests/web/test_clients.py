@@ -38,14 +38,16 @@ from urllib3.util.retry import Retry
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.asyncio import Breakers as AsyncBreakers
+from breaker_redis.base.names import validate_name
 from breaker_redis.groups import AsyncBreakerGroup, BreakerGroup
 from breaker_redis.httpx import AsyncBreakerTransport, BreakerTransport
 from breaker_redis.httpx import BreakerRefused as HttpxRefused
 from breaker_redis.ops.reader import parse_event
 from breaker_redis.requests import BreakerAdapter
 from breaker_redis.requests import BreakerRefused as RequestsRefused
-from breaker_redis.storage.scripts import text, validate_name
-from breaker_redis.web.clients import host_name, parsed_header, request_name, retry_after_seconds
+from breaker_redis.storage.scripts import text
+from breaker_redis.web.clients import host_name, parsed_header, retry_after_seconds
+from breaker_redis.web.hosts import request_name
 from demo_app.stack import wait_until
 from tests.support.http_upstreams import LocalUpstream, RawUpstream, refused_url
 

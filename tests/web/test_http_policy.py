@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 
 from breaker_redis import BreakerConfig, Breakers
-from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web.http_policy import Warnings, judge_exception
 from breaker_redis.web.routes import hold, note_refusal
 

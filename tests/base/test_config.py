@@ -13,8 +13,8 @@ import fakeredis
 import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.engine.config import config_field_names
-from breaker_redis.storage.scripts import MAX_NAME_LENGTH, validate_name
+from breaker_redis.base.config import config_field_names
+from breaker_redis.base.names import MAX_NAME_LENGTH, validate_name
 
 
 def lua(config: BreakerConfig) -> dict[str, object]:

@@ -7,7 +7,8 @@ and merge live overrides from ``breaker:{NAME}:config`` on top; the strings
 stored there are parsed by ``parse_overrides`` with the same rules.
 
 Each field that can be set live is declared once, in BreakerConfig's body:
-its type, default, name in the scripts' config and bounds (``live``). The
+its type, default, name in the scripts' config and bounds (``live``, whose
+rules are fields.py's LiveField). The
 constructor's checks, the live parsing, ``to_lua`` and its inverse, and the
 scripts' own table of bounds (written into lua/_lib.lua by
 breaker_redis/storage/lua_rules.py) all follow from that one line (``LIVE_FIELDS``).
@@ -19,8 +20,10 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, get_args, get_type_hints
+
+from breaker_redis.base.fields import LiveField, invalid, live
 
 TRIPS = ("consecutive", "count", "rate")
 MODES = ("enforce", "observe")
@@ -44,82 +47,6 @@ OFF_VALUES = ("", "none", "off")
 _DECIMAL = re.compile(r"[0-9.eE+-]+")  # what the scripts parse: no hex, inf, nan, spaces or underscores
 
 
-@dataclass(frozen=True)
-class LiveField:
-    """One field of BreakerConfig that can be set live, and every rule about it.
-
-    ``lua`` is its key in the scripts' config (``to_lua``); a field named
-    ``*_seconds`` is sent in whole milliseconds (``unit`` 1000, else 1). A field of
-    ``words`` takes one of them; any other is a number from ``low`` (excluded
-    when ``low_open``) to ``high``, an ``integer`` or not. One typed
-    ``X | None`` can be ``off``: None in Python, 0 in the scripts, and a live
-    value of '', 'none' or 'off'. ``omitted_at_default``: left out of the
-    scripts' config at its default, the scripts then doing nothing of it.
-    """
-
-    name: str
-    lua: str
-    default: Any
-    words: tuple[str, ...] = ()
-    low: float = 0
-    low_open: bool = False
-    high: float = 0
-    integer: bool = False
-    off: bool = False
-    omitted_at_default: bool = False
-    unit: int = 1
-
-    def check(self, value: object) -> None:
-        """ValueError naming the field unless ``value`` is one BreakerConfig takes."""
-        if value is None and self.off:
-            return
-        if self.words:
-            if value not in self.words:
-                raise _fail(self.name, f"must be one of {', '.join(self.words)}", value)
-            return
-        if self.integer:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise _fail(self.name, "must be an integer", value)
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise _fail(self.name, "must be a finite number", value)
-        if value < self.low or (self.low_open and value == self.low) or value > self.high:
-            bound = f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
-            raise _fail(self.name, f"must be {bound} and <= {self.high:g}", value)
-
-    def encode(self, value: Any) -> Any:
-        """A value as the scripts take it: off 0, seconds in whole ms."""
-        if value is None:
-            return 0
-        return round(value * 1000) if self.unit == 1000 else value
-
-    def decode(self, value: Any) -> Any:
-        """``encode`` undone, no validation."""
-        if self.off and not value:
-            return None
-        return float(value) / 1000 if self.unit == 1000 else value
-
-
-def live(
-    lua: str,
-    default: Any,
-    *,
-    words: tuple[str, ...] = (),
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float = 0,
-    omitted_at_default: bool = False,
-) -> Any:
-    """A BreakerConfig field that can be set live: its default, and its rules
-    (LiveField) kept in the dataclass field's metadata."""
-    low_open = gt is not None
-    low = gt if gt is not None else ge if ge is not None else 0
-    if not words and le <= low:
-        raise TypeError(f"live({lua!r}): a number needs its bounds")
-    rules = {"lua": lua, "words": words, "low": low, "low_open": low_open, "high": le,
-             "omitted_at_default": omitted_at_default}
-    return field(default=default, metadata={"live": rules})
-
-
 class _Derived(float):
     """A duration the user did not set, derived from the other one.
 
@@ -131,10 +58,6 @@ class _Derived(float):
     """
 
     __slots__ = ()
-
-
-def _fail(field: str, why: str, value: object) -> ValueError:
-    return ValueError(f"BreakerConfig.{field} {why} (got {value!r})")
 
 
 @dataclass(frozen=True)
@@ -190,15 +113,15 @@ class BreakerConfig:
             elif rule.name != "max_open_seconds":
                 rule.check(getattr(self, rule.name))
             if rule.name == "window_buckets" and self.window_seconds * 1000 < self.window_buckets:
-                raise _fail("window_seconds", "must give each bucket at least 1 ms", self.window_seconds)
+                raise invalid("window_seconds", "must give each bucket at least 1 ms", self.window_seconds)
         for name in ("record_exceptions", "ignore_exceptions"):
             value = getattr(self, name)
             if not isinstance(value, tuple) or not all(
                 isinstance(t, type) and issubclass(t, BaseException) for t in value
             ):
-                raise _fail(name, "must be a tuple of exception classes", value)
+                raise invalid(name, "must be a tuple of exception classes", value)
         if self.predicate is not None and not callable(self.predicate):
-            raise _fail("predicate", "must be callable", self.predicate)
+            raise invalid("predicate", "must be callable", self.predicate)
 
     def _resolve_open_period(self) -> None:
         """Validate what the user set of open_seconds / max_open_seconds, derive the rest."""
@@ -211,7 +134,7 @@ class BreakerConfig:
         if open_set and cap_set:
             if self.max_open_seconds < self.open_seconds:
                 why = f"must be >= open_seconds ({self.open_seconds!r})"
-                raise _fail("max_open_seconds", why, self.max_open_seconds)
+                raise invalid("max_open_seconds", why, self.max_open_seconds)
             return
         open_seconds = self.open_seconds if open_set else OPEN_SECONDS
         if cap_set:
@@ -390,7 +313,7 @@ def parse_overrides(overrides: Mapping[str, str]) -> dict[str, Any]:
             else:
                 value = float(text)
         except ValueError:
-            raise _fail(key, f"must be {'an integer' if rule.integer else 'a number'}", raw) from None
+            raise invalid(key, f"must be {'an integer' if rule.integer else 'a number'}", raw) from None
         parsed[key] = value
     return parsed
 

@@ -1,4 +1,4 @@
-"""A process's life around its Breakers (breaker_redis/engine/background.py): one at-fork and
+"""A process's life around its Breakers (breaker_redis/base/background.py): one at-fork and
 one at-exit hook however many Breakers come and go, a forked child that starts
 afresh, batched counts sent at exit, threads named after their Breakers and
 stopped by close(). Each scenario runs in a process of its own, whose hooks and
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from breaker_redis import Breakers
-from breaker_redis.engine.background import BackgroundThread, process_hooks, stop_all
+from breaker_redis.base.background import BackgroundThread, process_hooks, stop_all
 from tests.support.redis_server import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ HOOKS = """
     atexit.register = counted("exit", atexit.register)
 
     from breaker_redis import Breakers
-    from breaker_redis.engine.background import process_hooks
+    from breaker_redis.base.background import process_hooks
     from breaker_redis.groups import BreakerGroup
     from breaker_redis.ops.reader import Reader
     from breaker_redis.urls import client_from_url

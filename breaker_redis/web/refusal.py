@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.errors import BreakerOpen
 
 BREAKER_HEADER = "X-Breaker"
 REASON_HEADER = "X-Breaker-Reason"
