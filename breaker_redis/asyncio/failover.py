@@ -17,8 +17,8 @@ from typing import Any
 
 import redis.asyncio.sentinel
 
-from breaker_redis.engine.background import LoopTask
-from breaker_redis.storage.blocking import awaited
+from breaker_redis.base.background import LoopTask
+from breaker_redis.base.blocking import awaited
 from breaker_redis.storage.failover import RETRY_SECONDS, Follower
 
 

@@ -27,15 +27,15 @@ from collections.abc import Callable, Coroutine
 from enum import Enum
 from typing import Any, Protocol, TypeVar, cast
 
+from breaker_redis.base.blocking import run_sync
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine import steps
-from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.recorder import Recorder
 from breaker_redis.engine.steps import BreakerSteps
 from breaker_redis.engine.wrappers import MISSING, Protects
-from breaker_redis.storage.blocking import run_sync
 from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.store import StoreGate
 

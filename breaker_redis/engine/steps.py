@@ -9,7 +9,7 @@ store gate's ``running`` (storage/store.py: a script call, on Redis or the
 fallback, is itself a sequence written once). The asyncio Breaker awaits
 the steps, and its methods await redis-py's asyncio client. The sync
 Breaker's are ``async`` in form only: they make the blocking call and
-return, never suspending, so ``run_sync`` (storage/blocking.py: the stores
+return, never suspending, so ``run_sync`` (base/blocking.py: the stores
 write their sequences this way too) runs a whole step with one
 ``send(None)`` (a step that suspended there would be a bug, and run_sync
 says so).
@@ -34,8 +34,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Generic, Protocol, TypeVar
 
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.core import BreakerCore, Clock, P
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Reply
 from breaker_redis.engine.snapshot import snapshot_dict
 from breaker_redis.engine.transitions import released_upto

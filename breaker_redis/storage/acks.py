@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from breaker_redis.storage.blocking import awaited, blocking, run_sync
+from breaker_redis.base.blocking import awaited, blocking, run_sync
 
 log = logging.getLogger("breaker_redis")
 
@@ -192,7 +192,7 @@ async def _waiting(
     io: Callable[..., Awaitable[Any]], hmget: Any, sleep: Any, key: str, token: str, workers: int
 ) -> int:
     """wait()'s sequence, written once (engine/steps.py's way): ``io`` runs each side's
-    ``hmget`` and ``sleep`` (storage/blocking.py)."""
+    ``hmget`` and ``sleep`` (base/blocking.py)."""
     deadline = time.monotonic() + LEASE_SECONDS
     pause = POLL_FIRST
     counted = 0

@@ -61,7 +61,7 @@ from typing import Any, TypeVar
 import redis
 from redis.crc import key_slot
 
-from breaker_redis.storage.blocking import awaited, blocking, run_sync
+from breaker_redis.base.blocking import awaited, blocking, run_sync
 from breaker_redis.urls import LazyCluster
 
 T = TypeVar("T")
@@ -173,7 +173,7 @@ class Slots:
 
     async def _rereading(self, io: Callable[..., Awaitable[Any]]) -> None:
         """refresh()'s sequence, written once (engine/steps.py's way): ``io`` is each
-        side's (storage/blocking.py)."""
+        side's (base/blocking.py)."""
         manager = getattr(self.built(), "nodes_manager", None)
         if manager is not None:
             with contextlib.suppress(*_REREAD_FAILED):

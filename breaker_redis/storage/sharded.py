@@ -55,9 +55,9 @@ from typing import Any, cast
 
 import redis
 
-from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.base.background import BackgroundThread
+from breaker_redis.base.blocking import run_sync
 from breaker_redis.storage import acl, invalidation
-from breaker_redis.storage.blocking import run_sync
 from breaker_redis.storage.channels import Channel, Channels
 from breaker_redis.storage.internals import connection_socket, forget_shard_channel
 from breaker_redis.storage.invalidation import Link

@@ -32,9 +32,9 @@ from typing import Any
 
 import redis
 
-from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.base.background import BackgroundThread
+from breaker_redis.base.blocking import run_sync
 from breaker_redis.storage import acl
-from breaker_redis.storage.blocking import run_sync
 from breaker_redis.storage.scripts import ScriptRunner, Scripts
 
 log = logging.getLogger("breaker_redis")
@@ -319,7 +319,7 @@ class StoreGate(GateHealth):
         """Admin operations go to Redis only: a force must not land in one process."""
         return self.remote.run_repairing(operation, name, now_ms, args)
 
-    # -- the I/O, blocking ('async' in form only: storage/blocking.py) ----------------------
+    # -- the I/O, blocking ('async' in form only: base/blocking.py) ----------------------
 
     async def _remote_run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         return self.remote.run_repairing(operation, name, now_ms, args)
