@@ -9,7 +9,7 @@ an open replica recovers another may open.
 
 The decision is Redis's, like every other (docs/http-clients.md, "Pools of
 replicas", says why it takes two steps): a member's breaker opens only while
-it holds one of the group's grants (lua/_lib.lua ``group_holds_back``);
+it holds one of the group's grants (lua/includes/grants.lua ``group_holds_back``);
 lua/group.lua hands grants out in the group's own slot, never more than the
 cap at a time, and forgets one only after it was revoked in the member's
 slot, which happens only as the member closes (or is closed for it). So on a

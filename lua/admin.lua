@@ -12,7 +12,7 @@
 --                cumulative stats are kept (they are counters, e.g. for Prometheus),
 --                but one that does not parse is zeroed: a reset repairs every key
 -- Every op that leaves the breaker closed (force_closed, clear_force, reset) gives a group
--- member's grant back (give_back_grant in _lib.lua; the reply's events say 'released:<token>').
+-- member's grant back (give_back_grant in includes/grants.lua; the reply's events say 'released:<token>').
 -- Reads : state.  Writes: state, window, leases, events, reporters (dropped); publishes the change.
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
 local s, op = load_state(), ARGV[7]

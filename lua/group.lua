@@ -1,9 +1,9 @@
 -- group.lua: a breaker group's grants, in the group's own slot. A group is a pool of
 -- replica hosts, each with its breaker; at most `cap` of them may be open at once
 -- (breaker_redis/groups.py computes it from max_open_fraction). A member opens only
--- holding a grant (group_holds_back in _lib.lua); this script hands them out, one per
+-- holding a grant (group_holds_back in includes/grants.lua); this script hands them out, one per
 -- member, never more than cap at a time, and forgets one only once member.lua (or a
--- close, give_back_grant in _lib.lua) has revoked it in the member's slot: the member was
+-- close, give_back_grant in includes/grants.lua) has revoked it in the member's slot: the member was
 -- closed then, and cannot open with it afterwards. So at every moment the open members
 -- hold grants this hash lists.
 --

@@ -2,7 +2,7 @@
 -- for its calls while the breaker is closed.
 --
 -- A worker sends plain successes of calls it admitted while calm (see
--- update_armed in _lib.lua) in batches, a count per epoch, and every other
+-- update_armed in includes/rules.lua) in batches, a count per epoch, and every other
 -- outcome one by one, each time together with the batch it holds, so Redis
 -- sees one worker's results in the order they happened. A batch is judged as
 -- a whole, and never resets the consecutive count: its successes happened

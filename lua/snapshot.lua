@@ -8,7 +8,7 @@
 -- Returns a flat field, value list: state fields, window totals as of now,
 --         probes in flight, now, then 'stats' and the stats hash, then
 --         'overrides' and the config hash, with min_reporters > 1 'reporters' (see
---         reporters_view in _lib.lua), then 'config': the config the scripts
+--         reporters_view in includes/quorum.lua), then 'config': the config the scripts
 --         apply (ARGV 5 with the live overrides), as JSON in the units of ARGV 5
 --         ('' if it cannot be encoded).
 local s = load_state()

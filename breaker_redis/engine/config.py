@@ -35,7 +35,7 @@ Predicate = Callable[[BaseException], bool | None]
 # lua/_lib.lua (apply_overrides) is given the same two numbers (lua_rules.py).
 OPEN_SECONDS = 30.0
 MAX_OPEN_SECONDS_FLOOR = 300.0
-# The highest min_reporters: below the reporters a breaker tracks (lua/_lib.lua REP_CAP, 128),
+# The highest min_reporters: below the reporters a breaker tracks (lua/includes/quorum.lua REP_CAP, 128),
 # so that a quorum can always be counted however many other reporters fail now and then.
 MAX_MIN_REPORTERS = 100
 
@@ -177,7 +177,7 @@ class BreakerConfig:
     mode: str = live("mode", "enforce", words=MODES)
     # reporters (hosts) whose failures a shared trip needs; a reporter failing alone is
     # isolated instead (README, "One sick host"); absent at 1: the scripts then do nothing of it.
-    # At most MAX_MIN_REPORTERS: a breaker tracks at most 128 reporters (lua/_lib.lua REP_CAP)
+    # At most MAX_MIN_REPORTERS: a breaker tracks at most 128 reporters (lua/includes/quorum.lua REP_CAP)
     min_reporters: int = live("min_rep", 1, ge=1, le=MAX_MIN_REPORTERS, omitted_at_default=True)
     record_exceptions: ExceptionTypes = (Exception,)
     ignore_exceptions: ExceptionTypes = ()

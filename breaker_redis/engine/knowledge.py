@@ -63,7 +63,7 @@ class Reply:
     arms: int
     born: int  # the epoch the state hash was created with: one per incarnation of the keys
     repaired: str = ""  # keys of the breaker this call found corrupted and repaired ("stats,window")
-    # Redis had lost the breaker's state (lua/_lib.lua restore_lost): 'restored' from what this
+    # Redis had lost the breaker's state (lua/includes/restore.lua restore_lost): 'restored' from what this
     # worker knew, 'restored_events' from the last transition, 'lost' (it knew it closed), or ''
     lost: str = ""
     # min_reporters > 1: until when (Redis ms) the calling worker's reporter is isolated, 0 if not

@@ -74,7 +74,7 @@ def parse(name: str, events: str, final_epoch: int, at_ms: int) -> list[Transiti
     """The transitions of one reply: ``from>to:cause`` entries, comma-separated
     (``armed`` entries are not transitions); each one bumped the epoch by one.
     And a reporter's isolation and its end: ``isolated:cause:reporter``,
-    ``recovered:cause:reporter`` (lua/_lib.lua isolation_changed; no epoch bumped)."""
+    ``recovered:cause:reporter`` (lua/includes/reporters.lua isolation_changed; no epoch bumped)."""
     entries = events.split(",")
     moves = [entry for entry in entries if ">" in entry]
     found = []
@@ -96,7 +96,7 @@ _ISOLATION_MOVES = {"isolated": ("closed", "isolated"), "recovered": ("isolated"
 
 def released_upto(events: str) -> int:
     """The highest grant token a reply's events say its breaker, a group member, gave back
-    as it closed (``released:<token>``, lua/_lib.lua give_back_grant); 0 for none."""
+    as it closed (``released:<token>``, lua/includes/grants.lua give_back_grant); 0 for none."""
     found = 0
     for entry in events.split(","):
         what, _, token = entry.partition(":")

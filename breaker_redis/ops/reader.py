@@ -31,7 +31,7 @@ from breaker_redis.engine.snapshot import snapshot_of
 from breaker_redis.groups import config_from_lua, group_status
 from breaker_redis.storage.scripts import KEY_SUFFIXES, ScriptRunner, breaker_keys, text
 
-EVENTS_KEPT = 10  # transitions kept per breaker (lua/_lib.lua EVENTS_KEPT)
+EVENTS_KEPT = 10  # transitions kept per breaker (lua/includes/events.lua EVENTS_KEPT)
 EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
 # The values lua/read.lua replies with, in order: snapshot.lua's fields of those names.
 READ_FIELDS = (
@@ -47,7 +47,7 @@ _ANY_NAME = "-"  # lua/read.lua's 'encode' reads no key; its keys only route the
 
 
 def parse_event(line: Any) -> dict[str, str] | None:
-    """One line of the events list (lua/_lib.lua transition); None for one that is
+    """One line of the events list (lua/includes/events.lua transition); None for one that is
     not (edited by hand): the history shows what it can read."""
     parts = text(line).split(" ")
     if len(parts) != len(EVENT_FIELDS) or not all(p.isdigit() for p in (parts[0], parts[4], parts[5])):

@@ -58,7 +58,7 @@ OPERATIONS = (
 )
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
 # A breaker's keys the scripts touch without declaring them: '<prefix>:{NAME}:reporters' only
-# with min_reporters above 1 (lua/_lib.lua rep_key), '<prefix>:{NAME}:acks' only when a script
+# with min_reporters above 1 (lua/includes/reporters.lua rep_key), '<prefix>:{NAME}:acks' only when a script
 # publishes a notice (notify). Each carries the breaker's hash tag, so it is in the slot of the
 # declared keys (on Redis Cluster too); declared, each would cost every call one more key, for
 # something most calls never touch.
@@ -145,10 +145,32 @@ def _read(name: str) -> str:
     return (_lua_dir() / f"{name}.lua").read_text("utf-8")
 
 
+_INCLUDE = re.compile(r"^-- @include ([a-z_]+)[ \t]*$", re.MULTILINE)
+
+
+def assembled(name: str = "_lib") -> str:
+    """A Lua file with each of its ``-- @include <job>`` lines replaced by lua/includes/<job>.lua.
+
+    lua/_lib.lua is the prelude's table of contents: its header (the keys and the
+    common arguments), then one ``-- @include`` line per include, in the order they
+    are put together. Each include does one job and may use what the includes above
+    it define (one Lua chunk: their locals are in scope below them), so the order
+    is the one written there. An include holds no ``-- @include`` line itself.
+    """
+    def include(match: re.Match[str]) -> str:
+        text = _read(f"includes/{match.group(1)}")
+        if _INCLUDE.search(text):
+            raise RuntimeError(f"lua/includes/{match.group(1)}.lua has an @include: only lua/_lib.lua may")
+        return text.rstrip("\n")
+
+    return _INCLUDE.sub(include, _read(name))
+
+
 @cache
 def prelude() -> str:
-    """lua/_lib.lua as the scripts run it: BreakerConfig's live rules written in (lua_rules.py)."""
-    return with_live_rules(_read("_lib"))
+    """lua/_lib.lua as the scripts run it: its includes put in (assembled) and
+    BreakerConfig's live rules written in (lua_rules.py)."""
+    return with_live_rules(assembled())
 
 
 @cache

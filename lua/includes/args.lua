@@ -1,0 +1,1 @@
+-- args.lua: each script's arguments (ARGV 7 on), named once.
