@@ -54,6 +54,7 @@ from breaker_redis.engine.background import process_hooks
 from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.knowledge import Reply
 from breaker_redis.engine.transitions import released_upto
+from breaker_redis.storage.args import GroupReadArgs, MemberArgs, group_args
 from breaker_redis.storage.scripts import text, validate_name
 from breaker_redis.storage.store import StoreUnavailable
 from breaker_redis.web.clients import member_name
@@ -107,6 +108,9 @@ Step = tuple[str, ...]
 def config_digest(max_open_fraction: float, members: tuple[str, ...]) -> str:
     """What names a group config in lua/group.lua: its fraction and member list, hashed."""
     return hashlib.sha1(f"{max_open_fraction!r} {' '.join(members)}".encode()).hexdigest()
+
+
+_READ_GROUP = ["", "", *GroupReadArgs().argv()]  # ARGV 5-6 (not a group's), then read
 
 
 class _Group:
@@ -305,10 +309,10 @@ class _Group:
             return True
 
     def _group_args(self, step: Step) -> list[str]:
-        return ["", "", *step[1:]]  # ARGV 5 and 6 (config, epoch floor) are not a group's
+        return ["", "", *group_args(*step[1:])]  # ARGV 5 and 6 (config, epoch floor) are not a group's
 
     def _member_args(self, step: Step) -> list[str]:
-        return list(step[2:])  # op, token, cause: ARGV 7-9 (a breaker adds its config and floor)
+        return MemberArgs(*step[2:]).argv()  # ARGV 7-9 (a breaker adds its config and floor)
 
     def _status(self, raw: Any, states: dict[str, str]) -> dict[str, Any]:
         return group_status(self.name, raw, states, members=self.members, cap=self.cap,
@@ -416,7 +420,7 @@ class BreakerGroup(_Group):
 
     def status(self) -> dict[str, Any]:
         """The group now: members, cap, which are open, which hold grants, counters."""
-        raw, _ = self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), ["", "", "read"])
+        raw, _ = self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), _READ_GROUP)
         states = {m: b.snapshot()["state"] for m, b in self._breakers.items()}
         return self._status(raw, states)
 
@@ -471,7 +475,7 @@ class AsyncBreakerGroup(_Group):
     async def status(self) -> dict[str, Any]:
         """As BreakerGroup.status, awaited."""
         self.breakers.ensure_loop()
-        raw, _ = await self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), ["", "", "read"])
+        raw, _ = await self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), _READ_GROUP)
         states = {m: (await b.snapshot())["state"] for m, b in self._breakers.items()}
         return self._status(raw, states)
 

@@ -9,7 +9,7 @@
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5: the member's config, naming its group; '' for revoke and release,
---         which read none); 7 op; 8 token; 9 cause (release):
+--         which read none); 7 op; 8 token; 9 cause (release) (args.member):
 --   grant   keep grant <token> unless it was revoked, and trip the breaker now if it is
 --           closed, not forced, and a trip rule holds (the trip it had held back); when no
 --           rule holds (or it is forced) the grant is not needed: revoked at once. An open or
@@ -28,7 +28,8 @@
 --         forget; revoke, release: allowed 1 with lease = the highest token revoked ('0' when
 --         none ever was), or 0 with reason 'open' (kept).
 local s = load_state(true)
-local op, token = ARGV[7], token_of(ARGV[8])
+local a = args.member(ARGV)
+local op, token = a.op, token_of(a.token)
 local IDLE_MS = 60000
 
 -- Open, and no call for IDLE_MS after one could have probed it: nobody calls it any more.
@@ -67,7 +68,7 @@ if op == 'grant' then
 elseif op == 'revoke' or op == 'release' then
   if s.state ~= 'closed' and s.forced == '' then
     if op == 'release' then
-      local cause = ARGV[9]
+      local cause = a.cause
       if cause ~= 'released' and cause ~= 'not_listed' then
         return redis.error_reply('unknown release cause ' .. tostring(cause))
       end

@@ -3,7 +3,8 @@
 -- it does flush the caller's pending rejection counts so they show at once.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5: config); 7-12 what the worker counted in memory (see flush_pending)
+-- ARGV  : 1-6 common (5: config); 7 on: args.snapshot (includes/args.lua), what the worker
+--         counted in memory (see flush_pending)
 -- Reads : state, window, leases, config, stats.  Writes: stats (flush only).
 -- Returns a flat field, value list: state fields, window totals as of now,
 --         probes in flight, now, then 'stats' and the stats hash, then
@@ -11,9 +12,10 @@
 --         reporters_view in includes/quorum.lua), then 'config': the config the scripts
 --         apply (ARGV 5 with the live overrides), as JSON in the units of ARGV 5
 --         ('' if it cannot be encoded).
+local a = args.snapshot(ARGV)
 local s = load_state()
 local cfg = load_config()
-flush_pending(7)
+flush_pending(a)
 local w = window_read(cfg)
 local probes = #probe_ids()
 local out = {'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until, 'forced', s.forced,

@@ -7,7 +7,7 @@
 -- one is due, or is below the lowest allowed is skipped (the caller's value
 -- stays); one above the highest allowed is clamped to it. Never fatal, never
 -- unbounded. The rules are written once, where BreakerConfig declares its
--- fields (breaker_redis/config.py LIVE_FIELDS); breaker_redis/lua_rules.py writes
+-- fields (breaker_redis/engine/config.py LIVE_FIELDS); breaker_redis/storage/lua_rules.py writes
 -- them into rules() below, in place of its LIVE_RULES line, when it builds
 -- the scripts' text, so the two cannot differ:
 --   BOUNDS[field] = {config key, unit (1000: seconds, the config's ms), lowest,
@@ -18,7 +18,7 @@
 local BOUNDS, WORDS, OFF, OPEN_MS, CAP_FLOOR_MS
 local function rules()  -- when first needed: under EVAL this prelude runs every call
   if BOUNDS then return end
-  --@LIVE_RULES@ (BreakerConfig's fields, written here by breaker_redis/lua_rules.py)
+  --@LIVE_RULES@ (BreakerConfig's fields, written here by breaker_redis/storage/lua_rules.py)
 end
 
 -- A live value within bounds (in the field's own unit), or nil to skip it.
@@ -53,7 +53,7 @@ local function apply_overrides(c, o)
     end
   end
   -- the one of open_seconds / max_open_seconds left unset follows the other
-  -- (breaker_redis/config.py): cap = max(300 s, open), open = min(30 s, cap)
+  -- (breaker_redis/engine/config.py): cap = max(300 s, open), open = min(30 s, cap)
   if open_set and not cap_set then c.max_open_ms = math.max(CAP_FLOOR_MS, c.open_ms) end
   if cap_set and not open_set then c.open_ms = math.min(OPEN_MS, c.max_open_ms) end
   c.bucket_ms = math.max(1, math.floor(window_ms / c.buckets))
@@ -62,11 +62,37 @@ local function apply_overrides(c, o)
   return c
 end
 
+-- The config's keys. A config table (c, cfg) keeps the short keys of the JSON a worker
+-- sends (ARGV 5, BreakerConfig.to_lua in breaker_redis/engine/config.py): renamed,
+-- every call under EVAL would pay for it, and snapshot.lua and read.lua reply the table
+-- as JSON the readers parse. This is the one place that says what each key is (docs/wire.md
+-- points here; tests/test_lua_args.py checks it against to_lua), times in ms:
+--   @config trip          trip: consecutive | count | rate
+--   @config mode          mode: enforce | observe
+--   @config threshold     failure_threshold
+--   @config rate          failure_rate
+--   @config min_calls     minimum_calls
+--   @config slow_ms       slow_call_seconds (0: no slow-call rule)
+--   @config slow_rate     slow_call_rate
+--   @config bucket_ms     window_seconds / window_buckets (a live override: window_ms)
+--   @config buckets       window_buckets
+--   @config open_ms       open_seconds
+--   @config backoff       open_backoff
+--   @config max_open_ms   max_open_seconds
+--   @config open_set      open_seconds set by the user (1) or derived (0)
+--   @config cap_set       max_open_seconds set by the user (1) or derived (0)
+--   @config ho_max        half_open_max_calls
+--   @config ho_successes  half_open_successes
+--   @config probe_ms      probe_timeout_seconds
+--   @config max_conc      max_concurrent_calls (0: no bulkhead)
+--   @config min_rep       min_reporters (absent when 1: "One sick host", reporters.lua)
+--   @config group         the breaker group it is a member of (absent: none; breaker_redis/groups.py)
+
 -- The caller's config (ARGV 5) with the live overrides applied. The config
 -- hash is read on every call, so a value written with redis-cli holds from
 -- the next script any worker runs (an empty hash costs one short command).
 --
--- As a Function library (breaker_redis/scripts.py library) this prelude's
+-- As a Function library (breaker_redis/storage/scripts.py library) this prelude's
 -- upvalues outlive a call, so each distinct config text, with the overrides
 -- in force, is decoded and merged once and kept (at most CONFIGS_KEPT; a pure
 -- function of the two, nothing else is kept). A kept table is never changed.

@@ -1,6 +1,6 @@
 -- events.lua: a transition: the state's change, its line in the events list, its message.
 --
-local EVENTS_KEPT = 10  -- what `breaker-redis show` prints (breaker_redis/reader.py EVENTS_KEPT)
+local EVENTS_KEPT = 10  -- what `breaker-redis show` prints (breaker_redis/ops/reader.py EVENTS_KEPT)
 
 -- The newest line of the events list (see transition), as a state to restore
 -- from; nil if there is none or it does not parse.

@@ -15,14 +15,14 @@ local function stat(field, by)
   end
 end
 
--- What a worker counted in memory arrives here in batches, from ARGV[from]
--- on: rejections and would_reject decided from memory, then the outcomes of
+-- What a worker counted in memory arrives here in batches, in its arguments
+-- (a, from args.lua: a.rejected .. a.slow, named as the counters): rejections and would_reject decided from memory, then the outcomes of
 -- calls it admitted in observe mode while the breaker was open (they decide
 -- nothing: only an acquire-script probe decides half_open).
 local PENDING = {'rejected', 'would_reject', 'successes', 'failures', 'ignored', 'slow'}
-local function flush_pending(from)
+local function flush_pending(a)
   for i = 1, 6 do
-    local raw = ARGS[from + i - 1]
+    local raw = a[PENDING[i]]
     if raw ~= '0' and raw ~= '' then  -- usually: nothing counted (a string compare, no parse)
       local n = tonumber(raw)
       if n and n ~= 0 then stat(PENDING[i], n) end
