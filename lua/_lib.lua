@@ -59,7 +59,6 @@
 -- The includes, in this order (each may use what those above it define):
 -- @include memo
 -- @include call
--- @include args
 -- @include config
 -- @include stats
 -- @include notify

@@ -1,7 +1,7 @@
 -- admin.lua: an operator's word on a breaker; it always wins over the rules.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5: the caller's config for trip, else ''); 7 op (args.admin):
+-- ARGV  : 1-6 common (5: the caller's config for trip, else ''); 7 op:
 --   force_open   deny every call until cleared (state open, retry_after unknown)
 --   force_closed admit every call, keep counting, never trip until cleared
 --   clear_force  back to automatic, closed with a clean window (no-op if not forced)
@@ -15,7 +15,9 @@
 -- member's grant back (give_back_grant in includes/grants.lua; the reply's events say 'released:<token>').
 -- Reads : state.  Writes: state, window, leases, events, reporters (dropped); publishes the change.
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
-local op = args.admin(ARGV).op
+-- This script's own arguments, named once (breaker_redis/storage/args.py AdminArgs; docs/wire.md):
+local a = {op = ARGV[7]}
+local op = a.op
 local s = load_state()
 -- an operator's word on this incarnation of the keys: no worker restores an older state
 -- over it (restore_lost), also where it changed nothing (auto on a state just lost)

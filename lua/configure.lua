@@ -4,12 +4,14 @@
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override):
---         args.configure's changes (includes/args.lua).
+--         `a.changes` below.
 --         The caller validated them (breaker_redis/engine/config.py, checked_changes).
 -- Reads : config.  Writes: config, and drops the window when its shape is set; publishes {"kind":"config"}. A value written with
 --         redis-cli instead holds as well, from the next script (unannounced).
 -- Returns the overrides now in force as a flat field, value list.
-local changes = args.configure(ARGV).changes
+-- This script's own arguments, named once (breaker_redis/storage/args.py ConfigureArgs; docs/wire.md):
+local a = {changes = {unpack(ARGV, 7)}}
+local changes = a.changes
 for i = 1, #changes, 2 do
   local field, value = changes[i], changes[i + 1]
   -- a new window shape holds at once: the old window is not kept for it (see window_read)

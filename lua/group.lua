@@ -22,7 +22,7 @@
 --           v:<digest> 'first last cap fraction members' per config joined with (ms);
 --           seq (the last token), h:<member> (the token a member holds),
 --           grants and held (counters: grants handed out, trips held back at the cap)
--- ARGV  : 1-4 common (5 and 6 unused); 7 op, then the op's own (args.group):
+-- ARGV  : 1-4 common (5 and 6 unused); 7 op, then the op's own (`a` below):
 --   join     8 max_open_fraction, 9 cap, 10 members, 11 the config's digest (hex): this
 --            worker's config seen now; answers the newest config's members and cap
 --   ask      8 member, 9 cap (the asker's: the cap when no config is known): the member's
@@ -37,7 +37,17 @@
 -- Returns: join: {members, cap}; release: 1, or 0 if the member held a later token or none;
 --          ask: {1, token} granted, or {0, 0, holder, token, ...} refused;
 --          read: the hash as field, value pairs and 'now', NOW.
-local a = args.group(ARGV)
+-- This script's own arguments, named once, by op (breaker_redis/storage/args.py Group<Op>Args; docs/wire.md):
+local a
+if ARGV[7] == 'join' then
+  a = {op = ARGV[7], fraction = ARGV[8], cap = ARGV[9], members = ARGV[10], digest = ARGV[11]}
+elseif ARGV[7] == 'ask' then
+  a = {op = ARGV[7], member = ARGV[8], cap = ARGV[9]}
+elseif ARGV[7] == 'release' then
+  a = {op = ARGV[7], member = ARGV[8], token = ARGV[9]}
+else
+  a = {op = ARGV[7]}  -- read, or an unknown op (refused below)
+end
 local key, op = KEYS[1], a.op
 local FORGET_MS = 600000
 
@@ -91,6 +101,7 @@ local function count(field)
 end
 
 -- A config record: {first, last, cap, fraction, members}, or nil when it does not parse.
+-- (its format: docs/wire.md, "Hash records")
 local function config_of(v)
   if type(v) ~= 'string' then return nil end
   local first, last, cap, fraction, members = string.match(v, '^(%d+) (%d+) (%d+) (%S+) (.+)$')

@@ -8,12 +8,14 @@
 -- asks Redis when it passes (knowledge.py), and this reply carries the new one.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5: config); 7 how long from now, in ms (args.hold)
+-- ARGV  : 1-6 common (5: config); 7 how long from now, in ms
 -- Reads : state, config.  Writes: state (open_until).
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
+-- This script's own arguments, named once (breaker_redis/storage/args.py HoldArgs; docs/wire.md):
+local a = {ms = ARGV[7]}
 local s = load_state()
 local cfg = load_config()
-local ms = math.min(tonumber(args.hold(ARGV).ms) or 0, cfg.max_open_ms)
+local ms = math.min(tonumber(a.ms) or 0, cfg.max_open_ms)
 if s.state ~= 'open' or s.forced ~= '' or ms ~= ms or NOW + ms <= s.open_until then
   return reply(s, 1, 'unchanged', '', cfg)
 end

@@ -9,7 +9,7 @@
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5: the member's config, naming its group; '' for revoke and release,
---         which read none); 7 op; 8 token; 9 cause (release) (args.member):
+--         which read none); 7 op; 8 token; 9 cause (release):
 --   grant   keep grant <token> unless it was revoked, and trip the breaker now if it is
 --           closed, not forced, and a trip rule holds (the trip it had held back); when no
 --           rule holds (or it is forced) the grant is not needed: revoked at once. An open or
@@ -28,7 +28,8 @@
 --         forget; revoke, release: allowed 1 with lease = the highest token revoked ('0' when
 --         none ever was), or 0 with reason 'open' (kept).
 local s = load_state(true)
-local a = args.member(ARGV)
+-- This script's own arguments, named once (breaker_redis/storage/args.py MemberArgs; docs/wire.md):
+local a = {op = ARGV[7], token = ARGV[8], cause = ARGV[9]}
 local op, token = a.op, token_of(a.token)
 local IDLE_MS = 60000
 

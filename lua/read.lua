@@ -11,7 +11,7 @@
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common; 5: the config to read with, or '' for the one in the cfg key;
---         7 (args.read's fields): '1' to leave the config in force out ('=' in its place) when the
+--         7 (a.fields): '1' to leave the config in force out ('=' in its place) when the
 --         config hash is empty; 'encode' to reply only the config in force of
 --         ARGV 5 with no override (as snapshot.lua's 'config'), reading nothing
 -- Returns '<bytes of cfg> <bytes of config>\n' .. cfg .. config .. fields, where
@@ -23,7 +23,8 @@
 --         When fields cannot be encoded (a hash edited to hold a number such as
 --         1e999): the list {cfg, fields, config}. With ARGV 5 '' and no cfg key: '',
 --         and nothing was read.
-local a = args.read(ARGV)
+-- This script's own arguments, named once (breaker_redis/storage/args.py ReadArgs; docs/wire.md):
+local a = {fields = ARGV[7]}
 if a.fields == 'encode' then
   local encoded, config_json = pcall(cjson.encode, cjson.decode(ARGV[5]))
   return encoded and config_json or ''

@@ -9,13 +9,21 @@
 -- before the failure that armed the breaker, or while nothing could trip it.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 on: args.record (includes/args.lua):
+-- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 on: `a` below:
 --         the outcome, its duration and lease, the counts kept in memory, the batch, the
 --         reporter (read only with min_reporters > 1: "One sick host", includes/reporters.lua)
 -- Reads : state, config, window, leases.  Writes: stats (always), window
 --         (closed), state (consecutive count, armed flag, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
-local a = args.record(ARGV)
+-- This script's own arguments, named once (breaker_redis/storage/args.py RecordArgs; docs/wire.md):
+local a = {epoch = ARGV[7],  -- the epoch the permit was issued under
+  outcome = ARGV[8],  -- success | failure | ignored, or '' for a batch alone
+  duration_ms = ARGV[9],
+  lease = ARGV[10],  -- '' or the lease ids acquire.lua handed out, space-separated
+  rejected = ARGV[11], would_reject = ARGV[12], successes = ARGV[13],
+  failures = ARGV[14], ignored = ARGV[15], slow = ARGV[16],  -- counted in memory
+  batch_epoch = ARGV[17], batch = ARGV[18],  -- the batched successes: their epoch, how many
+  reporter = ARGV[19]}
 local s = load_state(true)
 local cfg = load_config()
 flush_pending(a)

@@ -3,7 +3,7 @@
 -- it does flush the caller's pending rejection counts so they show at once.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5: config); 7 on: args.snapshot (includes/args.lua), what the worker
+-- ARGV  : 1-6 common (5: config); 7 on: `a` below, what the worker
 --         counted in memory (see flush_pending)
 -- Reads : state, window, leases, config, stats.  Writes: stats (flush only).
 -- Returns a flat field, value list: state fields, window totals as of now,
@@ -12,7 +12,9 @@
 --         reporters_view in includes/quorum.lua), then 'config': the config the scripts
 --         apply (ARGV 5 with the live overrides), as JSON in the units of ARGV 5
 --         ('' if it cannot be encoded).
-local a = args.snapshot(ARGV)
+-- This script's own arguments, named once (breaker_redis/storage/args.py SnapshotArgs; docs/wire.md):
+local a = {rejected = ARGV[7], would_reject = ARGV[8], successes = ARGV[9],
+  failures = ARGV[10], ignored = ARGV[11], slow = ARGV[12]}
 local s = load_state()
 local cfg = load_config()
 flush_pending(a)

@@ -1,10 +1,12 @@
-"""The scripts' arguments are named once: lua/includes/args.lua and storage/args.py agree.
+"""The scripts' arguments are named once: each script's table and storage/args.py agree.
 
-Each Lua parser (``function args.<script>(argv)``) names ARGV positions; each
-dataclass names the same positions by its field order. Read from both files, so
-a name or a position changed on one side only fails here. Also: no script reads
-ARGV 7 on by position any more, and every ``lua/...`` or ``breaker_redis/...``
-path named in the code and the docs exists (comments pointing at moved files).
+Each script (lua/<script>.lua) reads its own ARGV positions once, into a table
+(``local a = {epoch = ARGV[7], ...}``; group.lua one per op); each dataclass
+names the same positions by its field order. Read from both files, so a name or
+a position changed on one side only fails here. Also: no script reads ARGV 7 on
+elsewhere, the prelude's includes are small and say their job, the config keys
+are said once, and every ``lua/...``, ``breaker_redis/...`` or ``docs/...`` path
+named in the code and the docs exists (comments pointing at moved files).
 """
 
 from __future__ import annotations
@@ -23,39 +25,41 @@ from breaker_redis.storage.scripts import OPERATIONS, assembled, prelude
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = ROOT / "lua"
-_FUNCTION = re.compile(r"^function args\.(\w+)\(argv\)\n(.*?)^end$", re.MULTILINE | re.DOTALL)
-_RETURN = re.compile(r"return \{(.*?)\}", re.DOTALL)
-_FIELD = re.compile(r"(\w+) = (?:argv\[(\d+)\]|rest\(argv, (\d+)\))")
+_TABLE = re.compile(r"a = \{(.*?)\}[ \t]*\n", re.DOTALL)  # a script's own arguments: local a = {...}
+_FIELD = re.compile(r"(\w+) = (?:ARGV\[(\d+)\]|\{unpack\(ARGV, (\d+)\)\})")
 
 
-def lua_parsers(text: str) -> dict[str, list[list[tuple[str, int]]]]:
-    """script -> the tables its parser returns, each [(name, ARGV position), ...] in order."""
-    parsers: dict[str, list[list[tuple[str, int]]]] = {}
-    for script, body in _FUNCTION.findall(text):
-        tables = []
-        for table in _RETURN.findall(body):
-            code = "\n".join(line.split("--")[0] for line in table.split("\n"))  # comments dropped
-            tables.append([(m[0], int(m[1] or m[2])) for m in _FIELD.findall(code)])
-        parsers[script] = tables
-    return parsers
+def _code(text: str) -> str:
+    return "\n".join(line.split("--")[0] for line in text.split("\n"))  # comments dropped
+
+
+def lua_tables(script: str) -> list[list[tuple[str, int]]]:
+    """The tables a script reads its arguments into, each [(name, ARGV position), ...] in order."""
+    code = _code((LUA / f"{script}.lua").read_text("utf-8"))
+    return [[(m[0], int(m[1] or m[2])) for m in _FIELD.findall(table)] for table in _TABLE.findall(code)]
 
 
 def python_fields(cls: type[py_args.ScriptArgs]) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
 
-def test_each_lua_parser_names_the_dataclass_fields_in_argv_order() -> None:
-    parsers = lua_parsers((LUA / "includes" / "args.lua").read_text("utf-8"))
+def _script_of(cls: type) -> str:
+    """RecordArgs -> record; GroupJoinArgs -> group."""
+    name = cls.__name__.removesuffix("Args")
+    return "group" if name.startswith("Group") else name.lower()
+
+
+SCRIPTS_WITH_ARGS = [op for op in OPERATIONS if op not in ("health", "sweep")]
+
+
+def test_each_script_names_the_dataclass_fields_in_argv_order() -> None:
     by_script: dict[str, list[list[str]]] = {}
     for cls in py_args.ALL:
-        script = (
-            re.sub(r"(Join|Ask|Release|Read)?Args$", "", cls.__name__)
-            if cls.__name__.startswith("Group")
-            else cls.__name__[: -len("Args")]
-        )
-        by_script.setdefault(script.lower(), []).append(python_fields(cls))
-    assert sorted(parsers) == sorted(by_script)
-    for script, tables in parsers.items():
+        by_script.setdefault(_script_of(cls), []).append(python_fields(cls))
+    assert sorted(by_script) == sorted(SCRIPTS_WITH_ARGS)
+    for script in SCRIPTS_WITH_ARGS:
+        tables = lua_tables(script)
+        assert tables, script
         for table in tables:
             positions = [position for _, position in table]
             assert positions == list(range(7, 7 + len(table))), (script, table)  # ARGV 7 on, no gap
@@ -76,21 +80,22 @@ def test_argv_lists_the_fields_in_their_order() -> None:
 
 
 def test_the_check_fails_when_a_name_or_a_position_differs() -> None:
-    text = (LUA / "includes" / "args.lua").read_text("utf-8")
-    good = lua_parsers(text)
-    swapped = lua_parsers(text.replace("outcome = argv[8]", "outcome = argv[9]"))
-    renamed = lua_parsers(text.replace("duration_ms = argv[9]", "duration = argv[9]"))
-    assert swapped["record"] != good["record"]
-    assert [p for _, p in swapped["record"][0]][:3] == [7, 9, 9]
-    assert "duration" in [n for n, _ in renamed["record"][0]]
-    assert [n for n, _ in good["record"][0]] == python_fields(py_args.RecordArgs)
+    code = _code((LUA / "record.lua").read_text("utf-8"))
+    good = [[(m[0], int(m[1] or m[2])) for m in _FIELD.findall(t)] for t in _TABLE.findall(code)]
+    swapped = code.replace("outcome = ARGV[8]", "outcome = ARGV[9]")
+    renamed = code.replace("duration_ms = ARGV[9]", "duration = ARGV[9]")
+    assert [n for n, _ in good[0]] == python_fields(py_args.RecordArgs)
+    assert [int(m[1]) for m in _FIELD.findall(_TABLE.findall(swapped)[0])][:3] == [7, 9, 9]
+    assert "duration" in [m[0] for m in _FIELD.findall(_TABLE.findall(renamed)[0])]
 
 
-@pytest.mark.parametrize("script", [op for op in OPERATIONS if op not in ("health", "sweep")])
-def test_no_script_reads_its_own_arguments_by_position(script: str) -> None:
-    code = "\n".join(line.split("--")[0] for line in (LUA / f"{script}.lua").read_text("utf-8").split("\n"))
-    assert not re.search(r"ARGV\[(?:[7-9]|\d\d)\]|ARGV\[i", code), script
-    assert f"args.{script}(ARGV)" in code
+@pytest.mark.parametrize("script", SCRIPTS_WITH_ARGS)
+def test_a_script_reads_its_own_arguments_once(script: str) -> None:
+    code = _code((LUA / f"{script}.lua").read_text("utf-8"))
+    outside = _TABLE.sub("", code)
+    if script == "group":  # its tables are chosen by op
+        outside = outside.replace("if ARGV[7] == ", "").replace("elseif ARGV[7] == ", "")
+    assert not re.search(r"ARGV\[(?:[7-9]|\d\d)\]|ARGV\[i|unpack\(ARGV", outside), script
 
 
 def test_the_prelude_is_its_includes_each_small_and_saying_its_job() -> None:

@@ -73,8 +73,8 @@ class Reply:
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
-        """The reply's fields in their order; a shorter reply (an older script's)
-        leaves the trailing ones at their defaults."""
+        """The reply's fields in their order (docs/wire.md, "The common reply"); a shorter
+        reply (an older script's) leaves the trailing ones at their defaults."""
         return cls(*[convert(value) for convert, value in zip(_DECODERS, raw, strict=False)])
 
 
@@ -268,7 +268,7 @@ class Memory:
         self._remembered: tuple[_State, float] | None = None
 
     def floor_arg(self) -> str:
-        """ARGV 6 of a script (lua/_lib.lua): the highest epoch seen and what this
+        """ARGV 6 of a script (format: docs/wire.md): the highest epoch seen and what this
         worker knows of the state now, which the scripts restore should Redis
         have lost it (keys evicted, flushed, deleted): what Redis last said,
         kept also once the worker forgot it (a store switch: a Redis restarted

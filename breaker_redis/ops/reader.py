@@ -50,7 +50,7 @@ _ENCODE = ReadArgs("encode").argv()  # only the config in force of ARGV 5, nothi
 
 
 def parse_event(line: Any) -> dict[str, str] | None:
-    """One line of the events list (lua/includes/events.lua transition); None for one that is
+    """One line of the events list (docs/wire.md, "The events list"); None for one that is
     not (edited by hand): the history shows what it can read."""
     parts = text(line).split(" ")
     if len(parts) != len(EVENT_FIELDS) or not all(p.isdigit() for p in (parts[0], parts[4], parts[5])):

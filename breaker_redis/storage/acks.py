@@ -68,7 +68,7 @@ def acks_key(prefix: str, name: str) -> str:
 
 
 def parse_ack(field: str) -> tuple[str, int] | None:
-    """A reply's ack field (``'<token> <workers>'``) as (token, workers); None when the call
+    """A reply's ack field (``'<token> <workers>'``, docs/wire.md) as (token, workers); None when the call
     published nothing (``''``, or a reply of an older script)."""
     token, _, heard = field.partition(" ")
     if not token or not heard.isdigit():

@@ -3,10 +3,11 @@
 A dataclass per script (``<Script>Args``; ``Group<Op>Args`` for group.lua's
 ops), whose fields are in ARGV order: ``argv()`` is the list a worker sends
 after ARGV 1-6 (the common ones: name, channel, now and key TTL from
-Scripts.prepared, config and epoch floor from the caller). The parsers of
-lua/includes/args.lua read the same positions into tables of the same names
-(``args.record(ARGV)``, then ``a.outcome``), and tests/test_lua_args.py reads
-both and fails when a name or a position differs, so the two cannot drift.
+Scripts.prepared, config and epoch floor from the caller). Each script
+(lua/<script>.lua) reads the same positions once, into a table of the same
+names (``local a = {epoch = ARGV[7], outcome = ARGV[8], ...}``, then
+``a.outcome``), and tests/test_lua_args.py reads both and fails when a name or
+a position differs, so the two cannot drift.
 The positions and values are the wire protocol a worker of the previous
 release shares during a rolling deploy (docs/boundary.md; docs/wire.md lists
 them): a new field goes at the end, never between two.

@@ -79,8 +79,9 @@ class Notice:
 
 
 def parse_notice(data: Any) -> Notice | None:
-    """A message's data (bytes or str) as a Notice, or None to drop it. Never raises:
-    it runs inside a subscription's read loop (the module's docstring says why)."""
+    """A message's data (bytes or str, docs/wire.md "Pub/sub messages") as a Notice, or None
+    to drop it. Never raises: it runs inside a subscription's read loop (the module's
+    docstring says why)."""
     try:
         payload = json.loads(text(data), parse_constant=_no_constant, parse_int=_bounded_int)
         if not isinstance(payload, dict):

@@ -337,7 +337,8 @@ class Scripts:
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
     ) -> tuple[tuple[str, ...], list[Any]]:
         """One script call: (heads, tail), each step sent as (heads[step], *tail), where
-        tail is the number of keys, the keys, then ARGV (FUNCTION LOAD excepted)."""
+        tail is the number of keys, the keys, then ARGV (FUNCTION LOAD excepted): 1-4 from
+        here, 5 on the caller's ``args`` (docs/wire.md, "Script arguments")."""
         keys = self.script_keys(operation, name)
         channel = self._publish_to
         if self.slots is not None:  # ARGV 2: '<prefix>:events 0 <sharded channel>' (lua/_lib.lua)

@@ -2,6 +2,8 @@
 --
 local EVENTS_KEPT = 10  -- what `breaker-redis show` prints (breaker_redis/ops/reader.py EVENTS_KEPT)
 
+-- The events list's lines: docs/wire.md, "The events list" (written by transition).
+
 -- The newest line of the events list (see transition), as a state to restore
 -- from; nil if there is none or it does not parse.
 local function last_transition()

@@ -1,5 +1,5 @@
 -- memo.lua: the memos that spare a script work it did before: numbers parsed, texts
--- derived, bucket ids formatted, and the scratch table writes are built in.
+-- derived (memo), bucket ids formatted, and the scratch table writes are built in.
 --
 -- tonumber for the values a script reads again and again (epochs, times, the
 -- state's fields, ARGV): Lua's tonumber costs two strtod calls, a lookup here a
@@ -33,21 +33,6 @@ local function memo(kind, text, derive)
     m[text], m[0] = d, m[0] + 1
   end
   return d
-end
-
--- The workers' channel (notify): on a cluster the breaker's sharded one, else the
--- database's '<prefix>:notices:<db>' (the prefix's channel without ':events').
-local function channels(argv2)
-  local channel, db, shard = string.match(argv2, '^(%S+) (%d+) ?(%S*)$')
-  local workers = shard ~= '' and shard or (string.sub(channel, 1, -8) .. ':notices:' .. db)
-  return {channel, tonumber(db), shard, workers}
-end
-
--- The keys' use is stamped this often (ttl_at), and keys left with a TTL by an
--- older version lose it: a quarter of the TTL, at most once a minute.
-local function ttls(argv4)
-  local ttl = tonumber(argv4)
-  return {ttl, math.min(60000, math.floor(ttl / 4))}
 end
 
 -- tostring for a bucket id, kept the same way (Lua formats a number with sprintf)

@@ -18,6 +18,7 @@ end
 -- watching <prefix>:events is not waited for. The hash expires a minute after its last
 -- notice; a token is the time and a count kept there, so none is ever used twice.
 local ACKS_TTL_MS = 60000
+-- Every message's format (its JSON keys, per kind): docs/wire.md, "Pub/sub messages".
 local function notify(msg)
   if ACK == nil then
     local acks = string.sub(K_STATE, 1, -6) .. 'acks'  -- '<prefix>:{NAME}:state' -> ...:acks

@@ -1,6 +1,7 @@
 -- reply.lua: the reply every state-changing script gives (reply, ack_field).
 --
--- The reply every state-changing script gives, so a worker refreshes what it knows:
+-- The reply every state-changing script gives, so a worker refreshes what it knows
+-- (each field: docs/wire.md, "The common reply"; decoded by Reply.decode):
 -- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
 --  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated),
 -- '<token> <workers>' of this call's notices (notify), '' for none: the reply's last field.

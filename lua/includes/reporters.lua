@@ -38,6 +38,7 @@ end
 -- isolation and probe no longer than the config allows from now), its failures at most
 -- its calls, its own run at most 2^31, its period at most max_open_seconds.
 local REP_MAX, REP_COUNT_MAX = 9007199254740991, 2147483647
+-- (the record's format: docs/wire.md, "Hash records")
 local function rep_parse(v, c)
   if type(v) ~= 'string' then return nil, false end
   if not string.find(v, '^%d+ %d+ %d+ %d+ %d+ %d+$') and not string.find(v, '^%d+ %d+ %d+ %d+ %d+ %d+ %d+ %d+ %d+$')

@@ -63,6 +63,7 @@ end
 -- A new incarnation that restored nothing: a line in the history, when there is
 -- one, so its last line no longer says what a lost incarnation was (no
 -- transition: nothing changed for any worker, and no epoch is spent).
+-- (its line: docs/wire.md, "The events list")
 local function mark_created(s)
   if redis.call('EXISTS', K_EVENTS) == 0 then return end
   redis.call('LPUSH', K_EVENTS, string.format('%d lost closed created %d 0 -', NOW, s.epoch))

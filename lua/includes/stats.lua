@@ -16,7 +16,7 @@ local function stat(field, by)
 end
 
 -- What a worker counted in memory arrives here in batches, in its arguments
--- (a, from args.lua: a.rejected .. a.slow, named as the counters): rejections and would_reject decided from memory, then the outcomes of
+-- (a: a script's own arguments, a.rejected .. a.slow, named as the counters): rejections and would_reject decided from memory, then the outcomes of
 -- calls it admitted in observe mode while the breaker was open (they decide
 -- nothing: only an acquire-script probe decides half_open).
 local PENDING = {'rejected', 'would_reject', 'successes', 'failures', 'ignored', 'slow'}
