@@ -28,15 +28,16 @@
 --   3 leases ZSET   'p:<epoch>:<seq>' probe leases, 'b:<seq>' bulkhead slots; score = expiry ms
 --   4 config HASH   live overrides of BreakerConfig fields (strings, seconds)
 --   5 stats  HASH   cumulative counters (calls is derived: successes + failures + ignored)
---   6 events LIST   the last EVENTS_KEPT transitions, newest first, one line each:
---                   '<at ms> <from> <to> <cause> <epoch> <open_until ms> <forced or ->'
---                   (a list, not a stream: Redis 7 gives a stream's first entry a 4 KB node)
+--   6 events LIST   the last EVENTS_KEPT transitions, newest first, one line each (its
+--                   format: docs/wire.md, "The events list"; a list, not a stream: Redis 7
+--                   gives a stream's first entry a 4 KB node)
 --   7 cfg    STRING the config JSON (ARGV 5) of the last acquire/record that wrote the state,
 --                   for readers without the apps' configs (the CLI's `show`)
 -- No key carries a TTL: under a volatile-* maxmemory-policy Redis then never
 -- evicts them (under allkeys-* it may: see load_state for what a worker does
 -- about it); breakers idle longer than the key TTL are removed by sweep.lua.
--- ARGV (every script):
+-- ARGV (every script; their formats: docs/wire.md, "Script arguments"; a script's own,
+-- 7 on, it reads once at its top, into a table `a`):
 --   1 name  2 pub/sub channel and database: '<prefix>:events <db>', db the number of the
 --     database the caller SELECTs (0 on a cluster), which every message carries (publish,
 --     configure.lua): pub/sub ignores the database, so a worker hears the breakers of the
@@ -50,8 +51,7 @@
 --   6 the highest epoch the caller knows ('' or 0 if none): a state hash created
 --     anew (keys evicted, flushed, expired or repaired) starts above it and above
 --     the Redis time in ms, so epochs never go backwards; followed, when the caller
---     knows the breaker's state now, by that state: 'floor state epoch born
---     open_until forced' (forced '-' for none), which acquire and record restore
+--     knows the breaker's state now, by that state (docs/wire.md), which acquire and record restore
 --     when they find it lost (load_state), and ' heard' when the caller only heard
 --     of it, in a message about a later incarnation of the keys than any Redis
 --     replied to it about (restore_lost)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from breaker_redis import BreakerConfig
+from breaker_redis.engine.knowledge import Reply
 from breaker_redis.groups import member_config
 from breaker_redis.storage import args as py_args
 from breaker_redis.storage.scripts import OPERATIONS, assembled, prelude
@@ -150,3 +151,10 @@ def test_the_config_keys_are_said_once_and_are_those_a_worker_sends() -> None:
     assert len(said) == len(set(said))
     sent = set(json.loads(member_config(BreakerConfig(min_reporters=2), "g").to_lua()))
     assert set(said) == sent
+
+
+def test_the_reply_described_in_wire_md_is_the_one_reply_decode_reads() -> None:
+    wire = (ROOT / "docs" / "wire.md").read_text("utf-8")
+    section = wire[wire.index("## The common reply") :]
+    described = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n"))].split()
+    assert described == [f.name for f in dataclasses.fields(Reply)]

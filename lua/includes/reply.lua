@@ -1,17 +1,14 @@
 -- reply.lua: the reply every state-changing script gives (reply, ack_field).
 --
--- The reply every state-changing script gives, so a worker refreshes what it knows
--- (each field: docs/wire.md, "The common reply"; decoded by Reply.decode):
--- {allowed, reason, state, epoch, open_until, forced, lease, now, mode, max_conc, events, slow_ms,
---  armed (0/1), arms, born, repaired (the corrupted keys this call repaired, comma-separated),
--- '<token> <workers>' of this call's notices (notify), '' for none: the reply's last field.
+-- The ack field: '<token> <workers>' of this call's notices (notify), '' for none.
 local function ack_field()
   return ACK and string.format('%s %d', ACK[1], ACK[2]) or ''
 end
 
---  lost ('', 'restored' or 'lost': see restore_lost), until when the calling reporter is
---  isolated (min_reporters > 1; 0 when it is not), ack ('<token> <workers>' when this call
---  published a notice: see notify; '' when not)}
+-- The reply every state-changing script gives, so a worker refreshes what it knows. Its
+-- fields, in this order, are described once, in docs/wire.md ("The common reply"), and
+-- decoded by Reply.decode (breaker_redis/engine/knowledge.py): a field is only ever added
+-- at the end, which a worker of the previous release leaves unread.
 local function reply(s, allowed, reason, lease, c)
   save_state(s)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
