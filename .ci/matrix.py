@@ -106,7 +106,7 @@ CELLS = (
         also_needs=("flask",),  # test_sentinel imports test_eviction, which imports test_metrics
         leave_out=(
             ("cluster", "Redis Cluster needs Redis 7: the scripts SPUBLISH each change on the breaker's "
-                        "sharded channel (lua/_lib.lua notify), a command 6.2 lacks"),
+                        "sharded channel (lua/includes/notify.lua notify), a command 6.2 lacks"),
             ("fake", "fakeredis in the test's process: no redis-server runs, the other cells cover it"),
             ("embedded", "the embedded server (fakeredis over TCP): no redis-server runs, the other "
                          "cells cover it"),
