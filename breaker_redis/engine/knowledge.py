@@ -45,7 +45,7 @@ RESTORE_SECONDS = 2 * TRUST_SECONDS
 
 @dataclass(frozen=True)
 class Reply:
-    """One script reply, decoded (the layout is `reply` in lua/_lib.lua)."""
+    """One script reply, decoded (its fields: docs/wire.md, "The common reply")."""
 
     allowed: int
     reason: str
@@ -357,7 +357,7 @@ class Memory:
             self._opaque_at = self._invalidations
 
 
-_State = tuple[str, int, int, int, str]  # state, epoch, born, open_until, forced: lua/_lib.lua ARGV 6
+_State = tuple[str, int, int, int, str]  # state, epoch, born, open_until, forced: ARGV 6 (docs/wire.md)
 
 
 def _state_of(known: Knowledge) -> _State:

@@ -2,7 +2,7 @@
 ``Breakers.on_operator_action(callback)``.
 
 Each transition is made by exactly one script run, in one process, whose
-reply lists it (the ``events`` field of lua/_lib.lua's reply); that process,
+reply lists it (the ``events`` field of the reply: docs/wire.md); that process,
 and only it, calls the callbacks. So across every worker of every host a
 callback runs once per transition of the shared state, which is what an alert
 wants: no duplicates, no listener to elect. Transitions of the in-process
