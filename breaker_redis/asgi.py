@@ -44,12 +44,12 @@ from wsgiref.headers import Headers
 
 from breaker_redis import fallbacks
 from breaker_redis.asyncio import Breaker, Breakers
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import Refusal, header_value, wants_json
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web import http_policy
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
 from breaker_redis.web.http_policy import as_response, decode_headers, fallback_marks, judge, served_headers
+from breaker_redis.web.refusal import Refusal, header_value, wants_json
 from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,

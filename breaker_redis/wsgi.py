@@ -33,15 +33,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import Refusal, environ_wants_json
 from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackResponse
 from breaker_redis.web import http_policy
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
 from breaker_redis.web.http_policy import as_response, fallback_marks, judge, served_headers, status_line
+from breaker_redis.web.refusal import Refusal, environ_wants_json
 from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,

@@ -46,7 +46,7 @@
 --     <prefix>:{NAME}:notices (in the breaker's slot), which the scripts SPUBLISH to as
 --     well (notify)  3 now_ms ('' = Redis TIME; tests only)
 --   4 key TTL ms: a breaker unused this long is idle (sweep.lua)
---   5 config: JSON from breaker_redis/engine/config.py (BreakerConfig.to_lua), times in
+--   5 config: JSON from breaker_redis/base/config.py (BreakerConfig.to_lua), times in
 --     ms; its keys (ho_max, probe_ms, max_conc ...) are said once, in includes/config.lua
 --   6 the highest epoch the caller knows ('' or 0 if none): a state hash created
 --     anew (keys evicted, flushed, expired or repaired) starts above it and above

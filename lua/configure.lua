@@ -5,7 +5,7 @@
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override):
 --         `a.changes` below.
---         The caller validated them (breaker_redis/engine/config.py, checked_changes).
+--         The caller validated them (breaker_redis/base/config.py, checked_changes).
 -- Reads : config.  Writes: config, and drops the window when its shape is set; publishes {"kind":"config"}. A value written with
 --         redis-cli instead holds as well, from the next script (unannounced).
 -- Returns the overrides now in force as a flat field, value list.

@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 from flask import Flask, current_app
 
+from breaker_redis.base.names import validate_name
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
 from breaker_redis.engine.wrappers import MISSING
@@ -27,7 +28,6 @@ from breaker_redis.flask.settings import CONFIG_KEYS as CONFIG_KEYS
 from breaker_redis.flask.settings import EXTRA_ARGUMENTS as EXTRA_ARGUMENTS
 from breaker_redis.flask.settings import read_settings
 from breaker_redis.flask.state import EXTENSION_KEY, AppState, Warnings
-from breaker_redis.storage.scripts import validate_name
 from breaker_redis.urls import client_from_url
 from breaker_redis.web.routes import route_config
 

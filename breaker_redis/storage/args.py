@@ -6,7 +6,7 @@ after ARGV 1-6 (the common ones: name, channel, now and key TTL from
 Scripts.prepared, config and epoch floor from the caller). Each script
 (lua/<script>.lua) reads the same positions once, into a table of the same
 names (``local a = {epoch = ARGV[7], outcome = ARGV[8], ...}``, then
-``a.outcome``), and tests/test_lua_args.py reads both and fails when a name or
+``a.outcome``), and tests/storage/test_args.py reads both and fails when a name or
 a position differs, so the two cannot drift.
 The positions and values are the wire protocol a worker of the previous
 release shares during a rolling deploy (docs/boundary.md; docs/wire.md lists

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from breaker_redis.engine.config import BreakerConfig, config_field_names
+from breaker_redis.base.config import BreakerConfig, config_field_names
+from breaker_redis.base.names import validate_name
 from breaker_redis.fallbacks import Fallback, as_fallback, cached, chain, function, static
-from breaker_redis.storage.scripts import validate_name
 
 T = TypeVar("T")
 

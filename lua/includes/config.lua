@@ -7,7 +7,7 @@
 -- one is due, or is below the lowest allowed is skipped (the caller's value
 -- stays); one above the highest allowed is clamped to it. Never fatal, never
 -- unbounded. The rules are written once, where BreakerConfig declares its
--- fields (breaker_redis/engine/config.py LIVE_FIELDS); breaker_redis/storage/lua_rules.py writes
+-- fields (breaker_redis/base/config.py LIVE_FIELDS); breaker_redis/storage/lua_rules.py writes
 -- them into rules() below, in place of its LIVE_RULES line, when it builds
 -- the scripts' text, so the two cannot differ:
 --   BOUNDS[field] = {config key, unit (1000: seconds, the config's ms), lowest,
@@ -53,7 +53,7 @@ local function apply_overrides(c, o)
     end
   end
   -- the one of open_seconds / max_open_seconds left unset follows the other
-  -- (breaker_redis/engine/config.py): cap = max(300 s, open), open = min(30 s, cap)
+  -- (breaker_redis/base/config.py): cap = max(300 s, open), open = min(30 s, cap)
   if open_set and not cap_set then c.max_open_ms = math.max(CAP_FLOOR_MS, c.open_ms) end
   if cap_set and not open_set then c.open_ms = math.min(OPEN_MS, c.max_open_ms) end
   c.bucket_ms = math.max(1, math.floor(window_ms / c.buckets))
@@ -63,10 +63,10 @@ local function apply_overrides(c, o)
 end
 
 -- The config's keys. A config table (c, cfg) keeps the short keys of the JSON a worker
--- sends (ARGV 5, BreakerConfig.to_lua in breaker_redis/engine/config.py): renamed,
+-- sends (ARGV 5, BreakerConfig.to_lua in breaker_redis/base/config.py): renamed,
 -- every call under EVAL would pay for it, and snapshot.lua and read.lua reply the table
 -- as JSON the readers parse. This is the one place that says what each key is (docs/wire.md
--- points here; tests/test_lua_args.py checks it against to_lua), times in ms:
+-- points here; tests/storage/test_args.py checks it against to_lua), times in ms:
 --   @config trip          trip: consecutive | count | rate
 --   @config mode          mode: enforce | observe
 --   @config threshold     failure_threshold
