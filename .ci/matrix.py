@@ -105,7 +105,7 @@ CELLS = (
         also=("tests/storage/test_failover.py",),  # the README says a Sentinel-managed 6.2 works: about 30 s
         leave_out=(
             ("cluster", "Redis Cluster needs Redis 7: the scripts SPUBLISH each change on the breaker's "
-                        "sharded channel (lua/_lib.lua notify), a command 6.2 lacks"),
+                        "sharded channel (lua/includes/notify.lua notify), a command 6.2 lacks"),
             ("fake", "fakeredis in the test's process: no redis-server runs, the other cells cover it"),
             ("embedded", "the embedded server (fakeredis over TCP): no redis-server runs, the other "
                          "cells cover it"),

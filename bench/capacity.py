@@ -37,7 +37,7 @@ from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 CALLS = 20_000
 HEALTHY = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=600)
 # 1 % failures (every 100th call, never more) against a 1.1 % rule: within reach of
-# it all along (lua/_lib.lua update_armed), so armed, and it never trips
+# it all along (lua/includes/rules.lua update_armed), so armed, and it never trips
 ARMED = BreakerConfig(trip="rate", failure_rate=0.011, minimum_calls=20, open_seconds=600)
 
 

@@ -9,7 +9,7 @@ an open replica recovers another may open.
 
 The decision is Redis's, like every other (docs/http-clients.md, "Pools of
 replicas", says why it takes two steps): a member's breaker opens only while
-it holds one of the group's grants (lua/_lib.lua ``group_holds_back``);
+it holds one of the group's grants (lua/includes/grants.lua ``group_holds_back``);
 lua/group.lua hands grants out in the group's own slot, never more than the
 cap at a time, and forgets one only after it was revoked in the member's
 slot, which happens only as the member closes (or is closed for it). So on a
@@ -55,6 +55,7 @@ from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.names import validate_name
 from breaker_redis.engine.knowledge import Reply
 from breaker_redis.engine.transitions import released_upto
+from breaker_redis.storage.args import GroupReadArgs, MemberArgs, group_args
 from breaker_redis.storage.scripts import text
 from breaker_redis.storage.store import StoreUnavailable
 from breaker_redis.web.hosts import member_name
@@ -108,6 +109,9 @@ Step = tuple[str, ...]
 def config_digest(max_open_fraction: float, members: tuple[str, ...]) -> str:
     """What names a group config in lua/group.lua: its fraction and member list, hashed."""
     return hashlib.sha1(f"{max_open_fraction!r} {' '.join(members)}".encode()).hexdigest()
+
+
+_READ_GROUP = ["", "", *GroupReadArgs().argv()]  # ARGV 5-6 (not a group's), then read
 
 
 class _Group:
@@ -306,10 +310,10 @@ class _Group:
             return True
 
     def _group_args(self, step: Step) -> list[str]:
-        return ["", "", *step[1:]]  # ARGV 5 and 6 (config, epoch floor) are not a group's
+        return ["", "", *group_args(*step[1:])]  # ARGV 5 and 6 (config, epoch floor) are not a group's
 
     def _member_args(self, step: Step) -> list[str]:
-        return list(step[2:])  # op, token, cause: ARGV 7-9 (a breaker adds its config and floor)
+        return MemberArgs(*step[2:]).argv()  # ARGV 7-9 (a breaker adds its config and floor)
 
     def _status(self, raw: Any, states: dict[str, str]) -> dict[str, Any]:
         return group_status(self.name, raw, states, members=self.members, cap=self.cap,
@@ -417,7 +421,7 @@ class BreakerGroup(_Group):
 
     def status(self) -> dict[str, Any]:
         """The group now: members, cap, which are open, which hold grants, counters."""
-        raw, _ = self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), ["", "", "read"])
+        raw, _ = self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), _READ_GROUP)
         states = {m: b.snapshot()["state"] for m, b in self._breakers.items()}
         return self._status(raw, states)
 
@@ -472,7 +476,7 @@ class AsyncBreakerGroup(_Group):
     async def status(self) -> dict[str, Any]:
         """As BreakerGroup.status, awaited."""
         self.breakers.ensure_loop()
-        raw, _ = await self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), ["", "", "read"])
+        raw, _ = await self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), _READ_GROUP)
         states = {m: (await b.snapshot())["state"] for m, b in self._breakers.items()}
         return self._status(raw, states)
 

@@ -3,17 +3,19 @@
 -- or knowledge too old.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5: config, 6: epoch floor); 7-12 what the worker counted in
---         memory since its last flush (see flush_pending); 13 the worker's reporter (read
---         only with min_reporters > 1: see "One sick host" in _lib.lua)
+-- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 on: `a` below
 -- Reads : state (with its armed flag, which the reply carries), config, leases.  Writes: state (transitions, lease seq),
 --         leases (probe or bulkhead lease), stats (rejected, would_reject), events.
 -- Returns the common reply; allowed is 1 (go), 2 (observe mode: would have been
 --         denied, go anyway) or 0 (denied, reason open | half_open_full |
 --         forced_open | bulkhead | isolated); lease is the id to hand back to record.lua.
+-- This script's own arguments, named once (breaker_redis/storage/args.py AcquireArgs; docs/wire.md):
+local a = {rejected = ARGV[7], would_reject = ARGV[8], successes = ARGV[9],
+  failures = ARGV[10], ignored = ARGV[11], slow = ARGV[12],
+  reporter = ARGV[13]}  -- read only with min_reporters > 1 ("One sick host", includes/reporters.lua)
 local s = load_state(true)
 local cfg = load_config()
-flush_pending(7)
+flush_pending(a)
 
 local allowed, reason, lease = 0, '', ''
 if s.forced == 'open' then
@@ -37,7 +39,7 @@ else
   if s.state == 'open' then reason = 'open' elseif s.state == 'closed' then allowed = 1 end
   local reporter, own  -- with min_reporters > 1, closed: the caller's reporter and its record
   if allowed == 1 and s.state == 'closed' and cfg.min_rep then  -- is the caller's reporter isolated?
-    reporter, own = reporter_record(ARGV[13], cfg)
+    reporter, own = reporter_record(a.reporter, cfg)
     allowed, reason, lease = reporter_admits(s, cfg, reporter, own)
   end
 

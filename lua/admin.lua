@@ -12,10 +12,13 @@
 --                cumulative stats are kept (they are counters, e.g. for Prometheus),
 --                but one that does not parse is zeroed: a reset repairs every key
 -- Every op that leaves the breaker closed (force_closed, clear_force, reset) gives a group
--- member's grant back (give_back_grant in _lib.lua; the reply's events say 'released:<token>').
+-- member's grant back (give_back_grant in includes/grants.lua; the reply's events say 'released:<token>').
 -- Reads : state.  Writes: state, window, leases, events, reporters (dropped); publishes the change.
 -- Returns the common reply (allowed 1, reason '' or 'unchanged').
-local s, op = load_state(), ARGV[7]
+-- This script's own arguments, named once (breaker_redis/storage/args.py AdminArgs; docs/wire.md):
+local a = {op = ARGV[7]}
+local op = a.op
+local s = load_state()
 -- an operator's word on this incarnation of the keys: no worker restores an older state
 -- over it (restore_lost), also where it changed nothing (auto on a state just lost)
 if s.held ~= s.born then s.held, s.dirty = s.born, true end

@@ -3,18 +3,23 @@
 -- worker's own config) and drops what it knew on the pub/sub message.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override).
---         The caller validated them (breaker_redis.config.checked_changes).
+-- ARGV  : 1-6 common (5 unused: ''); 7.. field, value pairs ('' value removes the override):
+--         `a.changes` below.
+--         The caller validated them (breaker_redis/base/config.py, checked_changes).
 -- Reads : config.  Writes: config, and drops the window when its shape is set; publishes {"kind":"config"}. A value written with
 --         redis-cli instead holds as well, from the next script (unannounced).
 -- Returns the overrides now in force as a flat field, value list.
-for i = 7, #ARGV, 2 do
+-- This script's own arguments, named once (breaker_redis/storage/args.py ConfigureArgs; docs/wire.md):
+local a = {changes = {unpack(ARGV, 7)}}
+local changes = a.changes
+for i = 1, #changes, 2 do
+  local field, value = changes[i], changes[i + 1]
   -- a new window shape holds at once: the old window is not kept for it (see window_read)
-  if ARGV[i] == 'window_seconds' or ARGV[i] == 'window_buckets' then redis.call('DEL', K_WINDOW) end
-  if ARGV[i + 1] == '' then
-    redis.call('HDEL', K_CONFIG, ARGV[i])
+  if field == 'window_seconds' or field == 'window_buckets' then redis.call('DEL', K_WINDOW) end
+  if value == '' then
+    redis.call('HDEL', K_CONFIG, field)
   else
-    redis.call('HSET', K_CONFIG, ARGV[i], ARGV[i + 1])
+    redis.call('HSET', K_CONFIG, field, value)
   end
 end
 local overrides = redis.call('HGETALL', K_CONFIG)

@@ -1,9 +1,9 @@
 -- group.lua: a breaker group's grants, in the group's own slot. A group is a pool of
 -- replica hosts, each with its breaker; at most `cap` of them may be open at once
 -- (breaker_redis/groups.py computes it from max_open_fraction). A member opens only
--- holding a grant (group_holds_back in _lib.lua); this script hands them out, one per
+-- holding a grant (group_holds_back in includes/grants.lua); this script hands them out, one per
 -- member, never more than cap at a time, and forgets one only once member.lua (or a
--- close, give_back_grant in _lib.lua) has revoked it in the member's slot: the member was
+-- close, give_back_grant in includes/grants.lua) has revoked it in the member's slot: the member was
 -- closed then, and cannot open with it afterwards. So at every moment the open members
 -- hold grants this hash lists.
 --
@@ -22,7 +22,7 @@
 --           v:<digest> 'first last cap fraction members' per config joined with (ms);
 --           seq (the last token), h:<member> (the token a member holds),
 --           grants and held (counters: grants handed out, trips held back at the cap)
--- ARGV  : 1-4 common (5 and 6 unused); 7 op:
+-- ARGV  : 1-4 common (5 and 6 unused); 7 op, then the op's own (`a` below):
 --   join     8 max_open_fraction, 9 cap, 10 members, 11 the config's digest (hex): this
 --            worker's config seen now; answers the newest config's members and cap
 --   ask      8 member, 9 cap (the asker's: the cap when no config is known): the member's
@@ -37,7 +37,18 @@
 -- Returns: join: {members, cap}; release: 1, or 0 if the member held a later token or none;
 --          ask: {1, token} granted, or {0, 0, holder, token, ...} refused;
 --          read: the hash as field, value pairs and 'now', NOW.
-local key, op = KEYS[1], ARGV[7]
+-- This script's own arguments, named once, by op (breaker_redis/storage/args.py Group<Op>Args; docs/wire.md):
+local a
+if ARGV[7] == 'join' then
+  a = {op = ARGV[7], fraction = ARGV[8], cap = ARGV[9], members = ARGV[10], digest = ARGV[11]}
+elseif ARGV[7] == 'ask' then
+  a = {op = ARGV[7], member = ARGV[8], cap = ARGV[9]}
+elseif ARGV[7] == 'release' then
+  a = {op = ARGV[7], member = ARGV[8], token = ARGV[9]}
+else
+  a = {op = ARGV[7]}  -- read, or an unknown op (refused below)
+end
+local key, op = KEYS[1], a.op
 local FORGET_MS = 600000
 
 -- The highest token handed out: every token a member can hold is at most this.
@@ -90,6 +101,7 @@ local function count(field)
 end
 
 -- A config record: {first, last, cap, fraction, members}, or nil when it does not parse.
+-- (its format: docs/wire.md, "Hash records")
 local function config_of(v)
   if type(v) ~= 'string' then return nil end
   local first, last, cap, fraction, members = string.match(v, '^(%d+) (%d+) (%d+) (%S+) (.+)$')
@@ -103,7 +115,7 @@ local function listed(members, member)
 end
 
 if op == 'join' then
-  local fraction, cap, members, digest = ARGV[8], positive_integer(ARGV[9]), names_of(ARGV[10]), ARGV[11]
+  local fraction, cap, members, digest = a.fraction, positive_integer(a.cap), names_of(a.members), a.digest
   if not (fraction_of(fraction) and cap and members and type(digest) == 'string' and string.find(digest, '^%x+$')
     and #digest <= 64) then
     return redis.error_reply('group join: bad arguments')
@@ -132,7 +144,7 @@ if op == 'join' then
     'members', newest.members)
   return {newest.members, newest.cap}
 elseif op == 'ask' then
-  local member = ARGV[8]
+  local member = a.member
   local held = redis.call('HMGET', key, 'h:' .. member)[1]
   if held then
     local token = token_of(held)
@@ -145,7 +157,7 @@ elseif op == 'ask' then
   local v = redis.call('HMGET', key, 'members', 'cap')
   local members, cap = names_of(v[1]), positive_integer(v[2])
   if not (members and cap) then  -- no config known (the hash is new, or was edited): the asker's
-    members, cap = nil, positive_integer(ARGV[9]) or 1
+    members, cap = nil, positive_integer(a.cap) or 1
   end
   local found = holders()
   if (members == nil or listed(members, member)) and #found / 2 < cap then
@@ -161,10 +173,10 @@ elseif op == 'ask' then
   for i = 1, #found do refused[#refused + 1] = found[i] end
   return refused
 elseif op == 'release' then
-  local upto, v = token_of(ARGV[9]), redis.call('HMGET', key, 'h:' .. ARGV[8])[1]
+  local upto, v = token_of(a.token), redis.call('HMGET', key, 'h:' .. a.member)[1]
   local held = v and (token_of(v) or seq())
   if not upto or not held or held > upto then return 0 end
-  redis.call('HDEL', key, 'h:' .. ARGV[8])
+  redis.call('HDEL', key, 'h:' .. a.member)
   return 1
 elseif op == 'read' then
   local all = redis.call('HGETALL', key)

@@ -1,5 +1,5 @@
 -- health.lua: can this server run the breakers' scripts now? The store gate
--- runs it while Redis is considered unavailable (breaker_redis/store.py), and
+-- runs it while Redis is considered unavailable (breaker_redis/storage/store.py), and
 -- `breaker-redis doctor` runs it to check the permissions: it calls every
 -- command the other scripts call, on one key of its own, so it fails exactly
 -- when they would (out of memory, read-only, busy, or a Redis ACL user that

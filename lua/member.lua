@@ -28,7 +28,9 @@
 --         forget; revoke, release: allowed 1 with lease = the highest token revoked ('0' when
 --         none ever was), or 0 with reason 'open' (kept).
 local s = load_state(true)
-local op, token = ARGV[7], token_of(ARGV[8])
+-- This script's own arguments, named once (breaker_redis/storage/args.py MemberArgs; docs/wire.md):
+local a = {op = ARGV[7], token = ARGV[8], cause = ARGV[9]}
+local op, token = a.op, token_of(a.token)
 local IDLE_MS = 60000
 
 -- Open, and no call for IDLE_MS after one could have probed it: nobody calls it any more.
@@ -67,7 +69,7 @@ if op == 'grant' then
 elseif op == 'revoke' or op == 'release' then
   if s.state ~= 'closed' and s.forced == '' then
     if op == 'release' then
-      local cause = ARGV[9]
+      local cause = a.cause
       if cause ~= 'released' and cause ~= 'not_listed' then
         return redis.error_reply('unknown release cause ' .. tostring(cause))
       end

@@ -1,5 +1,5 @@
 -- read.lua: what snapshot.lua tells of one breaker, for a reader of many at once
--- (breaker_redis/reader.py: the CLI's status, metrics, the Flask dashboard),
+-- (breaker_redis/ops/reader.py: the CLI's status, metrics, the Flask dashboard),
 -- pipelined one call per breaker. It differs for a reader's speed only: the
 -- reply is one string, the values without their names, so the client parses
 -- one reply element per breaker instead of some fifty (most of the time of
@@ -11,19 +11,21 @@
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common; 5: the config to read with, or '' for the one in the cfg key;
---         7: '1' to leave the config in force out ('=' in its place) when the
+--         7 (a.fields): '1' to leave the config in force out ('=' in its place) when the
 --         config hash is empty; 'encode' to reply only the config in force of
 --         ARGV 5 with no override (as snapshot.lua's 'config'), reading nothing
 -- Returns '<bytes of cfg> <bytes of config>\n' .. cfg .. config .. fields, where
 --         cfg is the text read with when ARGV 5 was '' (else ''), config the config
 --         the scripts apply (snapshot.lua's 'config', or '='), and fields the values
 --         of snapshot.lua's fields up to 'overrides', in its order but without their
---         names (breaker_redis/reader.py READ_FIELDS), as JSON (an empty hash as {}),
+--         names (breaker_redis/ops/reader.py READ_FIELDS), as JSON (an empty hash as {}),
 --         and with min_reporters > 1 snapshot.lua's 'reporters' after them.
 --         When fields cannot be encoded (a hash edited to hold a number such as
 --         1e999): the list {cfg, fields, config}. With ARGV 5 '' and no cfg key: '',
 --         and nothing was read.
-if ARGV[7] == 'encode' then
+-- This script's own arguments, named once (breaker_redis/storage/args.py ReadArgs; docs/wire.md):
+local a = {fields = ARGV[7]}
+if a.fields == 'encode' then
   local encoded, config_json = pcall(cjson.encode, cjson.decode(ARGV[5]))
   return encoded and config_json or ''
 end
@@ -42,7 +44,7 @@ local out = {s.state, s.epoch, s.open_until, s.forced, s.consec, s.open_ms, s.ho
   probes, redis.call('ZCARD', K_LEASES) - probes, NOW, cfg.mode, redis.call('HGETALL', K_STATS), overrides}
 if cfg.min_rep then out[#out + 1] = reporters_view(cfg) end  -- min_reporters > 1: 'reporters'
 local config_json = '='
-if ARGV[7] ~= '1' or #overrides > 0 then
+if a.fields ~= '1' or #overrides > 0 then
   local encoded, text = pcall(cjson.encode, cfg)  -- '' if an override made it unencodable (inf)
   config_json = encoded and text or ''
 end

@@ -2,29 +2,35 @@
 -- for its calls while the breaker is closed.
 --
 -- A worker sends plain successes of calls it admitted while calm (see
--- update_armed in _lib.lua) in batches, a count per epoch, and every other
+-- update_armed in includes/rules.lua) in batches, a count per epoch, and every other
 -- outcome one by one, each time together with the batch it holds, so Redis
 -- sees one worker's results in the order they happened. A batch is judged as
 -- a whole, and never resets the consecutive count: its successes happened
 -- before the failure that armed the breaker, or while nothing could trip it.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 epoch the permit was issued under;
---         8 outcome (success | failure | ignored, or '' for a batch alone);
---         9 duration ms; 10 lease ids ('' or space-separated, from acquire.lua);
---         11-16 what the worker counted in memory (see flush_pending);
---         17 epoch of the batched successes; 18 how many; 19 the worker's reporter (read
---         only with min_reporters > 1: see "One sick host" in _lib.lua)
+-- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 on: `a` below:
+--         the outcome, its duration and lease, the counts kept in memory, the batch, the
+--         reporter (read only with min_reporters > 1: "One sick host", includes/reporters.lua)
 -- Reads : state, config, window, leases.  Writes: stats (always), window
 --         (closed), state (consecutive count, armed flag, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
+-- This script's own arguments, named once (breaker_redis/storage/args.py RecordArgs; docs/wire.md):
+local a = {epoch = ARGV[7],  -- the epoch the permit was issued under
+  outcome = ARGV[8],  -- success | failure | ignored, or '' for a batch alone
+  duration_ms = ARGV[9],
+  lease = ARGV[10],  -- '' or the lease ids acquire.lua handed out, space-separated
+  rejected = ARGV[11], would_reject = ARGV[12], successes = ARGV[13],
+  failures = ARGV[14], ignored = ARGV[15], slow = ARGV[16],  -- counted in memory
+  batch_epoch = ARGV[17], batch = ARGV[18],  -- the batched successes: their epoch, how many
+  reporter = ARGV[19]}
 local s = load_state(true)
 local cfg = load_config()
-flush_pending(11)
-local epoch, outcome, duration = num(ARGV[7]), ARGV[8], num(ARGV[9]) or 0
-local batch_epoch, batch = num(ARGV[17]), num(ARGV[18]) or 0
+flush_pending(a)
+local epoch, outcome, duration = num(a.epoch), a.outcome, num(a.duration_ms) or 0
+local batch_epoch, batch = num(a.batch_epoch), num(a.batch) or 0
 local reporter, own  -- with min_reporters > 1 only
-if cfg.min_rep then reporter, own = reporter_record(ARGV[19], cfg) end
+if cfg.min_rep then reporter, own = reporter_record(a.reporter, cfg) end
 
 -- Counts outcomes of calls admitted while closed, trips when a rule holds, and
 -- arms or calms the breaker. consec: the consecutive count after these outcomes;
@@ -54,8 +60,8 @@ if outcome ~= 'success' and outcome ~= 'failure' then outcome = 'ignored' end
 -- Release what the permit held. A probe lease found already expired means
 -- the probe overran probe_timeout_seconds: it counts as a failed probe.
 local probe, probe_expired = false, false
-if ARGV[10] ~= '' then  -- most calls hold no lease
-  for id in string.gmatch(ARGV[10], '%S+') do
+if a.lease ~= '' then  -- most calls hold no lease
+  for id in string.gmatch(a.lease, '%S+') do
     local score = redis.call('ZSCORE', K_LEASES, id)
     if score then
       redis.call('ZREM', K_LEASES, id)
@@ -81,12 +87,12 @@ if s.state == 'half_open' and s.forced == '' and (reap_leases() > 0 or probe_exp
   return reply(s, 1, '', '', cfg)
 end
 if outcome == 'ignored' then
-  if reporter and ARGV[10] ~= '' then reporter_probe_ignored(cfg, reporter, own, ARGV[10]) end
+  if reporter and a.lease ~= '' then reporter_probe_ignored(cfg, reporter, own, a.lease) end
   return reply(s, 1, '', '', cfg)
 end
 
 if s.state == 'closed' then
-  closed_outcomes(1, failed and 1 or 0, slow and 1 or 0, failed and s.consec + 1 or 0, ARGV[10])
+  closed_outcomes(1, failed and 1 or 0, slow and 1 or 0, failed and s.consec + 1 or 0, a.lease)
 elseif s.state == 'half_open' and s.forced == '' then
   if probe and failed then
     trip_open(s, cfg, 'probe_failed', true)

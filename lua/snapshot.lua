@@ -3,17 +3,21 @@
 -- it does flush the caller's pending rejection counts so they show at once.
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
--- ARGV  : 1-6 common (5: config); 7-12 what the worker counted in memory (see flush_pending)
+-- ARGV  : 1-6 common (5: config); 7 on: `a` below, what the worker
+--         counted in memory (see flush_pending)
 -- Reads : state, window, leases, config, stats.  Writes: stats (flush only).
 -- Returns a flat field, value list: state fields, window totals as of now,
 --         probes in flight, now, then 'stats' and the stats hash, then
 --         'overrides' and the config hash, with min_reporters > 1 'reporters' (see
---         reporters_view in _lib.lua), then 'config': the config the scripts
+--         reporters_view in includes/quorum.lua), then 'config': the config the scripts
 --         apply (ARGV 5 with the live overrides), as JSON in the units of ARGV 5
 --         ('' if it cannot be encoded).
+-- This script's own arguments, named once (breaker_redis/storage/args.py SnapshotArgs; docs/wire.md):
+local a = {rejected = ARGV[7], would_reject = ARGV[8], successes = ARGV[9],
+  failures = ARGV[10], ignored = ARGV[11], slow = ARGV[12]}
 local s = load_state()
 local cfg = load_config()
-flush_pending(7)
+flush_pending(a)
 local w = window_read(cfg)
 local probes = #probe_ids()
 local out = {'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until, 'forced', s.forced,

@@ -2,7 +2,7 @@
 -- keys carry no TTL of their own (an evicting Redis would take a key with a
 -- TTL first: see _lib.lua), so idle breakers are removed here instead: each
 -- worker sweeps a few names picked at random from the names set, rarely
--- (breaker_redis/breakers.py).
+-- (breaker_redis/storage/scripts.py, register_name).
 --
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-4 common (4: the key TTL, the idle time after which it goes)

@@ -10,7 +10,7 @@ Each field that can be set live is declared once, in BreakerConfig's body:
 its type, default, name in the scripts' config and bounds (``live``, whose
 rules are fields.py's LiveField). The
 constructor's checks, the live parsing, ``to_lua`` and its inverse, and the
-scripts' own table of bounds (written into lua/_lib.lua by
+scripts' own table of bounds (written into lua/includes/config.lua by
 breaker_redis/storage/lua_rules.py) all follow from that one line (``LIVE_FIELDS``).
 """
 
@@ -35,10 +35,10 @@ Predicate = Callable[[BaseException], bool | None]
 # left unset follows the other (see BreakerConfig):
 #   open_seconds     = min(30, max_open_seconds)
 #   max_open_seconds = max(300, open_seconds)
-# lua/_lib.lua (apply_overrides) is given the same two numbers (lua_rules.py).
+# lua/includes/config.lua (apply_overrides) is given the same two numbers (lua_rules.py).
 OPEN_SECONDS = 30.0
 MAX_OPEN_SECONDS_FLOOR = 300.0
-# The highest min_reporters: below the reporters a breaker tracks (lua/_lib.lua REP_CAP, 128),
+# The highest min_reporters: below the reporters a breaker tracks (lua/includes/quorum.lua REP_CAP, 128),
 # so that a quorum can always be counted however many other reporters fail now and then.
 MAX_MIN_REPORTERS = 100
 
@@ -100,7 +100,7 @@ class BreakerConfig:
     mode: str = live("mode", "enforce", words=MODES)
     # reporters (hosts) whose failures a shared trip needs; a reporter failing alone is
     # isolated instead (README, "One sick host"); absent at 1: the scripts then do nothing of it.
-    # At most MAX_MIN_REPORTERS: a breaker tracks at most 128 reporters (lua/_lib.lua REP_CAP)
+    # At most MAX_MIN_REPORTERS: a breaker tracks at most 128 reporters (lua/includes/quorum.lua REP_CAP)
     min_reporters: int = live("min_rep", 1, ge=1, le=MAX_MIN_REPORTERS, omitted_at_default=True)
     record_exceptions: ExceptionTypes = (Exception,)
     ignore_exceptions: ExceptionTypes = ()
@@ -148,7 +148,7 @@ class BreakerConfig:
         """The config as the Lua scripts take it: one JSON argument, times in ms.
 
         Encoded once per breaker; decoding one argument costs the scripts a
-        fraction of reading sixteen (see lua/_lib.lua). Its text is stored with
+        fraction of reading sixteen (see lua/includes/config.lua). Its text is stored with
         the state (the ``cfg`` key) and compared by readers: the words first,
         then the numbers in field order, always.
         """
@@ -164,7 +164,8 @@ class BreakerConfig:
             else:
                 values[rule.lua] = rule.encode(value)
             if rule.name == "max_open_seconds":  # the effective cap, derived or set
-                # which of the two the user set: a live override of one re-derives the other (lua/_lib.lua)
+                # which of the two the user set: a live override of one re-derives the other
+                # (lua/includes/config.lua, apply_overrides)
                 values["open_set"] = 0 if isinstance(self.open_seconds, _Derived) else 1
                 values["cap_set"] = 0 if isinstance(self.max_open_seconds, _Derived) else 1
         return json.dumps(values, separators=(",", ":")).encode()
@@ -233,7 +234,7 @@ _SENT = tuple(sorted(LIVE_FIELDS, key=lambda rule: not rule.words))  # the words
 # The fields that can be overridden live (breaker:{NAME}:config), in BreakerConfig's order.
 LUA_FIELDS = tuple(LIVE_FIELD)
 # The numbers' bounds: (lowest, lowest excluded, highest, integer). The scripts
-# apply the same to live values written to the config hash (lua/_lib.lua
+# apply the same to live values written to the config hash (lua/includes/config.lua
 # rules(), written from LIVE_FIELDS by lua_rules.py): they skip a value that is not a
 # number, not an integer where one is due, or below the lowest; they clamp one
 # above the highest.
@@ -255,7 +256,7 @@ def live_field(key: str) -> LiveField:
 def live_value(key: str, raw: str) -> tuple[Any, str]:
     """What the scripts make of a live value written to the config hash: (the
     value applied, or None when skipped; why it was skipped or clamped, or '').
-    The same rules as apply_overrides in lua/_lib.lua."""
+    The same rules as apply_overrides in lua/includes/config.lua."""
     rule = LIVE_FIELD.get(key)
     if rule is None:
         return None, f"unknown config field {key!r}"

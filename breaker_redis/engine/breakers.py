@@ -113,7 +113,7 @@ class Breakers(BreakersCore[Breaker, StoreGate, ScriptRunner]):
 
     def give_back_grant(self, name: str, upto: int) -> None:
         """Breaker ``name``, a group member, gave its grant back in its own slot as it closed
-        (every token up to ``upto`` revoked, lua/_lib.lua give_back_grant): every breaker group
+        (every token up to ``upto`` revoked, lua/includes/grants.lua give_back_grant): every breaker group
         listed under the prefix forgets it (lua/group.lua release; a group listing a later
         token, or none, is left as it is). Never raises: a group not told now has its grant
         taken back by a worker refused at its cap (groups.py)."""

@@ -28,6 +28,7 @@ from breaker_redis.engine.knowledge import about_another_database
 from breaker_redis.engine.reporters import reporter_or_default
 from breaker_redis.engine.transitions import TransitionCallback, TransitionHooks
 from breaker_redis.storage.acks import acks_key
+from breaker_redis.storage.args import ConfigureArgs
 from breaker_redis.storage.masters import MasterGates
 from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.scripts import Scripts, flat_pairs, text
@@ -193,10 +194,8 @@ class BreakersCore(Generic[B, G, R]):
         the breaker's config (the defaults, for a breaker this process has not built)."""
         validate_name(name)
         base = self._breakers[name].config if name in self._breakers else self.defaults
-        args: list[str] = ["", "0"]
-        for key, value in checked_changes(base, overrides).items():
-            args += [key, value]
-        return args
+        changes = tuple(part for pair in checked_changes(base, overrides).items() for part in pair)
+        return ["", "0", *ConfigureArgs(changes).argv()]
 
     # -- time ---------------------------------------------------------------
 

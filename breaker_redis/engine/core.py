@@ -19,6 +19,7 @@ from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply, Verdict
 from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
+from breaker_redis.storage.args import AcquireArgs, RecordArgs
 from breaker_redis.storage.notices import Notice
 
 log = logging.getLogger("breaker_redis")
@@ -267,13 +268,17 @@ class BreakerCore(Generic[P]):
 
     def _acquire_args(self, pending: list[int]) -> list[Any]:
         """acquire.lua's ARGV 7-13: the counts kept in memory, the reporter."""
-        return [*pending, self._reporter]
+        rejected, would_reject, successes, failures, ignored, slow = pending
+        return AcquireArgs(rejected, would_reject, successes, failures, ignored, slow, self._reporter).argv()
 
     def _record_args(
         self, epoch: int, outcome: str, duration_ms: int, lease: str, pending: list[int], batch: list[int]
     ) -> list[Any]:
         """record.lua's ARGV 7-19: the outcome, the counts kept in memory, the batch, the reporter."""
-        return [epoch, outcome, duration_ms, lease, *pending, *batch, self._reporter]
+        rejected, would_reject, successes, failures, ignored, slow = pending
+        batch_epoch, batched = batch
+        return RecordArgs(epoch, outcome, duration_ms, lease, rejected, would_reject, successes, failures,
+                          ignored, slow, batch_epoch, batched, self._reporter).argv()
 
     def _about_another_reporter(self, notice: Notice) -> bool:
         """An isolation message about another reporter: nothing this worker decides changes."""

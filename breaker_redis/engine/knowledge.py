@@ -45,7 +45,7 @@ RESTORE_SECONDS = 2 * TRUST_SECONDS
 
 @dataclass(frozen=True)
 class Reply:
-    """One script reply, decoded (the layout is `reply` in lua/_lib.lua)."""
+    """One script reply, decoded (its fields: docs/wire.md, "The common reply")."""
 
     allowed: int
     reason: str
@@ -63,7 +63,7 @@ class Reply:
     arms: int
     born: int  # the epoch the state hash was created with: one per incarnation of the keys
     repaired: str = ""  # keys of the breaker this call found corrupted and repaired ("stats,window")
-    # Redis had lost the breaker's state (lua/_lib.lua restore_lost): 'restored' from what this
+    # Redis had lost the breaker's state (lua/includes/restore.lua restore_lost): 'restored' from what this
     # worker knew, 'restored_events' from the last transition, 'lost' (it knew it closed), or ''
     lost: str = ""
     # min_reporters > 1: until when (Redis ms) the calling worker's reporter is isolated, 0 if not
@@ -73,8 +73,8 @@ class Reply:
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:
-        """The reply's fields in their order; a shorter reply (an older script's)
-        leaves the trailing ones at their defaults."""
+        """The reply's fields in their order (docs/wire.md, "The common reply"); a shorter
+        reply (an older script's) leaves the trailing ones at their defaults."""
         return cls(*[convert(value) for convert, value in zip(_DECODERS, raw, strict=False)])
 
 
@@ -268,7 +268,7 @@ class Memory:
         self._remembered: tuple[_State, float] | None = None
 
     def floor_arg(self) -> str:
-        """ARGV 6 of a script (lua/_lib.lua): the highest epoch seen and what this
+        """ARGV 6 of a script (format: docs/wire.md): the highest epoch seen and what this
         worker knows of the state now, which the scripts restore should Redis
         have lost it (keys evicted, flushed, deleted): what Redis last said,
         kept also once the worker forgot it (a store switch: a Redis restarted
@@ -357,7 +357,7 @@ class Memory:
             self._opaque_at = self._invalidations
 
 
-_State = tuple[str, int, int, int, str]  # state, epoch, born, open_until, forced: lua/_lib.lua ARGV 6
+_State = tuple[str, int, int, int, str]  # state, epoch, born, open_until, forced: ARGV 6 (docs/wire.md)
 
 
 def _state_of(known: Knowledge) -> _State:

@@ -40,7 +40,7 @@ def reporter_or_default(value: str | None) -> str:
 
 
 def reporters_of(raw: Any) -> dict[str, dict[str, Any]]:
-    """lua/_lib.lua reporters_view ({name, failures, isolated until or 0, ...}; as JSON from
+    """lua/includes/quorum.lua reporters_view ({name, failures, isolated until or 0, ...}; as JSON from
     read.lua, an empty one may be {}): the reporters failing in the window and the isolated
     ones, {name: {"failures": n, "isolated_until_ms": ms or None}}, by name."""
     if not raw or isinstance(raw, dict):

@@ -39,6 +39,7 @@ from breaker_redis.engine.core import BreakerCore, Clock, P
 from breaker_redis.engine.knowledge import Knowledge, Reply
 from breaker_redis.engine.snapshot import snapshot_dict
 from breaker_redis.engine.transitions import released_upto
+from breaker_redis.storage.args import AdminArgs, HoldArgs, SnapshotArgs
 from breaker_redis.storage.store import StoreUnavailable
 
 log = logging.getLogger("breaker_redis")
@@ -203,7 +204,7 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         with self._lock:
             pending = self._take_pending()
         try:
-            sent = self._script_args(pending)
+            sent = self._script_args(SnapshotArgs(*pending).argv())
             raw, _ = await self._gate.running("snapshot", self.name, self._shared.clock_ms(), sent)
         except StoreUnavailable:
             self._restore_pending(pending)
@@ -222,11 +223,11 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
     async def _administering(self, op: str, config: bytes | str) -> None:
         await self._register()  # a breaker only ever forced is listed too
         stamp = self._memory.stamp()
-        raw = await self._remote("admin", [config, self._memory.epoch_seen, op])
+        raw = await self._remote("admin", [config, self._memory.epoch_seen, *AdminArgs(op).argv()])
         await self._learn(Reply.decode(raw), self._gate.generation, stamp, operator=True)
 
     async def _holding(self, hold_ms: int) -> None:
-        await self._scripting("hold", [hold_ms])
+        await self._scripting("hold", HoldArgs(hold_ms).argv())
 
     # -- the operator's actions (lua/admin.lua), on Redis only ---------------------------
 

@@ -2,7 +2,7 @@
 ``Breakers.on_operator_action(callback)``.
 
 Each transition is made by exactly one script run, in one process, whose
-reply lists it (the ``events`` field of lua/_lib.lua's reply); that process,
+reply lists it (the ``events`` field of the reply: docs/wire.md); that process,
 and only it, calls the callbacks. So across every worker of every host a
 callback runs once per transition of the shared state, which is what an alert
 wants: no duplicates, no listener to elect. Transitions of the in-process
@@ -74,7 +74,7 @@ def parse(name: str, events: str, final_epoch: int, at_ms: int) -> list[Transiti
     """The transitions of one reply: ``from>to:cause`` entries, comma-separated
     (``armed`` entries are not transitions); each one bumped the epoch by one.
     And a reporter's isolation and its end: ``isolated:cause:reporter``,
-    ``recovered:cause:reporter`` (lua/_lib.lua isolation_changed; no epoch bumped)."""
+    ``recovered:cause:reporter`` (lua/includes/reporters.lua isolation_changed; no epoch bumped)."""
     entries = events.split(",")
     moves = [entry for entry in entries if ">" in entry]
     found = []
@@ -96,7 +96,7 @@ _ISOLATION_MOVES = {"isolated": ("closed", "isolated"), "recovered": ("isolated"
 
 def released_upto(events: str) -> int:
     """The highest grant token a reply's events say its breaker, a group member, gave back
-    as it closed (``released:<token>``, lua/_lib.lua give_back_grant); 0 for none."""
+    as it closed (``released:<token>``, lua/includes/grants.lua give_back_grant); 0 for none."""
     found = 0
     for entry in events.split(","):
         what, _, token = entry.partition(":")

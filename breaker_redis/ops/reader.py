@@ -29,10 +29,11 @@ from breaker_redis.base.config import BreakerConfig
 from breaker_redis.engine.breakers import DEFAULT_TTL_SECONDS, Breakers
 from breaker_redis.engine.snapshot import snapshot_of
 from breaker_redis.groups import config_from_lua, group_status
+from breaker_redis.storage.args import GroupReadArgs, ReadArgs
 from breaker_redis.storage.keys import KEY_SUFFIXES, breaker_keys
 from breaker_redis.storage.scripts import ScriptRunner, text
 
-EVENTS_KEPT = 10  # transitions kept per breaker (lua/_lib.lua EVENTS_KEPT)
+EVENTS_KEPT = 10  # transitions kept per breaker (lua/includes/events.lua EVENTS_KEPT)
 EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
 # The values lua/read.lua replies with, in order: snapshot.lua's fields of those names.
 READ_FIELDS = (
@@ -45,10 +46,12 @@ READ_FIELDS = (
 CHUNK = 500
 PLAIN_KEPT = 256  # config texts whose config in force a Reader keeps
 _ANY_NAME = "-"  # lua/read.lua's 'encode' reads no key; its keys only route the call on a cluster
+_LEAN = ReadArgs("1").argv()  # the config in force left out where no override changes it
+_ENCODE = ReadArgs("encode").argv()  # only the config in force of ARGV 5, nothing read
 
 
 def parse_event(line: Any) -> dict[str, str] | None:
-    """One line of the events list (lua/_lib.lua transition); None for one that is
+    """One line of the events list (docs/wire.md, "The events list"); None for one that is
     not (edited by hand): the history shows what it can read."""
     parts = text(line).split(" ")
     if len(parts) != len(EVENT_FIELDS) or not all(p.isdigit() for p in (parts[0], parts[4], parts[5])):
@@ -203,7 +206,7 @@ class Reader:
         found no breaker listed, which would otherwise say all is well while
         workers refused the same permission have listed none (lua/read.lua's
         'encode' call of an unused name, one round trip)."""
-        self._runner.run("read", "-", self._now_ms(), [BreakerConfig().to_lua(), 0, "encode"])
+        self._runner.run("read", "-", self._now_ms(), [BreakerConfig().to_lua(), 0, *_ENCODE])
 
     def snapshots(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The snapshots of ``names`` (every listed breaker by default), in their
@@ -220,7 +223,7 @@ class Reader:
         accepted: dict[bytes, bool] = {}
         found: list[Parts | None] = []
         out: list[dict[str, Any] | None] = []
-        chunks = ([(name, now_ms, [b"", 0, "1"]) for name in chunk] for chunk in _chunks(names))
+        chunks = ([(name, now_ms, [b"", 0, *_LEAN]) for name in chunk] for chunk in _chunks(names))
         with contextlib.closing(self._runner.run_chunks("read", chunks)) as replies:
             for chunk in replies:  # decoded while Redis runs the next chunk
                 for reply in chunk:
@@ -283,7 +286,7 @@ class Reader:
         """Each name read with its config text, in one pipeline; an error raises,
         except a key of the wrong type, repaired as a worker's call would."""
         now_ms = self._now_ms()
-        calls = [(name, now_ms, [config, 0, "1"]) for name, config in zip(names, configs, strict=True)]
+        calls = [(name, now_ms, [config, 0, *_LEAN]) for name, config in zip(names, configs, strict=True)]
         out = []
         replies = self._runner.run_many("read", calls)
         for call, config, reply in zip(calls, configs, replies, strict=True):
@@ -311,7 +314,7 @@ class Reader:
         if len(self._plain) + len(unknown) > PLAIN_KEPT:
             self._plain.clear()
         now_ms = self._now_ms()
-        calls = [(_ANY_NAME, now_ms, [config_text, 0, "encode"]) for config_text in unknown]
+        calls = [(_ANY_NAME, now_ms, [config_text, 0, *_ENCODE]) for config_text in unknown]
         for config_text, reply in zip(unknown, self._runner.run_many("read", calls), strict=True):
             if isinstance(reply, Exception):
                 raise reply
@@ -335,7 +338,8 @@ class Reader:
         if not names:
             return []
         now_ms = self._now_ms()
-        raws = self._runner.run_many("group", [(name, now_ms, ["", "", "read"]) for name in names])
+        reads = [(name, now_ms, ["", "", *GroupReadArgs().argv()]) for name in names]
+        raws = self._runner.run_many("group", reads)
         for raw in raws:
             if isinstance(raw, Exception):
                 raise raw

@@ -8,7 +8,7 @@ proxy or a service mesh carry each connection on its own and may deliver the
 trip's message to a worker after the tripping worker's next reply. Two
 things hold on every path instead:
 
-1. **Acknowledgements.** A script that publishes a notice (lua/_lib.lua
+1. **Acknowledgements.** A script that publishes a notice (lua/includes/notify.lua
    ``notify``) puts a token in it and replies ``'<token> <workers>'``: how
    many subscribers of the workers' channel the PUBLISH (on a cluster,
    SPUBLISH) reached. Each worker's listener, once it has applied the notice
@@ -57,7 +57,7 @@ PING_SECONDS = LEASE_SECONDS / 4
 PING_WORD = "breaker-redis-lease"
 # PINGs not yet answered, at most: a connection that stopped answering is not pinged more.
 MAX_UNANSWERED = 8
-# The acknowledgements' hash expires this long after the last one (lua/_lib.lua sets the
+# The acknowledgements' hash expires this long after the last one (lua/includes/notify.lua sets the
 # same when it hands out a token).
 ACKS_TTL_MS = 60000
 # How often a changing call looks at the count, at first and at most (seconds): the
@@ -71,7 +71,7 @@ def acks_key(prefix: str, name: str) -> str:
 
 
 def parse_ack(field: str) -> tuple[str, int] | None:
-    """A reply's ack field (``'<token> <workers>'``) as (token, workers); None when the call
+    """A reply's ack field (``'<token> <workers>'``, docs/wire.md) as (token, workers); None when the call
     published nothing (``''``, or a reply of an older script)."""
     token, _, heard = field.partition(" ")
     if not token or not heard.isdigit():

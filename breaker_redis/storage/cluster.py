@@ -82,7 +82,7 @@ _REREAD_FAILED = (redis.exceptions.RedisError, redis.exceptions.RedisClusterExce
 
 
 def notices_channel(prefix: str, name: str) -> str:
-    """The breaker's sharded channel, in its keys' slot (lua/_lib.lua notify)."""
+    """The breaker's sharded channel, in its keys' slot (lua/includes/notify.lua notify)."""
     return f"{prefix}:{{{name}}}:notices"
 
 

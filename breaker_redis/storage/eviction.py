@@ -3,7 +3,7 @@
 The breakers' keys carry no TTL, so ``noeviction`` and every ``volatile-*``
 policy never evict them; an ``allkeys-*`` policy may, and a breaker that was
 open then reads closed again for every worker that did not know it (those
-that did restore it: lua/_lib.lua, restore_lost). ``eviction_problem`` is
+that did restore it: lua/includes/restore.lua, restore_lost). ``eviction_problem`` is
 the judgement as text, for the workers' start-up log (scripts.py) and for
 ``breaker-redis doctor`` (ops/doctor/memory.py), which stands above the
 stores and reads it from here (docs/design.md, section 1).

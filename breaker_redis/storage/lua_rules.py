@@ -1,9 +1,9 @@
 """BreakerConfig's live rules as Lua, for the scripts' prelude.
 
 The scripts hold a live value written to a breaker's config hash to the same
-rules as the constructor (lua/_lib.lua, apply_overrides). Those rules are
+rules as the constructor (lua/includes/config.lua, apply_overrides). Those rules are
 declared once, with BreakerConfig's fields (config.LIVE_FIELDS); the body of
-lua/_lib.lua's ``rules()`` is written from them when the scripts' text is
+lua/includes/config.lua's ``rules()`` is written from them when the scripts' text is
 built (scripts.prelude), in place of its ``--@LIVE_RULES@`` line, so the Lua
 file holds no copy of them. The same fields give the same text: the scripts'
 SHA1 and the library's name change only when a rule does.
@@ -18,7 +18,8 @@ from breaker_redis.base.config import LIVE_FIELDS, MAX_OPEN_SECONDS_FLOOR, OFF_V
 
 _PLACE = re.compile(r"^[ \t]*--@LIVE_RULES@.*$", re.MULTILINE)
 _LUA_WORD = re.compile(r"[A-Za-z0-9_ ]*")  # names and words written as Lua strings: nothing to escape
-_BOUND_COLUMNS = ("lua", "unit", "low", "low_open", "high", "integer", "off")  # lua/_lib.lua BOUNDS[field]
+# lua/includes/config.lua BOUNDS[field]
+_BOUND_COLUMNS = ("lua", "unit", "low", "low_open", "high", "integer", "off")
 
 
 def _lua(value: str | float) -> str:
@@ -39,7 +40,7 @@ def _set(words: Iterable[str]) -> str:
 
 
 def live_rules() -> str:
-    """The body of lua/_lib.lua's rules(): BOUNDS, WORDS, OFF, OPEN_MS and
+    """The body of lua/includes/config.lua's rules(): BOUNDS, WORDS, OFF, OPEN_MS and
     CAP_FLOOR_MS (described there), from config.LIVE_FIELDS."""
     bounds = [
         f"    {f.name} = {{{', '.join(_lua(getattr(f, column)) for column in _BOUND_COLUMNS)}}},"
@@ -58,8 +59,9 @@ def live_rules() -> str:
 
 
 def with_live_rules(prelude: str) -> str:
-    """lua/_lib.lua's text with live_rules() in place of its one ``--@LIVE_RULES@`` line."""
+    """The prelude's text (lua/_lib.lua with its includes) with live_rules() in place
+    of its one ``--@LIVE_RULES@`` line (in lua/includes/config.lua)."""
     source, found = _PLACE.subn(lambda _: live_rules(), prelude)
     if found != 1:
-        raise RuntimeError(f"lua/_lib.lua has {found} --@LIVE_RULES@ lines, not one")
+        raise RuntimeError(f"the prelude (lua/includes/config.lua) has {found} --@LIVE_RULES@ lines, not one")
     return source

@@ -4,7 +4,7 @@ Every script that changes a breaker publishes a JSON object on
 ``<prefix>:events`` (on Redis Cluster also on the breaker's sharded notices
 channel): its ``name``, ``kind``, the database of the script that sent it
 (``db``), and for a transition, an arming or an isolation the incarnation,
-epoch and arms it is about (lua/_lib.lua ``publish``). Anyone who may PUBLISH
+epoch and arms it is about (lua/includes/notify.lua ``publish``). Anyone who may PUBLISH
 can put anything there, so a message is a hint and never state
 (engine/knowledge.py), and reading it must not fail: the listeners read it
 inside the subscription's read loop (a thread on the sync side, the event
@@ -74,13 +74,14 @@ class Notice:
     cause: str | None = None
     details: tuple[tuple[str, str | int], ...] = ()
     # the token a worker acknowledges once it has applied the message (storage/acks.py):
-    # '<ms>-<count>' as lua/_lib.lua notify writes it, '' for none (or anything else)
+    # '<ms>-<count>' as lua/includes/notify.lua notify writes it, '' for none (or anything else)
     ack: str = ""
 
 
 def parse_notice(data: Any) -> Notice | None:
-    """A message's data (bytes or str) as a Notice, or None to drop it. Never raises:
-    it runs inside a subscription's read loop (the module's docstring says why)."""
+    """A message's data (bytes or str, docs/wire.md "Pub/sub messages") as a Notice, or None
+    to drop it. Never raises: it runs inside a subscription's read loop (the module's
+    docstring says why)."""
     try:
         payload = json.loads(text(data), parse_constant=_no_constant, parse_int=_bounded_int)
         if not isinstance(payload, dict):

@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import time
 from collections.abc import Generator, Iterable, Sequence
 from functools import cache
@@ -77,10 +78,32 @@ def _read(name: str) -> str:
     return (_lua_dir() / f"{name}.lua").read_text("utf-8")
 
 
+_INCLUDE = re.compile(r"^-- @include ([a-z_]+)[ \t]*$", re.MULTILINE)
+
+
+def assembled(name: str = "_lib") -> str:
+    """A Lua file with each of its ``-- @include <job>`` lines replaced by lua/includes/<job>.lua.
+
+    lua/_lib.lua is the prelude's table of contents: its header (the keys and the
+    common arguments), then one ``-- @include`` line per include, in the order they
+    are put together. Each include does one job and may use what the includes above
+    it define (one Lua chunk: their locals are in scope below them), so the order
+    is the one written there. An include holds no ``-- @include`` line itself.
+    """
+    def include(match: re.Match[str]) -> str:
+        text = _read(f"includes/{match.group(1)}")
+        if _INCLUDE.search(text):
+            raise RuntimeError(f"lua/includes/{match.group(1)}.lua has an @include: only lua/_lib.lua may")
+        return text.rstrip("\n")
+
+    return _INCLUDE.sub(include, _read(name))
+
+
 @cache
 def prelude() -> str:
-    """lua/_lib.lua as the scripts run it: BreakerConfig's live rules written in (lua_rules.py)."""
-    return with_live_rules(_read("_lib"))
+    """lua/_lib.lua as the scripts run it: its includes put in (assembled) and
+    BreakerConfig's live rules written in (lua_rules.py)."""
+    return with_live_rules(assembled())
 
 
 @cache
@@ -245,7 +268,8 @@ class Scripts:
         self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]
     ) -> tuple[tuple[str, ...], list[Any]]:
         """One script call: (heads, tail), each step sent as (heads[step], *tail), where
-        tail is the number of keys, the keys, then ARGV (FUNCTION LOAD excepted)."""
+        tail is the number of keys, the keys, then ARGV (FUNCTION LOAD excepted): 1-4 from
+        here, 5 on the caller's ``args`` (docs/wire.md, "Script arguments")."""
         keys = self.script_keys(operation, name)
         channel = self._publish_to
         if self.slots is not None:  # ARGV 2: '<prefix>:events 0 <sharded channel>' (lua/_lib.lua)

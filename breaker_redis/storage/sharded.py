@@ -5,7 +5,7 @@ On a single server every worker subscribes to ``<prefix>:events``
 on another master over the cluster bus, after the script's reply, which
 would break the boundary. So each script also publishes on its breaker's
 sharded channel (SPUBLISH on ``<prefix>:{NAME}:notices``, in the breaker's
-slot: lua/_lib.lua ``notify``), and the breaker's master writes that message
+slot: lua/includes/notify.lua ``notify``), and the breaker's master writes that message
 to its own subscribers in the same event-loop pass as the reply: the single
 server's ordering, per master (docs/boundary.md).
 

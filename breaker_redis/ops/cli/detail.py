@@ -16,7 +16,7 @@ TRANSITIONS_SHOWN = 10  # the last transitions `show` lists
 
 
 def _scripts_apply(key: str, value: str) -> bool:
-    """Whether the scripts apply this stored override (lua/_lib.lua, apply_overrides)."""
+    """Whether the scripts apply this stored override (lua/includes/config.lua, apply_overrides)."""
     return live_value(key, value)[0] is not None
 
 
