@@ -17,14 +17,15 @@ One call, in four steps:
 Sends are serialised per breaker (``_send_lock``), so Redis sees this
 worker's outcomes in the order they happened, whichever thread sends them.
 
-The whole sync Breaker is this one class, read from this file: its public
-surface (acquire, call, guard, @decorator, ``with``, state, snapshot) and the
-healthy call (steps 1 to 3 from memory), written out here. What it shares with
-the asyncio Breaker sits under it in two classes: core.py's ``BreakerCore``
-(every decision and count made without I/O, and what a fallback answers) and
-steps.py's ``BreakerSteps`` (every sequence around a script call, and the
-operator's actions made of them), so each rule is written once for both sides
-(docs/design.md, section 12).
+The sync Breaker is this one class, so that a reader sees its state machine
+from one file, as in pybreaker or Resilience4j: the public surface (acquire,
+call, guard, ``with``, the function ``@breaker`` returns, state, snapshot) and
+the healthy call (steps 1 to 3 from memory), written out here because it is
+the hot path. Under it is only what the asyncio Breaker shares, written once
+for both: core.py's ``BreakerCore`` (the decisions and counts made without
+I/O, what a fallback answers, the decorator) and steps.py's ``BreakerSteps``
+(each sequence around a script call, and the operator's actions); the
+layout: docs/design.md, section 12.
 """
 
 from __future__ import annotations
