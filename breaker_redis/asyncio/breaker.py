@@ -1,11 +1,12 @@
 """Breaker and Permit for asyncio: the sync Breaker's four steps, awaited.
 
-The same rules as breaker_redis/engine/breaker.py, and the same code for them:
-core.py decides and counts without I/O, steps.py holds every sequence around a
-script call (this side awaits them), permit.py the Permit's rules, wrappers.py
-what call, @decorator and ``async with`` share. So a sync worker and an async
-worker of one deployment share one breaker and one boundary. What differs is
-only how a step waits:
+The same rules as breaker_redis/engine/breaker.py, and the same code for them,
+in the two classes under both Breakers: core.py's decides and counts without
+I/O and answers a refused or failed call with its fallback, steps.py's holds
+every sequence around a script call (this side awaits them); permit.py holds
+the Permit's rules. So a sync worker and an async worker of one deployment
+share one breaker and one boundary, and a reader of either reads its own file
+and those two. What differs is only how a step waits:
 
 - deciding from memory never awaits (no I/O), and is trusted only when the
   subscription has nothing unread (``AsyncInvalidator.pending``), which
@@ -40,10 +41,10 @@ from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine import steps
 from breaker_redis.engine.breaker import State
+from breaker_redis.engine.core import MISSING
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Recording
 from breaker_redis.engine.steps import BreakerSteps
-from breaker_redis.engine.wrappers import MISSING, Wraps
 from breaker_redis.storage.notices import Notice
 
 log = logging.getLogger("breaker_redis")
@@ -100,7 +101,7 @@ class Permit(Recording[Awaitable[None]]):
         await self._exit(exc)
 
 
-class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
+class Breaker(BreakerSteps[Permit, Awaitable[None]]):
     """One named breaker in this process, shared through Redis with every
     worker, sync or async, that uses the same key prefix. What it decides and
     counts without I/O is breaker_redis/engine/core.py's, and its calls to Redis
@@ -209,7 +210,7 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
             return False
         return self._gate.healthy and self._memory.hint(notice) and self.holds_counts
 
-    # -- the ways to protect a call (what they share: wrappers.py) -----------------
+    # -- the ways to protect a call (what they share: core.py) ---------------------
 
     async def call(self, fn: Callable[..., Awaitable[T] | T], /, *args: Any, fallback: Any = MISSING,
                    **kwargs: Any) -> T:
@@ -245,8 +246,7 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
         return self._hold(await self.acquire())
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        permit: Permit = self._release()
-        await permit.__aexit__(exc_type, exc, tb)
+        await self._release().__aexit__(exc_type, exc, tb)
 
     # -- reading and administration (the actions: steps.py) -------------------------
 

@@ -16,8 +16,16 @@ One call, in four steps:
 
 Sends are serialised per breaker (``_send_lock``), so Redis sees this
 worker's outcomes in the order they happened, whichever thread sends them.
-Every sequence around a script call is steps.py's, shared with the asyncio
-Breaker; the healthy call (steps 1 to 3 from memory) is written out here.
+
+The sync Breaker is this one class, so that a reader sees its state machine
+from one file, as in pybreaker or Resilience4j: the public surface (acquire,
+call, guard, ``with``, the function ``@breaker`` returns, state, snapshot) and
+the healthy call (steps 1 to 3 from memory), written out here because it is
+the hot path. Under it is only what the asyncio Breaker shares, written once
+for both: core.py's ``BreakerCore`` (the decisions and counts made without
+I/O, what a fallback answers, the decorator) and steps.py's ``BreakerSteps``
+(each sequence around a script call, and the operator's actions); the
+layout: docs/design.md, section 12.
 """
 
 from __future__ import annotations
@@ -31,11 +39,11 @@ from breaker_redis.base.blocking import run_sync
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine import steps
+from breaker_redis.engine.core import MISSING, _fall_back
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.recorder import Recorder
 from breaker_redis.engine.steps import BreakerSteps
-from breaker_redis.engine.wrappers import MISSING, Protects
 from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.store import StoreGate
 
@@ -77,7 +85,7 @@ class Shared(steps.Shared, Protocol):
     def give_back_grant(self, name: str, upto: int) -> None: ...
 
 
-class Breaker(BreakerSteps[Permit, None], Protects):
+class Breaker(BreakerSteps[Permit, None]):
     """One named breaker, shared by every thread of this process and, through
     Redis, by every worker of every host using the same key prefix. What it
     decides and counts without I/O is breaker_redis/engine/core.py's, done here under
@@ -196,12 +204,56 @@ class Breaker(BreakerSteps[Permit, None], Protects):
             self._send(known.epoch, "success", max(0, duration_ms), "", known.generation)
         return result
 
+    def _run_admitted(
+        self,
+        permit: Permit,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        fallback: Any,
+        failed: Callable[[T], BaseException | None] | None,
+    ) -> T:
+        """Run an admitted call and record its outcome."""
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            return cast(T, self._settle_raised(permit, exc, fallback))
+        cause = failed(result) if failed is not None else None
+        if cause is None:
+            permit.success()
+            return result
+        return self._settle_failed_result(permit, result, cause, fallback)
+
+    def _settle_raised(self, permit: Permit, exc: BaseException, fallback: Any) -> Any:
+        """Record a call that raised: the fallback's answer to a failure, else exc raised again."""
+        outcome = self.classify(exc)
+        permit.record(outcome)
+        return self._answer_raised(outcome, exc, fallback)
+
+    @staticmethod
+    def _settle_failed_result(permit: Permit, result: T, cause: BaseException, fallback: Any) -> T:
+        """Record a call whose result ``failed()`` judged a failure: the result, or the fallback's answer."""
+        permit.failure()
+        return result if fallback is MISSING else cast(T, _fall_back(fallback, cause))
+
     def _permit_since(self, known: Knowledge, started: int) -> Permit:
         """The permit guard()'s healthy path did without, for an outcome it does not handle."""
         permit = Permit(self, known.epoch, "", known.generation, known.calm)
         if started:  # (0: not timed, no slow-call rule; the permit's own start stands)
             permit.started = started
         return permit
+
+    def _wrapper(self, fn: Callable[..., Any], fallback: Any) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:  # (the asyncio side's is a coroutine function)
+            return self.call(fn, *args, fallback=fallback, **kwargs)
+
+        return wrapper
+
+    def __enter__(self) -> Permit:
+        return self._hold(self.acquire())
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._release().__exit__(exc_type, exc, tb)
 
     def _trusted(self, known: Knowledge) -> bool:
         """Whether memory may decide (knowledge.py). Call after the listener's drain()."""

@@ -1,19 +1,27 @@
 """What the sync Breaker and the asyncio one share: everything they do without I/O.
 
 The config as the scripts take it, the classification of an exception, the
-decisions made from memory, the counts kept in memory and the batch, and what
-a reply teaches. breaker_redis/engine/breaker.py and breaker_redis/asyncio/breaker.py
-add only how they wait: the sync Breaker calls the counting methods here under
-its lock (threads share it), the asyncio one without (one event loop runs it,
-and nothing here awaits).
+decisions made from memory, the counts kept in memory and the batch, what
+a reply teaches, and what call(), @decorator and ``with`` answer (a fallback,
+the permits of open blocks). breaker_redis/engine/breaker.py and
+breaker_redis/asyncio/breaker.py add only how they wait: the sync Breaker
+calls the counting methods here under its lock (threads share it), the
+asyncio one without (one event loop runs it, and nothing here awaits).
+
+One class, the base of steps.py's: a reader of either Breaker reads its own
+file, then this one and steps.py for what it shares (docs/design.md, section
+12). The two stay apart along the one seam that matters to a reader, I/O:
+nothing here waits, everything in steps.py does.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from contextvars import ContextVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.errors import BreakerOpen
@@ -28,6 +36,13 @@ log = logging.getLogger("breaker_redis")
 FLUSH_SECONDS = 1.0
 LOST_LOG_SECONDS = 60.0  # a breaker's "Redis lost its state" is logged at most this often
 PENDING = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
+F = TypeVar("F", bound=Callable[..., Any])
+
+MISSING: Any = object()  # no fallback given
+
+# (breaker, permit) of each open ``with`` / ``async with`` block, innermost last: a
+# context variable, so each thread and each task has its own
+_HELD: ContextVar[tuple[tuple[object, Any], ...]] = ContextVar("breaker_redis_held", default=())
 
 
 class Admitted(Protocol):
@@ -109,6 +124,50 @@ class BreakerCore(Generic[P]):
             log.exception("classifying an exception for breaker %r raised; "
                           "counted as a failure", self.name)
             return "failure"
+
+    # -- what call(), @decorator and ``with`` share (each side runs the call) ----------
+
+    @staticmethod
+    def _answer_refusal(refused: BreakerOpen, fallback: Any) -> Any:
+        """The fallback's answer to a refused call, or the refusal raised."""
+        if fallback is MISSING:
+            raise refused
+        return _fall_back(fallback, refused)
+
+    @staticmethod
+    def _answer_raised(outcome: str, exc: BaseException, fallback: Any) -> Any:
+        """After a call that raised was recorded as ``outcome``: the fallback's answer
+        to a failure, else exc raised again (ignored exceptions always are)."""
+        if outcome == "failure" and fallback is not MISSING:
+            return _fall_back(fallback, exc)
+        raise exc
+
+    def _wrapper(self, fn: Callable[..., Any], fallback: Any) -> Callable[..., Any]:
+        """fn behind the breaker, as the decorator returns it (each side's)."""
+        raise NotImplementedError
+
+    def decorate(self, fallback: Any = MISSING) -> Callable[[F], F]:
+        """``@breaker.decorate(fallback=...)``; plain ``@breaker`` has no fallback."""
+
+        def wrap(fn: F) -> F:
+            return cast(F, functools.wraps(fn)(self._wrapper(fn, fallback)))
+
+        return wrap
+
+    def __call__(self, fn: F) -> F:
+        return self.decorate()(fn)
+
+    def _hold(self, permit: P) -> P:
+        """Entering a ``with`` block: its permit, until _release()."""
+        _HELD.set((*_HELD.get(), (self, permit)))
+        return permit
+
+    def _release(self) -> P:
+        """Leaving a ``with`` block: the permit of this breaker's innermost one."""
+        held = _HELD.get()
+        at = max(i for i, (breaker, _) in enumerate(held) if breaker is self)
+        _HELD.set(held[:at] + held[at + 1 :])
+        return cast(P, held[at][1])
 
     # -- admission from memory (the sync side holds its lock) ----------------------
 
@@ -283,3 +342,8 @@ class BreakerCore(Generic[P]):
     def _about_another_reporter(self, notice: Notice) -> bool:
         """An isolation message about another reporter: nothing this worker decides changes."""
         return notice.kind == "isolation" and notice.reporter != self._reporter
+
+
+def _fall_back(fallback: Any, cause: BaseException) -> Any:
+    """A callable fallback is given the cause; any other value is the answer."""
+    return fallback(cause) if callable(fallback) else fallback

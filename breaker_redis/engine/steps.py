@@ -25,6 +25,11 @@ and batched, runs none of this (breaker.py and asyncio/breaker.py write it
 out). The counts kept in memory are guarded by ``_lock``: a thread lock on
 the sync side, a no-op on the asyncio one, where one event loop runs
 everything and nothing between two awaits can interleave.
+
+``BreakerSteps`` stands on core.py's ``BreakerCore`` and under both Breakers,
+so a reader of either reads its own file, then these two. They stay two
+modules along the seam of I/O (nothing in core.py waits, every step here
+does): as one, they would be some 600 lines.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from flask import Flask, current_app
 from breaker_redis.base.names import validate_name
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.wrappers import MISSING
+from breaker_redis.engine.core import MISSING
 from breaker_redis.flask.admin import install_admin
 from breaker_redis.flask.cli import breakers_group
 from breaker_redis.flask.hooks import install_hooks, protected_view

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from breaker_redis.engine.breaker import Breaker
-from breaker_redis.engine.wrappers import MISSING
+from breaker_redis.engine.core import MISSING
 from breaker_redis.flask.routes import DEFAULT_FAILURE_STATUSES
 
 T = TypeVar("T")
