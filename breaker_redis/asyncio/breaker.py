@@ -42,6 +42,7 @@ from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Recording
+from breaker_redis.engine.snapshot import Snapshot
 from breaker_redis.engine.steps import BreakerSteps
 from breaker_redis.engine.wrappers import MISSING, Wraps
 from breaker_redis.storage.notices import Notice
@@ -257,7 +258,7 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]], Wraps):
         """The state as Redis has it now (one script call)."""
         return State((await self.snapshot())["state"])
 
-    async def snapshot(self) -> dict[str, Any]:
+    async def snapshot(self) -> Snapshot:
         self._shared.ensure_loop()
         await self.flush_batch()  # this worker's own successes and counts show at once
         return await self._snapshotting()

@@ -33,6 +33,7 @@ from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.recorder import Recorder
+from breaker_redis.engine.snapshot import Snapshot
 from breaker_redis.engine.steps import BreakerSteps, run_sync
 from breaker_redis.engine.wrappers import MISSING, Protects
 from breaker_redis.storage.notices import Notice
@@ -271,7 +272,7 @@ class Breaker(BreakerSteps[Permit, None], Protects):
         """The state as Redis has it now (one script call)."""
         return State(self.snapshot()["state"])
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Snapshot:
         self.flush_batch()  # this worker's own successes and counts show at once
         return run_sync(self._snapshotting())
 
