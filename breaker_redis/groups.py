@@ -56,8 +56,8 @@ from breaker_redis.engine.knowledge import Reply
 from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.scripts import text, validate_name
 from breaker_redis.storage.store import StoreUnavailable
-from breaker_redis.web.clients import member_name
 from breaker_redis.web.http_policy import Warnings
+from breaker_redis.web.upstream import member_name
 
 __all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig", "release_grant"]
 
