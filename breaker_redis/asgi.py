@@ -46,7 +46,7 @@ from breaker_redis import fallbacks
 from breaker_redis.asyncio import Breaker, Breakers
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.refusal import Refusal, header_value, wants_json
-from breaker_redis.web import http_policy
+from breaker_redis.web import http_policy, pipeline
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
 from breaker_redis.web.http_policy import as_response, decode_headers, fallback_marks, judge, served_headers
@@ -218,20 +218,15 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
         route = web_routes.route_to_ask(self._table, request_path(scope), scope.get("method", "GET"), scope)
         if route is None:
             return False
+        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
         try:
-            permit = await route.breaker.acquire()
+            permit, guards = await pipeline.admit_async(route.breaker, self.warn, scope, route.guard)
         except BreakerOpen as refused:
-            web_routes.note_refusal(scope, route.spec.name)
             if not await self.send_fallback(route.spec, scope, receive, send, refused):
                 await self.send_refusal(self.refusal(refused, scope, route.spec), scope, send)
             return True
-        except Exception:
-            # Not an outage (the store gate handles those) but a bug: let the
-            # request through rather than turn the breaker into the outage.
-            self.warn(route.spec.name, shared.UNPROTECTED)
+        if permit is None:
             return False
-        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
-        guards = web_routes.hold(scope, route.guard, permit)
         await _Exchange(self, route, permit, guards, scope, send).run(receive)
         return True
 
@@ -392,11 +387,7 @@ class _Exchange(shared.Exchange[Scope]):
         self.headers = message.get("headers") or ()
         spec = self.spec
         outcome = judge(spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
-        # self.settle(outcome) inline: no coroutine of ours per response
-        try:
-            await self.permit.record(outcome)
-        except Exception:  # recording must never turn a served response into a 500
-            self.middleware.warn(spec.name, shared.UNRECORDED)
+        await self.settle(outcome)
         if spec.fallback is not None and self.answers(outcome):
             self.replaced = True  # the app may send body messages while the fallback is served
             if await self.middleware.send_fallback(spec, self.request, self.receive, self.server, None):
@@ -417,11 +408,8 @@ class _Exchange(shared.Exchange[Scope]):
     def header_pairs(self) -> list[tuple[str, str]]:
         return decode_headers(self.headers)
 
-    async def settle(self, outcome: str) -> None:
-        try:
-            await self.permit.record(outcome)
-        except Exception:  # recording must never turn a served response into a 500
-            self.middleware.warn(self.spec.name, shared.UNRECORDED)
+    def settle(self, outcome: str) -> Awaitable[None]:
+        return pipeline.settle_async(self.permit, outcome, self.middleware.warn, self.spec.name)
 
     async def failed(self, exc: BaseException) -> bool:
         """The app raised (or was cancelled): recorded (Exchange.after_exception)

@@ -38,7 +38,7 @@ from breaker_redis.engine.breakers import Breakers
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.refusal import Refusal, environ_wants_json
 from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackResponse
-from breaker_redis.web import http_policy
+from breaker_redis.web import http_policy, pipeline
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
 from breaker_redis.web.http_policy import as_response, fallback_marks, judge, served_headers, status_line
@@ -180,21 +180,16 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         if route is None:
             return None
         try:
-            permit = route.breaker.acquire()
+            permit, guards = pipeline.admit(route.breaker, self.warn, environ, route.guard)  # seen inside
         except BreakerOpen as refused:
             spec = route.spec
-            web_routes.note_refusal(environ, spec.name)
             answer = self.fallback_answer(spec, environ, refused)
             if answer is None:
                 answer = self.refusal_answer(self.refusal(refused, environ, spec), environ)
             start_response(answer.status, answer.headers)
             return [answer.body]
-        except Exception:
-            # Not an outage (the store gate handles those) but a bug: let the
-            # request through rather than turn the breaker into the outage.
-            self.warn(route.spec.name, shared.UNPROTECTED)
+        if permit is None:
             return None
-        guards = web_routes.hold(environ, route.guard, permit)  # seen by a Flask app inside
         return _Exchange(self, route, permit, guards, environ, start_response).run()
 
     def _settle_orphans(self) -> None:
@@ -326,10 +321,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
         return judge(self.spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
 
     def settle(self, outcome: str) -> None:
-        try:
-            self.permit.record(outcome)
-        except Exception:  # recording must never turn a served response into a 500
-            self.middleware.warn(self.spec.name, shared.UNRECORDED)
+        pipeline.settle(self.permit, outcome, self.middleware.warn, self.spec.name)
 
     def commit(self) -> bytes | None:
         """The response starts now: decided, recorded, and a status to the server.

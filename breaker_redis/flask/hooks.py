@@ -52,7 +52,9 @@ from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.flask.serving import fallback_context, freeze, serve
 from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
 from breaker_redis.web.http_policy import judge, judge_exception
-from breaker_redis.web.routes import RequestGuards, held, hold, note_refusal
+from breaker_redis.web.pipeline import admit as admit_step
+from breaker_redis.web.pipeline import settle
+from breaker_redis.web.routes import RequestGuards, held, note_refusal
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -133,10 +135,7 @@ class Pending:
             outcome = judge_exception(self.breaker, error, self.guards)  # escaped the view or a later hook
         else:
             outcome = self.outcome or "ignored"
-        try:
-            self.permit.record(outcome)
-        except Exception:  # recording must never turn a served response into a 500
-            state.warn(spec.name, "could not record an outcome of breaker %r")
+        settle(self.permit, outcome, state.warn, spec.name)
         fallback = spec.fallback
         if outcome == "success" and self.response is not None and fallback and fallback.remembers:
             try:
@@ -215,19 +214,15 @@ def admit(state: AppState, req: Any, view: Any, found: Any) -> Any:
     if breaker is None:
         breaker = guarded.breaker = state.breaker(spec.name)
     try:
-        permit = breaker.acquire()
+        permit, guards = admit_step(breaker, state.warn, environ, guarded.guard)
     except BreakerOpen as refused:
-        note_refusal(environ, spec.name)
         served = serve(state, spec, refused)
         if served is not None:
             return served
         raise BreakerOpenError(refused, spec.message, retry_after_seconds(refused, breaker.config)) from None
-    except Exception:
-        # Not an outage (the store gate handles those) but a bug: let the
-        # request through rather than turn the breaker into the outage.
-        state.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-        return None
-    pending = Pending(state, spec, breaker, permit, hold(environ, guarded.guard, permit), req)
+    if permit is None or guards is None:
+        return None  # the breaker could not be asked (a bug, logged): unprotected
+    pending = Pending(state, spec, breaker, permit, guards, req)
     environ[state.pending_key] = pending
     after_this_request(pending.after)
     return None

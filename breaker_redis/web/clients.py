@@ -37,6 +37,7 @@ from typing import Any, Protocol, TypeVar
 from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.steps import run_sync
 from breaker_redis.web.outbound import DEFAULT_FAILURE_STATUSES, Outbound, OutboundClient
+from breaker_redis.web.pipeline import admit, admit_async
 from breaker_redis.web.upstream import (
     host_name,
     member_name,
@@ -167,9 +168,6 @@ class ExchangeState:
     def _refusal(self, refused: BreakerOpen) -> BaseException:
         return self.refused(refused, self.request)
 
-    def _unprotected(self) -> None:
-        self.outbound.warn(self.spec.name, "could not ask breaker %r; the request goes through unprotected")
-
     def _headers_at(self) -> None:
         permit = self.permit
         if permit is not None and permit.started:
@@ -205,6 +203,8 @@ class ExchangeState:
 
     # -- the steps, each written once (the module docstring) -----------------------------
 
+    _admit: Callable[..., Any]  # web/pipeline.py's admit step of this side
+
     async def _finish(self, result: Any) -> Any:
         """What a breaker call (or the transport) returned, finished: each side's I/O."""
         raise NotImplementedError
@@ -214,11 +214,9 @@ class ExchangeState:
         if not self._asked():
             return
         try:
-            self.permit = await self._finish(self.breaker.acquire())
+            self.permit, _ = await self._finish(self._admit(self.breaker, self.outbound.warn))
         except BreakerOpen as refused:
             raise self._refusal(refused) from None
-        except Exception:  # a bug, not an outage (the store gate handles those): do not fail the call
-            self._unprotected()
 
     async def _send(self, transport: Callable[[], Any], watch: Callable[[R], bool], ask_first: bool) -> R:
         """One request behind its breaker (``send``)."""
@@ -264,6 +262,8 @@ class ExchangeState:
 class Exchange(ExchangeState):
     """An exchange over sync breakers (requests, httpx.Client): each step run to its end."""
 
+    _admit = staticmethod(admit)
+
     async def _finish(self, result: Any) -> Any:
         return result  # a blocking call's result: never suspends (run_sync)
 
@@ -282,6 +282,8 @@ class Exchange(ExchangeState):
 
 class AsyncExchange(ExchangeState):
     """An exchange over asyncio breakers (httpx.AsyncClient): each step awaited."""
+
+    _admit = staticmethod(admit_async)
 
     async def _finish(self, result: Any) -> Any:
         return await result

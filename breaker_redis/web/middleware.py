@@ -56,8 +56,6 @@ R = TypeVar("R", bound=Mapping[str, Any])  # a request: a WSGI environ, an ASGI 
 
 # What follows an exception that ended an admitted request before its response started.
 RAISE, FALLBACK = "raise", "fallback"
-UNPROTECTED = "could not ask breaker %r; the request goes through unprotected"
-UNRECORDED = "could not record an outcome of breaker %r"
 FALLBACK_FAILED = "the fallback of breaker %r failed"
 # Not re-raised (the client has a whole answer), but not hidden either: logged with its
 # traceback, at most once a minute per breaker.

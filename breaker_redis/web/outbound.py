@@ -111,8 +111,10 @@ class Outbound:
                 raise ValueError(f"{self.where}: group {group.name!r} is built on other Breakers")
             for member in group.members:
                 if member in self.configs:
-                    raise ValueError(f"{self.where}: {member!r} has a config in configs and in group "
-                                     f"{group.name!r}: a member's config is its group's")
+                    raise ValueError(
+                        f"{self.where}: {member!r} has a config in configs and in group "
+                        f"{group.name!r}: a member's config is its group's"
+                    )
                 found[member] = group
         return found
 
