@@ -115,7 +115,7 @@ class BreakerRefused(HTTPException):
     ) -> None:
         self.refused = refused
         if refusal is None:
-            refusal = Refusal.build(refused, as_json=as_json, message=message, config=config)
+            refusal = refusal_for(refused, as_json=as_json, message=message, config=config)
         self.refusal = refusal
         self.breaker = refused.breaker
         self.reason = refused.reason

@@ -102,16 +102,27 @@ def environ_wants_json(environ: Mapping[str, Any] | None) -> bool:
     )
 
 
-def refusal_for(refused: BreakerOpen, breakers: Any, *, as_json: bool, message: str | None = None) -> Refusal:
+def refusal_for(
+    refused: BreakerOpen,
+    breakers: Any = None,
+    *,
+    as_json: bool,
+    message: str | None = None,
+    retry_after: int | None = None,
+    config: BreakerConfig | None = None,
+) -> Refusal:
     """The 503 an integration answers ``refused`` with: a guard's own refusal
     (``message``: its route's) or an outbound one that escaped the app. Every
-    integration makes its refusal here, so the bytes are the same whichever
-    answers. The refusing breaker's config comes from ``breakers`` (the
-    integration's Breakers, sync or asyncio; None: none), when it built that
-    breaker: a forced-open one then advertises its open period as Retry-After."""
+    integration makes its refusal here, and only adapts it to its own response
+    type, so the bytes are the same whichever answers. The refusing breaker's
+    config is ``config``, else from ``breakers`` (the integration's Breakers,
+    sync or asyncio; None: none) when it built that breaker: a forced-open one
+    then advertises its open period as Retry-After (``retry_after``: whole
+    seconds decided already, as a Flask BreakerOpenError carries them)."""
     name = refused.breaker
-    config = breakers.get(name).config if breakers is not None and name in breakers else None
-    return Refusal.build(refused, as_json=as_json, message=message, config=config)
+    if config is None and breakers is not None and name in breakers:
+        config = breakers.get(name).config
+    return Refusal.build(refused, as_json=as_json, message=message, retry_after=retry_after, config=config)
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.storage.scripts import validate_name
 from breaker_redis.web.http_policy import Warnings, judge
 from breaker_redis.web.routes import DEFAULT_FAILURE_STATUSES as ROUTE_FAILURE_STATUSES
-from breaker_redis.web.routes import RouteSpec, route_config, status_codes
+from breaker_redis.web.routes import RouteSpec, checked_name, route_config, status_codes
 from breaker_redis.web.upstream import member_name, parsed_header, request_name, retry_after_seconds
 
 # 5xx: the service failed; 429: the service says it is overloaded. Both ask the caller to back off.
@@ -67,7 +66,7 @@ class Outbound:
         self.breakers = breakers
         self.where = where
         if isinstance(name, str):
-            self._fixed: str | None = _checked_name(name, f"{where}: name")
+            self._fixed: str | None = checked_name(name, f"{where}: name")
             self._rule: NameRule | None = None
         elif name is None or callable(name):
             self._fixed, self._rule = None, name
@@ -130,7 +129,7 @@ class Outbound:
             where = f"{self.where}: configs[{key!r}]"
             if not isinstance(key, str):
                 raise TypeError(f"{where}: the key must be a breaker name or a URL")
-            name = _checked_name(key, where, url=True)
+            name = checked_name(key, where, member_name)
             if isinstance(value, BreakerConfig):
                 found[name] = value
             elif isinstance(value, Mapping):
@@ -151,7 +150,7 @@ class Outbound:
                     self._hosts.clear()
                 name = self._hosts[origin] = request_name(origin)
             return name
-        return _checked_name(self._rule(request), f"{self.where}: name(request)")
+        return checked_name(self._rule(request), f"{self.where}: name(request)")
 
     def resolve(self, request: Any, url: str) -> tuple[Any, RouteSpec]:
         """The breaker of this request (built on first use, no I/O) and how its responses are judged."""
@@ -228,11 +227,3 @@ class OutboundClient:
     def _attach(self, *args: Any, **options: Any) -> None:
         raise NotImplementedError
 
-
-def _checked_name(value: Any, where: str, *, url: bool = False) -> str:
-    try:
-        if url and isinstance(value, str):
-            return member_name(value)
-        return validate_name(value)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{where}: {exc}") from None
