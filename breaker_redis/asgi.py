@@ -330,7 +330,7 @@ class _Exchange(shared.Exchange[Scope]):
         self.headers = message.get("headers") or ()
         spec = self.spec
         outcome = judge(spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
-        await self.settle(outcome)
+        await pipeline.settle_async(self.permit, outcome, self.middleware.warn, spec.name)  # one frame less
         if spec.fallback is not None and self.answers(outcome):
             self.replaced = True  # the app may send body messages while the fallback is served
             if await self.middleware.send_fallback(spec, self.request, self.receive, self.server, None):
