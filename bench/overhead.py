@@ -69,7 +69,8 @@ import pybreaker  # noqa: E402
 import redis  # noqa: E402
 
 from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers  # noqa: E402
-from breaker_redis.storage.scripts import KEY_SUFFIXES, OPERATIONS, breaker_keys, script_source  # noqa: E402
+from breaker_redis.storage.keys import KEY_SUFFIXES, breaker_keys  # noqa: E402
+from breaker_redis.storage.scripts import OPERATIONS, script_source  # noqa: E402
 from breaker_redis.storage.scripts import library as functions_library  # noqa: E402
 from demo_app.stack import redis_server_argv  # noqa: E402
 

@@ -9,7 +9,7 @@ c, a, ...) and one host's calls first (a alone until it is refused, then the
 three interleaved), the worst order for a quorum. Then the Redis memory one
 reporter costs (``MEMORY USAGE`` of the reporters hash, 10 to 40 reporters
 named like hosts, 11 characters), failing in the window and isolated. The call
-counts are exact, not timings: tests/test_quorum_processes.py asserts the count
+counts are exact, not timings: tests/system/test_quorum_processes.py asserts the count
 rule's with worker processes.
 """
 

@@ -56,7 +56,7 @@ from overhead import (
 )
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.storage.scripts import breaker_keys
+from breaker_redis.storage.keys import breaker_keys
 
 ROUNDS, CALLS = 40, 100  # short rounds: on a busy machine some run without being preempted
 WARMUP = 300

@@ -49,7 +49,7 @@ from overhead import Boom, fail, noop, redis_server_process
 from prometheus_client import CollectorRegistry, generate_latest
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.engine.config import BreakerConfig as Config
+from breaker_redis.base.config import BreakerConfig as Config
 from breaker_redis.metrics import BreakerCollector, exposition
 from breaker_redis.ops import cli
 from breaker_redis.ops.reader import Reader

@@ -54,7 +54,7 @@ from overhead import Boom, fail, load_trivial_function, make_pybreaker, noop, re
 from redis.connection import AbstractConnection  # noqa: E402
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers  # noqa: E402
-from tests.topologies import ClusterGroup, started  # noqa: E402
+from tests.support.topologies import ClusterGroup, started  # noqa: E402
 
 WARMUP = 300
 CALLS = 3000

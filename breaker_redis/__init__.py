@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.breaker import Breaker, State
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.transitions import Transition
 

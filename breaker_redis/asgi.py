@@ -45,8 +45,7 @@ from wsgiref.headers import Headers
 
 from breaker_redis import fallbacks
 from breaker_redis.asyncio import Breaker, Breakers
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import Refusal, header_value
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web import http_policy, pipeline, protocols
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
@@ -63,6 +62,7 @@ from breaker_redis.web.protocols import (
     run_marked,
 )
 from breaker_redis.web.protocols import scope_path as request_path
+from breaker_redis.web.refusal import Refusal, header_value
 from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,

@@ -21,7 +21,7 @@
 The dependency asks the breaker for a permit before the path operation runs;
 a refusal raises ``BreakerRefused``, an ``HTTPException`` (503,
 ``Retry-After``, ``X-Breaker``, ``X-Breaker-Reason``). With
-``add_refusal_handler(app)`` its body is the one ``breaker_redis.engine.refusal``
+``add_refusal_handler(app)`` its body is the one ``breaker_redis.web.refusal``
 gives every integration (text, or JSON when the client asks for it);
 without it FastAPI's own handler answers ``{"detail": message}`` with the
 same status and headers. The handler also turns a ``BreakerOpen`` escaping
@@ -72,10 +72,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from breaker_redis.asgi import BreakerMiddleware, judge_status
 from breaker_redis.asyncio import Breaker, BreakerConfig, Breakers, Permit
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import Refusal, default_message, header_value, refusal_for, wants_json
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web.http_policy import Warnings, judge_exception
 from breaker_redis.web.pipeline import admit_async, settle_async
+from breaker_redis.web.refusal import Refusal, default_message, header_value, refusal_for, wants_json
 from breaker_redis.web.routes import Classifier, guard_id, held, make_spec, note_refusal, request_guards
 
 __all__ = [
@@ -99,7 +99,7 @@ def _request_wants_json(request: Request) -> bool:
 class BreakerRefused(HTTPException):
     """The 503 a guarded path operation answers when its breaker refuses.
 
-    ``.refusal`` is the ``breaker_redis.engine.refusal.Refusal`` (built for the
+    ``.refusal`` is the ``breaker_redis.web.refusal.Refusal`` (built for the
     request's Accept header; a guard gives the one ``refusal_for`` makes),
     ``.refused`` the ``BreakerOpen``; ``.breaker``, ``.reason`` and
     ``.retry_after`` (whole seconds) are there for your own exception handler."""

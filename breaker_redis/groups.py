@@ -50,14 +50,15 @@ from collections.abc import Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from breaker_redis.engine.background import process_hooks
-from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.base.background import process_hooks
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.names import validate_name
 from breaker_redis.engine.knowledge import Reply
 from breaker_redis.engine.transitions import released_upto
-from breaker_redis.storage.scripts import text, validate_name
+from breaker_redis.storage.scripts import text
 from breaker_redis.storage.store import StoreUnavailable
+from breaker_redis.web.hosts import member_name
 from breaker_redis.web.http_policy import Warnings
-from breaker_redis.web.upstream import member_name
 
 __all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig", "release_grant"]
 

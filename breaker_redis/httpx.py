@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web.clients import (
     SETTLER,
     AsyncExchange,

@@ -28,7 +28,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 from urllib3.exceptions import SSLError as Urllib3SSLError
 
-from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web.clients import SETTLER, Exchange, OutboundClient, send
 
 __all__ = ["BreakerAdapter", "BreakerRefused"]

@@ -217,7 +217,7 @@ def _sentinel_master(parsed: ParsedURL, overrides: dict[str, Any]) -> redis.Redi
     """The master client of a Sentinel. It asks the sentinels for the master's
     address only when it opens a connection: after a failover it keeps using the
     old master until that one closes its connections or answers READONLY (when
-    Sentinel demotes it, about 10 s after the switch: tests/test_sentinel.py)."""
+    Sentinel demotes it, about 10 s after the switch: tests/storage/test_failover.py)."""
     master = _connection_options(parsed, overrides)
     sentinel_options: dict[str, Any] = {
         "socket_timeout": master["socket_timeout"],

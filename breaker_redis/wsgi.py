@@ -34,10 +34,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import Refusal
 from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackResponse
 from breaker_redis.web import http_policy, pipeline, protocols
 from breaker_redis.web import middleware as shared
@@ -45,6 +44,7 @@ from breaker_redis.web import routes as web_routes
 from breaker_redis.web.http_policy import as_response, fallback_marks, judge, served_headers
 from breaker_redis.web.protocols import WsgiAnswer, close_iterable, run_wsgi_app, status_code, wsgi_answer
 from breaker_redis.web.protocols import environ_path as request_path
+from breaker_redis.web.refusal import Refusal
 from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,

@@ -1061,7 +1061,7 @@ end
 -- work grows with the number of reporters: a failure reads the shared run's number and its
 -- own record (HMGET) and writes them back; only a call that must count the reporters failing
 -- (the shared rule holds) or make room for a new record reads the whole hash, at most REP_CAP
--- entries. min_reporters is at most MAX_MIN_REPORTERS (breaker_redis/engine/config.py), below
+-- entries. min_reporters is at most MAX_MIN_REPORTERS (breaker_redis/base/config.py), below
 -- the cap, so a quorum can always be counted. A new reporter finding the hash full takes the
 -- place of the record that matters least: one not isolated and not in the shared run, else the
 -- one whose last failure is oldest; with every record isolated, it is not tracked (its failures

@@ -3,7 +3,7 @@
 -- `breaker-redis doctor` runs it to check the permissions: it calls every
 -- command the other scripts call, on one key of its own, so it fails exactly
 -- when they would (out of memory, read-only, busy, or a Redis ACL user that
--- lacks a command, the key pattern or the channel; tests/test_acl.py keeps
+-- lacks a command, the key pattern or the channel; tests/storage/test_acl.py keeps
 -- its command list equal to theirs).
 --
 -- KEYS  : 1 the health key, <prefix>:health (outside every breaker's hash tag), or on Redis

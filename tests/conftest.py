@@ -7,17 +7,14 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
-import fakeredis
 import pytest
 
 from breaker_redis import Breakers
 from breaker_redis.embedded import EmbeddedServer
-from breaker_redis.urls import client_from_url
-from demo_app import stack
-from tests.jitter_proxy import Proxies
-from tests.mp_workers import emptied_server_url
-from tests.redis_server import RedisServer
-from tests.topologies import ClusterGroup, started
+from tests.support.clock import Clock
+from tests.support.redis_server import RedisServer
+from tests.support.stores import STORES, make_store
+from tests.support.topologies import ClusterGroup, started
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +27,7 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(autouse=True)
 def no_subscriber_left(request: pytest.FixtureRequest) -> None:
     """A test of the session's redis-server starts with no subscription an earlier test
-    left behind (tests/redis_server.py ``emptied`` says why); its data is its own business."""
+    left behind (tests/support/redis_server.py ``emptied`` says why); its data is its own business."""
     if "redis_server" in request.fixturenames:
         client = request.getfixturevalue("redis_server").client()
         try:
@@ -41,18 +38,9 @@ def no_subscriber_left(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterGroup]:
-    """Three Redis Cluster masters (tests/topologies.py), started once per session."""
+    """Three Redis Cluster masters (tests/support/topologies.py), started once per session."""
     with started(ClusterGroup()) as group:
         yield group
-
-
-@pytest.fixture(scope="module")
-def upstream_url() -> Iterator[str]:
-    """The demo's flaky upstream (demo_app.upstream) in its own process."""
-    url, child = stack.start_upstream()
-    yield url
-    child.stop()
-    child.remove_log()
 
 
 @pytest.fixture(scope="session")
@@ -64,56 +52,11 @@ def embedded() -> Iterator[EmbeddedServer]:
 
 
 @pytest.fixture
-def jitter_proxies() -> Iterator[Proxies]:
-    """Starts proxies that deliver each connection's replies late, subscriptions later
-    (tests/jitter_proxy.py): ``jitter_proxies(port)``. Stopped at the test's end."""
-    proxies = Proxies()
-    yield proxies
-    proxies.stop()
-
-
-@pytest.fixture(params=["real", "embedded"])
-def proxied_url(request: pytest.FixtureRequest, jitter_proxies: Proxies) -> str:
-    """The URL of a proxy from ``jitter_proxies`` in front of the session's redis-server
-    ('real') or embedded server ('embedded'), emptied (tests/mp_workers.py emptied_server_url)."""
-    return emptied_server_url(request, through=jitter_proxies)
-
-
-class Clock:
-    """A test clock in milliseconds: scripts get it as now_ms, workers decide by it."""
-
-    def __init__(self, start: int = 1_700_000_000_000) -> None:
-        self.now = start
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 
 
 _prefixes = itertools.count()
-
-
-STORES = ["fake", "real"]
-
-
-def make_store(request: pytest.FixtureRequest) -> Any:
-    """fakeredis[lua], the session's real redis-server or its Redis Cluster, emptied."""
-    if request.param == "fake":
-        return fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    if request.param == "cluster":
-        group: ClusterGroup = request.getfixturevalue("cluster")
-        group.flushall()
-        return client_from_url(group.url).connected()
-    client = request.getfixturevalue("redis_server").client()
-    client.flushall()
-    return client
 
 
 @pytest.fixture(params=STORES)

@@ -26,9 +26,9 @@ from fastapi.responses import JSONResponse
 
 from breaker_redis.asgi import BreakerMiddleware, ResponseInfo, RouteSpec, parse_routes, request_path
 from breaker_redis.asyncio import BreakerConfig, BreakerOpen, Breakers, Permit
-from breaker_redis.engine.refusal import Refusal, default_message
 from breaker_redis.fallbacks import FallbackContext, FallbackResponse, cached, chain, function, static
 from breaker_redis.fastapi import BreakerGuard, add_refusal_handler, protect
+from breaker_redis.web.refusal import Refusal, default_message
 
 _prefixes = itertools.count()
 FRIENDLY = "temporarily unavailable, please retry later"
@@ -261,7 +261,7 @@ def test_refusal_is_the_common_503_as_text_or_json(env: Env) -> None:
             assert as_json.headers["content-type"] == "application/json"
             assert as_json.json() == {"error": "service_unavailable", "message": "Payments are resting.",
                                       "breaker": "pay", "reason": "open", "retry_after": 10}
-            # the very bytes every integration sends (breaker_redis.engine.refusal)
+            # the very bytes every integration sends (breaker_redis.web.refusal)
             expected = Refusal.build(BreakerOpen(10.0, "pay", "open"), as_json=True,
                                      message="Payments are resting.")
             assert as_json.content == expected.body

@@ -24,7 +24,7 @@ import redis
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
 from breaker_redis.embedded import EmbeddedServer
-from tests.redis_server import wait_until
+from tests.support.redis_server import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 300

@@ -29,7 +29,8 @@ from breaker_redis.groups import BreakerGroup, cap_of, release_grant
 from breaker_redis.ops import cli
 from breaker_redis.ops.reader import parse_event
 from breaker_redis.storage.scripts import text
-from tests.conftest import STORES, Clock, make_store
+from tests.support.clock import Clock
+from tests.support.stores import STORES, make_store
 
 CONFIG = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
 _prefixes = itertools.count()

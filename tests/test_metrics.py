@@ -15,32 +15,19 @@ import requests
 from click.testing import CliRunner
 from flask import Flask
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.flask import FlaskBreakers
 from breaker_redis.groups import BreakerGroup
 from breaker_redis.metrics import BreakerCollector, Family, exposition, render
 from breaker_redis.ops import cli
-from tests.conftest import Clock
-from tests.redis_server import free_port, wait_until
-from tests.workers import TRIP_AT_3, fail
+from tests.support.clock import Clock
+from tests.support.prometheus import of, samples
+from tests.support.redis_server import free_port, wait_until
+from tests.support.workers import TRIP_AT_3, fail
 
 ROOT = Path(__file__).resolve().parent.parent
 RECOVERS = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=10, half_open_successes=1)
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """{(sample name, sorted labels): value} of one exposition."""
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def of(found, metric: str, breaker: str, **labels: str) -> float:
-    return found[(metric, tuple(sorted({"breaker": breaker, **labels}.items())))]
 
 
 def states(found, breaker: str) -> list[float]:

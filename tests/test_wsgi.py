@@ -28,7 +28,7 @@ from werkzeug.test import Client, EnvironBuilder
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.fallbacks import FallbackResponse, cached, chain, function, static
 from breaker_redis.wsgi import BreakerMiddleware, ResponseInfo, RouteSpec, parse_routes, prefix_matches
-from tests.redis_server import wait_until
+from tests.support.redis_server import wait_until
 
 FAST = {"trip": "consecutive", "failure_threshold": 2, "open_seconds": 10}
 FRIENDLY = "The pay service is temporarily unavailable, please retry later.\n"

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from breaker_redis.asyncio.breaker import Breaker, Permit
 from breaker_redis.asyncio.breakers import Breakers
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.breaker import State
-from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.transitions import Transition
 
 __all__ = ["Breaker", "BreakerConfig", "BreakerOpen", "Breakers", "Permit", "State", "Transition"]

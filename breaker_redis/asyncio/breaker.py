@@ -36,10 +36,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Protocol, TypeVar, cast
 
 from breaker_redis.asyncio.store import AsyncStoreGate
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine import steps
 from breaker_redis.engine.breaker import State
-from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Recording
 from breaker_redis.engine.snapshot import Snapshot

@@ -23,7 +23,7 @@ from breaker_redis.asyncio.failover import AsyncSentinelFollower
 from breaker_redis.asyncio.invalidation import AsyncInvalidator, can_listen
 from breaker_redis.asyncio.sharded import AsyncShardedInvalidator
 from breaker_redis.asyncio.store import AsyncScriptRunner, AsyncStoreGate
-from breaker_redis.engine.background import cancelled
+from breaker_redis.base.background import cancelled
 from breaker_redis.engine.breakers_core import BreakersCore, Parts, configured
 from breaker_redis.engine.recorder import BATCH_SECONDS
 from breaker_redis.storage import acks

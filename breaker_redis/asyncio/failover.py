@@ -17,7 +17,7 @@ from typing import Any
 
 import redis.asyncio.sentinel
 
-from breaker_redis.engine.background import LoopTask
+from breaker_redis.base.background import LoopTask
 from breaker_redis.storage.failover import CHANNEL, RETRY_SECONDS, Follower
 from breaker_redis.storage.scripts import text
 

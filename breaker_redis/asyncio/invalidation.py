@@ -27,7 +27,7 @@ import logging
 import select
 from typing import Any, Protocol
 
-from breaker_redis.engine.background import LoopTask
+from breaker_redis.base.background import LoopTask
 from breaker_redis.storage.acks import PING_WORD, Lease, is_lease_pong, pong_payload
 from breaker_redis.storage.internals import detach_stream
 from breaker_redis.storage.invalidation import EventSubscriber

@@ -16,7 +16,7 @@ import logging
 from typing import Any, cast
 
 from breaker_redis.asyncio.invalidation import Subscription, take_over
-from breaker_redis.engine.background import cancelled
+from breaker_redis.base.background import cancelled
 from breaker_redis.storage.acks import pong_payload
 from breaker_redis.storage.scripts import text
 from breaker_redis.storage.sharded import Channel, Channels

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from breaker_redis.engine.background import cancelled
+from breaker_redis.base.background import cancelled
 from breaker_redis.storage.scripts import EVALSHA, FCALL, FUNCTION_LOAD, METHODS, SWEEP_PICKS, Scripts, text
 from breaker_redis.storage.store import UNAVAILABLE, GateHealth, StoreUnavailable
 

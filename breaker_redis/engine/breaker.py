@@ -27,9 +27,9 @@ from collections.abc import Callable, Coroutine
 from enum import Enum
 from typing import Any, Protocol, TypeVar, cast
 
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine import steps
-from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.recorder import Recorder

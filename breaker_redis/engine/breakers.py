@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any
 
-from breaker_redis.engine.background import BackgroundThread, process_hooks, stop_all, thread_name
+from breaker_redis.base.background import BackgroundThread, process_hooks, stop_all, thread_name
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers_core import DEFAULT_TTL_SECONDS, BreakersCore, Parts, configured
 from breaker_redis.engine.recorder import Recorder

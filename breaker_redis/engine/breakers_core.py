@@ -22,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from breaker_redis.engine.config import BreakerConfig, checked_changes
+from breaker_redis.base.config import BreakerConfig, checked_changes
+from breaker_redis.base.names import validate_name
 from breaker_redis.engine.knowledge import about_another_database
 from breaker_redis.engine.reporters import reporter_or_default
 from breaker_redis.engine.transitions import TransitionCallback, TransitionHooks
 from breaker_redis.storage.acks import acks_key
 from breaker_redis.storage.notices import Notice
-from breaker_redis.storage.scripts import Scripts, flat_pairs, text, validate_name
+from breaker_redis.storage.scripts import Scripts, flat_pairs, text
 from breaker_redis.storage.store import GateHealth, MasterGates
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600

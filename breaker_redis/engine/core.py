@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from breaker_redis.engine.config import BreakerConfig
-from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply, Verdict
 from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
 from breaker_redis.storage.notices import Notice

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.base.background import BackgroundThread
 
 # How long a first success waits for others to share its record call. A sync
 # gunicorn worker sees requests milliseconds apart; sending each success alone

@@ -9,7 +9,7 @@ import json
 from functools import lru_cache
 from typing import Any, Literal, TypedDict
 
-from breaker_redis.engine.config import fields_from_lua
+from breaker_redis.base.config import fields_from_lua
 from breaker_redis.engine.reporters import reporters_of
 from breaker_redis.storage.scripts import flat_pairs, text
 

@@ -31,8 +31,8 @@ from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
 from typing import Any, Generic, Protocol, TypeVar, cast
 
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.core import BreakerCore, Clock, P
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Reply
 from breaker_redis.engine.snapshot import Snapshot, snapshot_dict
 from breaker_redis.engine.transitions import released_upto

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
-from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.permit import Permit
 
 T = TypeVar("T")

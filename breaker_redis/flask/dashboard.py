@@ -34,7 +34,7 @@ from typing import Any
 import redis
 from flask import Flask, Response, abort, request
 
-from breaker_redis.flask.admin import REDIS_DOWN, Gate
+from breaker_redis.flask.gate import REDIS_DOWN, Gate
 from breaker_redis.flask.state import AppState
 
 STREAM_SECONDS = 15.0

@@ -43,10 +43,9 @@ from flask import (
 from flask.globals import _cv_request
 from werkzeug.exceptions import HTTPException
 
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.breaker import Breaker
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.permit import Permit
-from breaker_redis.engine.refusal import refusal_for
 from breaker_redis.flask.refusal import BreakerOpenError, refusal_response, retry_after_seconds, wants_json
 from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.flask.serving import fallback_context, freeze, serve
@@ -54,6 +53,7 @@ from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
 from breaker_redis.web.http_policy import judge, judge_exception
 from breaker_redis.web.pipeline import admit as admit_step
 from breaker_redis.web.pipeline import settle
+from breaker_redis.web.refusal import refusal_for
 from breaker_redis.web.routes import RequestGuards, held, note_refusal
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from typing import Any
 from werkzeug.exceptions import ServiceUnavailable
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import (
+from breaker_redis.base.errors import BreakerOpen
+from breaker_redis.web.refusal import (
     BREAKER_HEADER,
     REASON_HEADER,
     Refusal,

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.names import validate_prefix
 from breaker_redis.engine.reporters import validate_reporter
 from breaker_redis.flask.routes import CONFIG_FIELDS, RouteSpec
-from breaker_redis.storage.scripts import validate_prefix
 from breaker_redis.storage.store import POLICIES
 from breaker_redis.web.routes import parse_routes
 

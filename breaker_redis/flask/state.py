@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.names import validate_name
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.ops.reader import Reader
-from breaker_redis.storage.scripts import validate_name
 from breaker_redis.web.http_policy import Warnings as Warnings
 from breaker_redis.web.routes import RouteTable, guard_id
 

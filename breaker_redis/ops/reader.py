@@ -25,11 +25,12 @@ from typing import Any, NamedTuple
 
 import redis
 
+from breaker_redis.base.config import BreakerConfig
 from breaker_redis.engine.breakers import DEFAULT_TTL_SECONDS, Breakers
-from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.snapshot import Snapshot, snapshot_of
 from breaker_redis.groups import config_from_lua, group_status
-from breaker_redis.storage.scripts import KEY_SUFFIXES, ScriptRunner, breaker_keys, text
+from breaker_redis.storage.keys import KEY_SUFFIXES, breaker_keys
+from breaker_redis.storage.scripts import ScriptRunner, text
 
 EVENTS_KEPT = 10  # transitions kept per breaker (lua/_lib.lua EVENTS_KEPT)
 EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")

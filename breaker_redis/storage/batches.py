@@ -13,14 +13,28 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 
 from breaker_redis.storage.internals import pooled_connection, send_commands
 
-if TYPE_CHECKING:
-    from breaker_redis.storage.scripts import Call, ScriptRunner
+Call = tuple[str, "int | None", Sequence[Any]]  # name, now_ms, args: one script call (run_many)
+
+
+class ScriptRunner(Protocol):
+    """What is used here of scripts.ScriptRunner, which calls this module (run_many):
+    named by its shape, as the runner's module imports this one."""
+
+    client: Any
+    use_functions: bool
+    library: str
+    heads: dict[str, tuple[str, ...]]
+
+    def commands(self, operation: str, calls: Sequence[Call]) -> list[tuple[Any, ...]]: ...
+    def missing(self, result: Any) -> bool: ...
+    def run(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any: ...
+    def load_failed(self, exc: redis.exceptions.ResponseError) -> None: ...
 
 
 def run_many(runner: ScriptRunner, operation: str, calls: Sequence[Call]) -> list[Any]:

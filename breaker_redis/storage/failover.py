@@ -6,7 +6,7 @@ old master over its pooled connections, and keep its event subscription
 there, until Sentinel demotes it about 10 s after the switch: what it
 counted meanwhile is lost when the old master resyncs from the new one, and
 workers that happened to open a connection early are split from the others
-for those seconds (measured in tests/test_sentinel_gunicorn.py).
+for those seconds (measured in tests/system/test_sentinel_gunicorn.py).
 
 So each process with a Sentinel-managed client subscribes to one sentinel's
 ``+switch-master`` channel (any other sentinel when that one fails). When
@@ -29,7 +29,7 @@ from typing import Any, ClassVar, TypeVar
 
 import redis.sentinel
 
-from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.base.background import BackgroundThread
 from breaker_redis.storage.internals import connection_socket, prefer_sentinel, sentinel_list
 from breaker_redis.storage.invalidation import shut_down
 from breaker_redis.storage.scripts import text

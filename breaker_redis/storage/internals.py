@@ -7,7 +7,7 @@ ordering the sentinels redis-py asks, packing a chunk of commands with each argu
 encoded once, and fakeredis's server writing a published message before the
 publisher's reply (the embedded server). Each function below says what it stands in
 for and why nothing public does. Every other module calls these functions;
-tests/test_packaging.py fails if one touches these internals itself.
+tests/system/test_packaging.py fails if one touches these internals itself.
 
 Each function checks what it relies on. Where an internal is gone it uses the
 public way when there is one (slower, or less exact, said in its docstring), or
@@ -171,7 +171,7 @@ def fake_readable(connection: Any) -> Callable[[float], bool] | None:
     check made outside the subscription's lock must not do: it is the fallback only
     if the selector is gone. Either wait ends when the connection is closed (its
     socket's close wakes the selector), which is how ``Link.interrupt`` wakes a
-    listener waiting on it (tests/test_internals.py checks it)."""
+    listener waiting on it (tests/storage/test_internals.py checks it)."""
     if connection is None or not type(connection).__module__.startswith("fakeredis"):
         return None
     check = getattr(getattr(connection, "_selector", None), "check_can_read", None)

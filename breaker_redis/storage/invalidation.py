@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import redis
 
-from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.base.background import BackgroundThread
 from breaker_redis.storage import acl
 from breaker_redis.storage.acks import PING_WORD, Lease, is_lease_pong
 from breaker_redis.storage.internals import connection_socket, fake_readable

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from breaker_redis.engine.config import LIVE_FIELDS, MAX_OPEN_SECONDS_FLOOR, OFF_VALUES, OPEN_SECONDS
+from breaker_redis.base.config import LIVE_FIELDS, MAX_OPEN_SECONDS_FLOOR, OFF_VALUES, OPEN_SECONDS
 
 _PLACE = re.compile(r"^[ \t]*--@LIVE_RULES@.*$", re.MULTILINE)
 _LUA_WORD = re.compile(r"[A-Za-z0-9_ ]*")  # names and words written as Lua strings: nothing to escape
@@ -48,7 +48,7 @@ def live_rules() -> str:
     ]
     words = [f"    {f.name} = {_set(f.words)}," for f in LIVE_FIELDS if f.words]
     return "\n".join([
-        "  -- written from BreakerConfig's fields (breaker_redis/engine/config.py)",
+        "  -- written from BreakerConfig's fields (breaker_redis/base/config.py)",
         "  -- by breaker_redis/storage/lua_rules.py",
         "  BOUNDS = {", *bounds, "  }",
         "  WORDS = {", *words, "  }",

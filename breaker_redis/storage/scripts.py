@@ -32,9 +32,7 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
 import time
-import unicodedata
 from collections.abc import Generator, Iterable, Sequence
 from functools import cache
 from importlib import resources
@@ -44,25 +42,21 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from breaker_redis.base.names import validate_prefix
 from breaker_redis.storage import batches
+from breaker_redis.storage.batches import Call
 from breaker_redis.storage.cluster import Slots, is_cluster, notices_channel
+from breaker_redis.storage.eviction import eviction_problem
+from breaker_redis.storage.keys import breaker_keys, group_key, undeclared_keys
 from breaker_redis.storage.lua_rules import with_live_rules
 
 log = logging.getLogger("breaker_redis")
 
-Call = tuple[str, "int | None", Sequence[Any]]  # name, now_ms, args: one script call (run_many)
 OPERATIONS = (
     *("acquire", "record", "admin", "configure", "snapshot", "read", "health", "sweep"),
     # the HTTP client integrations': a service's Retry-After, a breaker group's grants (groups.py)
     *("hold", "member", "group"),
 )
-KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
-# A breaker's keys the scripts touch without declaring them: '<prefix>:{NAME}:reporters' only
-# with min_reporters above 1 (lua/_lib.lua rep_key), '<prefix>:{NAME}:acks' only when a script
-# publishes a notice (notify). Each carries the breaker's hash tag, so it is in the slot of the
-# declared keys (on Redis Cluster too); declared, each would cost every call one more key, for
-# something most calls never touch.
-UNDECLARED_SUFFIXES = ("reporters", "acks")
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 
 # The steps of one script call (the module's docstring; Scripts.after), and what sends each:
@@ -70,68 +64,6 @@ SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 FCALL, FCALL_AGAIN, FUNCTION_LOAD, EVALSHA, EVAL = range(5)
 METHODS = ("fcall", "fcall", "function_load", "evalsha", "eval")
 COMMANDS = ("FCALL", "FCALL", "FUNCTION LOAD", "EVALSHA", "EVAL")
-
-# A name becomes part of a key (prefix:{NAME}:suffix), of the names SET and of
-# the JSON messages the scripts publish (encoded there with cjson), so it may
-# hold anything a key can, URL paths such as "api/v1/pay" and non-ASCII text
-# included, except: braces, which would break the hash tag that keeps a
-# breaker's keys in one Redis Cluster slot; whitespace (str.isspace, Unicode
-# spaces included) and control, format and surrogate characters (Unicode
-# categories Cc, Cf, Cs), which make names that look alike in logs and
-# dashboards or cannot be encoded. At most MAX_NAME_LENGTH characters: a name
-# is repeated in six keys and in every message about the breaker.
-MAX_NAME_LENGTH = 200
-_NAME_RULE = "names may hold anything but {, }, whitespace and control characters (Unicode Cc, Cf, Cs)"
-_REFUSED_CATEGORIES = {"Cc": "control character", "Cf": "format character", "Cs": "surrogate"}
-_PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
-
-
-def _refused_kind(char: str) -> str | None:
-    if char in "{}":
-        return "brace"
-    if char.isspace():
-        return "whitespace"
-    return _REFUSED_CATEGORIES.get(unicodedata.category(char))
-
-
-def validate_name(name: object) -> str:
-    """The name, if it can name a breaker; else an error saying what is wrong with it."""
-    if not isinstance(name, str):
-        raise TypeError(f"invalid breaker name {name!r}: must be a str (got {type(name).__name__})")
-    if not name:
-        raise ValueError(f"invalid breaker name '': names must not be empty; {_NAME_RULE}")
-    if len(name) > MAX_NAME_LENGTH:
-        too_long = f"{len(name)} characters, at most {MAX_NAME_LENGTH} allowed"
-        raise ValueError(f"invalid breaker name {name[:40]!r}...: {too_long}")
-    for position, char in enumerate(name):
-        kind = _refused_kind(char)
-        if kind is not None:
-            raise ValueError(
-                f"invalid breaker name {name!r}: character {char!r} (U+{ord(char):04X}, {kind}) "
-                f"at position {position} is not allowed; {_NAME_RULE}"
-            )
-    return name
-
-
-def validate_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
-        raise ValueError(f"invalid key prefix {prefix!r}: use 1-64 characters from A-Z a-z 0-9 _ . : -")
-    return prefix
-
-
-def breaker_keys(prefix: str, name: str) -> list[str]:
-    """The seven keys of one breaker, in the order the scripts expect (KEYS[1..7])."""
-    return [f"{prefix}:{{{name}}}:{suffix}" for suffix in KEY_SUFFIXES]
-
-
-def undeclared_keys(prefix: str, name: str) -> list[str]:
-    """The keys of one breaker the scripts touch undeclared (UNDECLARED_SUFFIXES)."""
-    return [f"{prefix}:{{{name}}}:{suffix}" for suffix in UNDECLARED_SUFFIXES]
-
-
-def group_key(prefix: str, group: str) -> str:
-    """The hash of a breaker group (lua/group.lua): in the slot of its own hash tag."""
-    return f"{prefix}:group:{{{group}}}"
 
 
 def _lua_dir() -> Path:
@@ -299,10 +231,8 @@ class Scripts:
         return pipe
 
     def check_memory_policy(self, info: dict[str, Any]) -> None:
-        """A WARNING when the server may evict the breakers' keys (doctor.memory says
+        """A WARNING when the server may evict the breakers' keys (eviction.py says
         why); ``info`` is INFO memory, per node on a cluster."""
-        from breaker_redis.ops.doctor.memory import eviction_problem
-
         nodes = list(info.values()) if info and all(isinstance(v, dict) for v in info.values()) else [info]
         for node in nodes:
             problem = eviction_problem(text(node.get("maxmemory_policy")), int(node.get("maxmemory") or 0))

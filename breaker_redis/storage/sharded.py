@@ -54,7 +54,7 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
-from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.base.background import BackgroundThread
 from breaker_redis.storage import acl, invalidation
 from breaker_redis.storage.acks import Leased
 from breaker_redis.storage.cluster import notices_channel

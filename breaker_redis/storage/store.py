@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
-from breaker_redis.engine.background import BackgroundThread
+from breaker_redis.base.background import BackgroundThread
 from breaker_redis.storage import acl
 from breaker_redis.storage.scripts import ScriptRunner, Scripts
 

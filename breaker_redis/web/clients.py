@@ -3,7 +3,7 @@ for a requests Session) and breaker_redis.httpx (transports for httpx.Client
 and httpx.AsyncClient). No HTTP client is imported here.
 
 One breaker per upstream host by default (``host:port``,
-breaker_redis/web/upstream.py), so a payment API that fails is refused for
+breaker_redis/web/hosts.py), so a payment API that fails is refused for
 every worker while the inventory API next to it keeps being called; the
 options and rules of an adapter or transport are breaker_redis/web/outbound.py.
 A request goes through one permit (an ``Exchange``): asked before the request
@@ -34,17 +34,17 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.steps import run_sync
-from breaker_redis.web.outbound import DEFAULT_FAILURE_STATUSES, Outbound, OutboundClient
-from breaker_redis.web.pipeline import admit, admit_async
-from breaker_redis.web.upstream import (
-    host_name,
-    member_name,
+from breaker_redis.web.hosts import host_name, member_name, request_name
+from breaker_redis.web.outbound import (
+    DEFAULT_FAILURE_STATUSES,
+    Outbound,
+    OutboundClient,
     parsed_header,
-    request_name,
     retry_after_seconds,
 )
+from breaker_redis.web.pipeline import admit, admit_async
 
 __all__ = [
     "DEFAULT_FAILURE_STATUSES", "SETTLER", "AsyncExchange", "Exchange", "Outbound", "OutboundClient",

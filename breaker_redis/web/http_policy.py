@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 from wsgiref.headers import Headers
 
 from breaker_redis import fallbacks
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.core import BreakerCore
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import BREAKER_HEADER, REASON_HEADER
 from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackContext, FallbackResponse, Static
+from breaker_redis.web.refusal import BREAKER_HEADER, REASON_HEADER
 from breaker_redis.web.routes import RequestGuards, RouteSpec
 
 log = logging.getLogger("breaker_redis")

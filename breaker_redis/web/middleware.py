@@ -39,9 +39,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 from wsgiref.headers import Headers
 
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.core import BreakerCore
-from breaker_redis.engine.errors import BreakerOpen
-from breaker_redis.engine.refusal import Refusal, refusal_for
 from breaker_redis.fallbacks import FallbackContext, FallbackResponse
 from breaker_redis.web.http_policy import (
     ResponseInfo,
@@ -51,6 +50,7 @@ from breaker_redis.web.http_policy import (
     remember_limit,
 )
 from breaker_redis.web.protocols import Reader
+from breaker_redis.web.refusal import Refusal, refusal_for
 from breaker_redis.web.routes import Route, RouteSpec, RouteTable, parse_routes, route_table
 
 B = TypeVar("B", bound="BreakerCore[Any]")
@@ -106,7 +106,7 @@ class Middleware(Generic[B, R]):
     # -- what the middleware answers itself -----------------------------------------------------
 
     def refusal(self, refused: BreakerOpen, request: R, spec: RouteSpec | None) -> Refusal:
-        """The 503 every integration answers (engine.refusal.refusal_for), with
+        """The 503 every integration answers (web.refusal.refusal_for), with
         the route's message when its own breaker refused."""
         message = spec.message if spec is not None else None
         return refusal_for(refused, self.breakers, as_json=self.read.wants_json(request), message=message)

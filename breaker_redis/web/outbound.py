@@ -1,30 +1,88 @@
 """The options of an HTTP client integration (breaker_redis.requests'
 adapter, breaker_redis.httpx's transports), checked when it is built, and
 what they decide for each request: its breaker (one per upstream host by
-default, breaker_redis/web/upstream.py; a group member's from its group) and
+default, breaker_redis/web/hosts.py; a group member's from its group) and
 how its response is judged (``http_policy.judge``, as the server-side
 integrations judge a route's). A failing response whose service said when to
 come back (``Retry-After``) keeps the breaker open at least that long, for
-every worker (``Breaker.hold_open``). No HTTP client is imported here.
+every worker (``Breaker.hold_open``). A header a service sent is read by
+``parsed_header`` alone, which never raises: a malformed one is ignored,
+never the reason a caller loses the response. No HTTP client is imported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import email.utils
+import re
+import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from breaker_redis.engine.config import BreakerConfig
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.web.hosts import member_name, request_name
 from breaker_redis.web.http_policy import Warnings, judge
 from breaker_redis.web.routes import DEFAULT_FAILURE_STATUSES as ROUTE_FAILURE_STATUSES
 from breaker_redis.web.routes import RouteSpec, checked_name, route_config, status_codes
-from breaker_redis.web.upstream import member_name, parsed_header, request_name, retry_after_seconds
 
 # 5xx: the service failed; 429: the service says it is overloaded. Both ask the caller to back off.
 DEFAULT_FAILURE_STATUSES = ROUTE_FAILURE_STATUSES | {429}
 HOSTS_KEPT = 1024  # origins whose breaker name an adapter or transport keeps
+# The most a Retry-After is believed (a day: the longest open period a breaker has).
+MAX_RETRY_AFTER_SECONDS = 86400.0
+_DELAY_SECONDS = re.compile(r"[0-9]+")  # Retry-After: delay-seconds, ASCII digits only (RFC 9110)
 
 NameRule = Callable[[Any], str]
+
+
+H = TypeVar("H")
+
+
+def parsed_header(headers: Any, name: str, parse: Callable[[str], H | None]) -> H | None:
+    """A response header as ``parse`` reads it, or None when it is missing,
+    undecodable or malformed. The one way the HTTP client integrations read a
+    header a service sent, and it never raises: whatever bytes a service
+    sends, its caller gets its response and the breaker its outcome (a header
+    that cannot be read is ignored, as if it had not been sent)."""
+    try:
+        value = headers.get(name)
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        if not isinstance(value, str):
+            return None
+        return parse(value)
+    except Exception:
+        return None
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` value asks to wait (delta-seconds in ASCII
+    digits, or an HTTP date, one without a zone read as GMT as RFC 9110 says),
+    at most MAX_RETRY_AFTER_SECONDS; None when it says nothing usable. Never
+    raises: read through ``parsed_header``, but safe alone too."""
+    try:
+        return _retry_after(value, now)
+    except Exception:  # a date past what datetime or a C long holds, or a bug: ignored, never raised
+        return None
+
+
+def _retry_after(value: str | None, now: float | None) -> float | None:
+    if not value or not isinstance(value, str):
+        return None
+    value = value.strip(" \t")
+    if _DELAY_SECONDS.fullmatch(value):
+        seconds = float(value) if len(value) < 20 else MAX_RETRY_AFTER_SECONDS
+    else:
+        parsed = email.utils.parsedate_tz(value)
+        if parsed is None:
+            return None
+        # datetime refuses what no date holds (hour 99, 31 February); no zone: GMT, as every HTTP date is
+        when = datetime.datetime(*parsed[:6], tzinfo=datetime.timezone.utc).timestamp() - (parsed[9] or 0)
+        seconds = when - (time.time() if now is None else now)
+    if not seconds > 0:  # (not >: a NaN too)
+        return None
+    return min(seconds, MAX_RETRY_AFTER_SECONDS)
 
 
 class Outbound:

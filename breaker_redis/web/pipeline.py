@@ -6,7 +6,7 @@ and the HTTP clients.
   request's guards (an outer guard then counts the request as ignored,
   breaker_redis/web/routes.py) and raised as the BreakerOpen, which each
   integration answers its own way (the route's fallback or the 503 of
-  breaker_redis/engine/refusal.py; a client's exception). A breaker that
+  breaker_redis/web/refusal.py; a client's exception). A breaker that
   cannot be asked at all is a bug, not an outage (the store gate answers
   those): the request goes through unprotected rather than the breaker
   becoming the outage. An admitted request's permit is held in its guards,
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from breaker_redis.engine.errors import BreakerOpen
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web.routes import RequestGuards, hold, note_refusal
 
 Warn = Callable[[str, str], None]

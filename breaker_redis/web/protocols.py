@@ -2,7 +2,7 @@
 written in each, for breaker_redis/wsgi.py and breaker_redis/asgi.py: a
 request's path, method, query and preferred format (``environ_*``,
 ``scope_*``), a response of the middleware's own (the 503 of
-engine/refusal.py, a fallback's) as WSGI's status line, headers and body or
+web/refusal.py, a fallback's) as WSGI's status line, headers and body or
 as ASGI's two messages, and a fallback that is an app of the protocol, run.
 When a request is admitted, judged and settled is the middlewares' (and
 web/pipeline.py's); none of that is here. No web framework is imported.
@@ -14,9 +14,9 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from breaker_redis.engine.refusal import Refusal, environ_wants_json, header_value, wants_json
 from breaker_redis.fallbacks import FallbackResponse
 from breaker_redis.web.http_policy import status_line
+from breaker_redis.web.refusal import Refusal, environ_wants_json, header_value, wants_json
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from breaker_redis.engine.config import BreakerConfig, config_field_names
+from breaker_redis.base.config import BreakerConfig, config_field_names
+from breaker_redis.base.names import validate_name
 from breaker_redis.fallbacks import Fallback, as_fallback, cached, chain, function, static
-from breaker_redis.storage.scripts import validate_name
 
 T = TypeVar("T")
 
@@ -217,7 +217,7 @@ def _fallback(value: Any, where: str) -> Fallback | None:
 def checked_name(name: Any, where: str, check: Callable[[Any], str] = validate_name) -> str:
     """A breaker name checked where it is written (a route, a decorator, an option),
     not at its first request: an error names ``where``. ``check``: validate_name,
-    or a rule that also reads a URL as its host's name (web/upstream.py)."""
+    or a rule that also reads a URL as its host's name (web/hosts.py)."""
     try:
         return check(name)
     except (TypeError, ValueError) as exc:

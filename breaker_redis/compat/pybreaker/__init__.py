@@ -34,19 +34,22 @@ tracking (what a CircuitBreaker knows of its breaker: binding, state,
 listeners), awaiting (coroutines' outcomes, recorded off the event loop),
 states, errors, listeners, storages (where a breaker lives), stores (the
 default store, ``configure``), registry (which CircuitBreakers use which
-breaker, the transitions they hear of), fail_counter, settings (pybreaker's
-arguments as a BreakerConfig). This package re-exports every name the single
-module had, and is where tests patch ``HAS_TORNADO_SUPPORT`` and the state
-classes: the code reads those here at each use.
+breaker, the transitions they hear of), binding (a CircuitBreaker's breaker),
+fail_counter, settings (pybreaker's arguments as a BreakerConfig). This
+package re-exports every name the single module had, and is where tests patch
+``HAS_TORNADO_SUPPORT`` and the state classes: the code reads those here at
+each use (patched.py), and no module imports the package back.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any
 
-from breaker_redis.compat.pybreaker import stores
+from breaker_redis.compat.pybreaker import patched, stores
 from breaker_redis.compat.pybreaker.awaiting import _on_asyncio as _on_asyncio
+from breaker_redis.compat.pybreaker.binding import _Binding as _Binding
 from breaker_redis.compat.pybreaker.breaker import CircuitBreaker as CircuitBreaker
 from breaker_redis.compat.pybreaker.breaker import T as T
 from breaker_redis.compat.pybreaker.breaker import _calling_block as _calling_block
@@ -61,7 +64,6 @@ from breaker_redis.compat.pybreaker.fail_counter import _keep_fail_counter as _k
 from breaker_redis.compat.pybreaker.fail_counter import _read_fail_counter as _read_fail_counter
 from breaker_redis.compat.pybreaker.listeners import CircuitBreakerListener as CircuitBreakerListener
 from breaker_redis.compat.pybreaker.registry import _REGISTRY_LOCK as _REGISTRY_LOCK
-from breaker_redis.compat.pybreaker.registry import _Binding as _Binding
 from breaker_redis.compat.pybreaker.registry import _bound as _bound
 from breaker_redis.compat.pybreaker.registry import _bound_to as _bound_to
 from breaker_redis.compat.pybreaker.registry import _Capture as _Capture
@@ -129,6 +131,9 @@ HAS_REDIS_SUPPORT = True
 # Tracebacks and error trackers name the error as before the module became a package
 # (breaker_redis.compat.pybreaker.CircuitBreakerError); pickles find it here too.
 CircuitBreakerError.__module__ = __name__
+
+# breaker.py and tracking.py read HAS_TORNADO_SUPPORT and the state classes here (patched.py)
+patched.hand_over(sys.modules[__name__])
 
 # The default store's settings, rebound by configure() and at first use: read where they live.
 _REBOUND = ("_configured", "_memory")

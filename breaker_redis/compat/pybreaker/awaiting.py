@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from breaker_redis.engine.permit import Permit
-
-if TYPE_CHECKING:
-    from breaker_redis.compat.pybreaker.breaker import CircuitBreaker
+from breaker_redis.engine.transitions import Transition
 
 T = TypeVar("T")
+
+
+class _Calls(Protocol):
+    """What the coroutines' paths use of a CircuitBreaker (breaker.py, which imports this module)."""
+
+    def _admit(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Permit: ...
+    def _outcome(self, exc: BaseException | None) -> str: ...
+    def _record(self, permit: Permit, outcome: str) -> list[Transition]: ...
+    def _tell(self, outcome: str, exc: BaseException | None, transitions: list[Transition]) -> None: ...
 
 
 def _on_asyncio() -> bool:
@@ -27,7 +34,7 @@ def _on_asyncio() -> bool:
     return True
 
 
-async def settle_off_loop(cb: CircuitBreaker, permit: Permit, exc: BaseException | None) -> None:
+async def settle_off_loop(cb: _Calls, permit: Permit, exc: BaseException | None) -> None:
     """CircuitBreaker._settle for a coroutine, the record in a worker thread. Recorded
     in the loop's thread instead: a GeneratorExit (the coroutine closed unfinished:
     it cannot wait), a KeyboardInterrupt or SystemExit (the process is going away),
@@ -40,7 +47,7 @@ async def settle_off_loop(cb: CircuitBreaker, permit: Permit, exc: BaseException
     cb._tell(outcome, exc, transitions)
 
 
-async def settled_when_awaited(cb: CircuitBreaker, permit: Permit, awaitable: Awaitable[T]) -> T:
+async def settled_when_awaited(cb: _Calls, permit: Permit, awaitable: Awaitable[T]) -> T:
     """The awaitable's result; its outcome recorded for the permit when it ends."""
     try:
         result = await awaitable
@@ -52,7 +59,7 @@ async def settled_when_awaited(cb: CircuitBreaker, permit: Permit, awaitable: Aw
 
 
 def call_tornado(
-    cb: CircuitBreaker, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    cb: _Calls, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """CircuitBreaker.call_async: admitted (or refused) at once, as pybreaker's
     tornado coroutine is; the call and its record run as an asyncio task, which

@@ -15,11 +15,11 @@ import types
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-import breaker_redis.compat.pybreaker as package
-from breaker_redis.compat.pybreaker import awaiting
+from breaker_redis.base.errors import BreakerOpen
+from breaker_redis.compat.pybreaker.awaiting import call_tornado, settled_when_awaited
 from breaker_redis.compat.pybreaker.errors import _REFUSALS, _error
 from breaker_redis.compat.pybreaker.fail_counter import _fail_counter_op
-from breaker_redis.compat.pybreaker.listeners import CircuitBreakerListener
+from breaker_redis.compat.pybreaker.patched import package
 from breaker_redis.compat.pybreaker.registry import _Capture
 from breaker_redis.compat.pybreaker.settings import _OPTIONS, _config, _run_op, _Setting
 from breaker_redis.compat.pybreaker.states import STATE_CLOSED
@@ -30,9 +30,8 @@ from breaker_redis.compat.pybreaker.storages import (
     _DefaultStorage,
 )
 from breaker_redis.compat.pybreaker.stores import _redis_configured, _warn_once
-from breaker_redis.compat.pybreaker.tracking import _Tracking
+from breaker_redis.compat.pybreaker.tracking import _Listener, _Tracking
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.errors import BreakerOpen
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.transitions import Transition
 
@@ -65,7 +64,7 @@ class CircuitBreaker(_Tracking):
         reset_timeout: float = 60,
         success_threshold: int = 1,
         exclude: Iterable[type[BaseException] | Callable[[Any], bool]] | None = None,
-        listeners: Sequence[CircuitBreakerListener] | None = None,
+        listeners: Sequence[_Listener] | None = None,
         state_storage: CircuitBreakerStorage | None = None,
         name: str | None = None,
         throw_new_error_on_trip: bool = True,
@@ -150,7 +149,7 @@ class CircuitBreaker(_Tracking):
         if isinstance(result, types.GeneratorType):
             return cast(T, self._generator(permit, result))
         if inspect.iscoroutine(result):
-            return cast(T, awaiting.settled_when_awaited(self, permit, result))
+            return cast(T, settled_when_awaited(self, permit, result))
         self._settle(permit)
         return result
 
@@ -260,15 +259,15 @@ class CircuitBreaker(_Tracking):
         outcome is recorded off the event loop (awaiting.settle_off_loop). asyncio code
         has breaker_redis.asyncio.
         """
-        if not package.HAS_TORNADO_SUPPORT:  # the package's: tests patch it there
+        if not package().HAS_TORNADO_SUPPORT:  # the package's: tests patch it there
             raise ImportError("No module named tornado")
-        return awaiting.call_tornado(self, func, args, kwargs)
+        return call_tornado(self, func, args, kwargs)
 
     def __call__(self, *call_args: Any, **call_kwargs: bool) -> Callable[..., Any]:
         """``@cb`` (or ``@cb(__pybreaker_call_async=True)`` for tornado coroutines).
         An ``async def`` function stays one, its outcome recorded when awaited."""
         call_async = call_kwargs.pop("__pybreaker_call_async", False)
-        if call_async and not package.HAS_TORNADO_SUPPORT:
+        if call_async and not package().HAS_TORNADO_SUPPORT:
             raise ImportError("No module named tornado")
 
         def outer(func: Callable[..., Any]) -> Callable[..., Any]:

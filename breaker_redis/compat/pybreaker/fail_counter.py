@@ -9,12 +9,9 @@ each transition (it decides nothing: it is what fail_counter reports).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from breaker_redis.compat.pybreaker.binding import _Binding
 from breaker_redis.engine.transitions import Transition
-
-if TYPE_CHECKING:
-    from breaker_redis.compat.pybreaker.registry import _Binding
 
 log = logging.getLogger("breaker_redis.compat.pybreaker")  # the package's one logger
 

@@ -7,34 +7,29 @@ import functools
 import logging
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
+from breaker_redis.compat.pybreaker.binding import _Binding
 from breaker_redis.compat.pybreaker.fail_counter import _keep_fail_counter
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
 from breaker_redis.engine.transitions import Transition
 
-if TYPE_CHECKING:
-    from breaker_redis.compat.pybreaker.tracking import _Tracking
-
 log = logging.getLogger("breaker_redis.compat.pybreaker")  # the package's one logger
 
 
-@dataclass(frozen=True)
-class _Binding:
-    """A CircuitBreaker's breaker: the Breakers it lives in, and the breaker."""
+class _Bound(Protocol):
+    """What the registry uses of a CircuitBreaker (tracking.py, which imports this
+    module): its breaker, and telling its listeners of transitions."""
 
-    breakers: Breakers
-    breaker: Breaker
+    _binding: _Binding | None
 
-    @property
-    def key(self) -> tuple[int, str]:
-        return (id(self.breakers), self.breaker.name)
+    def _apply(self, transitions: Sequence[Transition]) -> None: ...
 
 
 _REGISTRY_LOCK = threading.Lock()
-_bound: dict[tuple[int, str], weakref.WeakSet[_Tracking]] = {}
+_bound: dict[tuple[int, str], weakref.WeakSet[_Bound]] = {}
 _hooked: weakref.WeakSet[Breakers] = weakref.WeakSet()
 _made: weakref.WeakSet[Breaker] = weakref.WeakSet()  # breakers this module created (and may reconfigure)
 _local = threading.local()
@@ -61,12 +56,12 @@ class _Capture:
         _local.capture = self.outer
 
 
-def _register(cb: _Tracking, key: tuple[int, str]) -> None:
+def _register(cb: _Bound, key: tuple[int, str]) -> None:
     with _REGISTRY_LOCK:
         _bound.setdefault(key, weakref.WeakSet()).add(cb)
 
 
-def _bound_to(key: tuple[int, str]) -> list[_Tracking]:
+def _bound_to(key: tuple[int, str]) -> list[_Bound]:
     with _REGISTRY_LOCK:
         objects = _bound.get(key)
         return list(objects) if objects else []

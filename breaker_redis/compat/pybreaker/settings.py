@@ -3,20 +3,23 @@ breaker the layer uses (its public API only)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
+from breaker_redis.base.config import BreakerConfig, config_field_names
+from breaker_redis.compat.pybreaker.binding import _Binding
 from breaker_redis.compat.pybreaker.registry import _made
 from breaker_redis.compat.pybreaker.stores import _LOCK
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.config import BreakerConfig, config_field_names
 from breaker_redis.engine.knowledge import Knowledge
 
-if TYPE_CHECKING:
-    from breaker_redis.compat.pybreaker.registry import _Binding
-    from breaker_redis.compat.pybreaker.tracking import _Tracking
-
 V = TypeVar("V")
+
+
+class _Reconfigurable(Protocol):
+    """What a setting uses of a CircuitBreaker (tracking.py, which imports this module)."""
+
+    def _reconfigure(self) -> None: ...
 
 # BreakerConfig fields set from pybreaker's own arguments; the other fields may
 # be given as keyword arguments (CircuitBreaker(..., probe_timeout_seconds=5)).
@@ -60,15 +63,15 @@ class _Setting(Generic[V]):
     def __get__(self, cb: None, owner: type | None = None) -> _Setting[V]: ...
 
     @overload
-    def __get__(self, cb: _Tracking, owner: type | None = None) -> V: ...
+    def __get__(self, cb: _Reconfigurable, owner: type | None = None) -> V: ...
 
-    def __get__(self, cb: _Tracking | None, owner: type | None = None) -> V | _Setting[V]:
+    def __get__(self, cb: _Reconfigurable | None, owner: type | None = None) -> V | _Setting[V]:
         if cb is None:
             return self
         value: V = getattr(cb, self._attribute)
         return value
 
-    def __set__(self, cb: _Tracking, value: V) -> None:
+    def __set__(self, cb: _Reconfigurable, value: V) -> None:
         setattr(cb, self._attribute, value)
         cb._reconfigure()
 

@@ -3,10 +3,7 @@ runs in Redis (breaker_redis's scripts), these only name its states."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from breaker_redis.compat.pybreaker.tracking import _Tracking
+from typing import Protocol
 
 STATE_OPEN = "open"
 STATE_CLOSED = "closed"
@@ -18,11 +15,19 @@ _FROM_REDIS = {"closed": STATE_CLOSED, "open": STATE_OPEN, "half_open": STATE_HA
 _OPS = {STATE_OPEN: "open", STATE_HALF_OPEN: "half_open"}
 
 
+class _Notified(Protocol):
+    """What a state uses of its CircuitBreaker (tracking.py, which imports this module)."""
+
+    def _notify_state_change(
+        self, prev_state: CircuitBreakerState | None, new_state: CircuitBreakerState
+    ) -> None: ...
+
+
 class CircuitBreakerState:
     """A state as pybreaker's listeners receive it: ``name`` is ``closed``,
     ``open`` or ``half-open``. The state machine itself runs in Redis."""
 
-    def __init__(self, cb: _Tracking, name: str) -> None:
+    def __init__(self, cb: _Notified, name: str) -> None:
         self._breaker = cb
         self._name = name
 
@@ -40,7 +45,7 @@ class _NamedState(CircuitBreakerState):
     state_name = ""
 
     def __init__(
-        self, cb: _Tracking, prev_state: CircuitBreakerState | None = None, notify: bool = False
+        self, cb: _Notified, prev_state: CircuitBreakerState | None = None, notify: bool = False
     ) -> None:
         super().__init__(cb, self.state_name)
         if notify:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import itertools
 import threading
 import unicodedata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from breaker_redis.compat.pybreaker import stores
+import breaker_redis.compat.pybreaker.stores as stores
+from breaker_redis.compat.pybreaker.binding import _Binding
 from breaker_redis.compat.pybreaker.states import _OPS, STATE_CLOSED, STATE_OPEN, _check_state
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.storage.scripts import breaker_keys
-
-if TYPE_CHECKING:
-    from breaker_redis.compat.pybreaker.registry import _Binding
+from breaker_redis.storage.keys import breaker_keys
 
 
 def _key_name(label: str) -> str:

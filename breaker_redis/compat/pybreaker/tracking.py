@@ -7,14 +7,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol
 
 import redis
 
-import breaker_redis.compat.pybreaker as package
+from breaker_redis.base.config import BreakerConfig
+from breaker_redis.compat.pybreaker.binding import _Binding
 from breaker_redis.compat.pybreaker.fail_counter import _read_fail_counter
-from breaker_redis.compat.pybreaker.listeners import CircuitBreakerListener
-from breaker_redis.compat.pybreaker.registry import _Binding, _bound_to, _hook, _register
+from breaker_redis.compat.pybreaker.patched import package
+from breaker_redis.compat.pybreaker.registry import _bound_to, _hook, _register
 from breaker_redis.compat.pybreaker.settings import _breaker_for, _config, _known, _reconfigure, _run_op
 from breaker_redis.compat.pybreaker.states import (
     _FROM_REDIS,
@@ -27,15 +28,23 @@ from breaker_redis.compat.pybreaker.states import (
 from breaker_redis.compat.pybreaker.stores import _LOCK
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.engine.config import BreakerConfig
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.transitions import Transition
 from breaker_redis.storage.store import StoreUnavailable
 
-if TYPE_CHECKING:
-    from breaker_redis.compat.pybreaker.breaker import CircuitBreaker
-
 log = logging.getLogger("breaker_redis.compat.pybreaker")  # the package's one logger
+
+
+class _Listener(Protocol):
+    """What a CircuitBreaker calls of its listeners: listeners.py's CircuitBreakerListener,
+    which names the CircuitBreaker it is given (``cb``) and so stands above it."""
+
+    def before_call(self, cb: Any, func: Callable[..., Any], *args: Any, **kwargs: Any) -> None: ...
+    def failure(self, cb: Any, exc: BaseException) -> None: ...
+    def success(self, cb: Any) -> None: ...
+    def state_change(
+        self, cb: Any, old_state: CircuitBreakerState | None, new_state: CircuitBreakerState
+    ) -> None: ...
 
 
 class _Tracking:
@@ -47,7 +56,7 @@ class _Tracking:
     _success_threshold: int
     _options: dict[str, Any]
     _excluded_exceptions: list[type[BaseException] | Callable[[Any], bool]]
-    _listeners: list[CircuitBreakerListener]
+    _listeners: list[_Listener]
     _label: str | None
     _state_storage: Any  # a CircuitBreakerStorage
     _binding: _Binding | None
@@ -134,9 +143,9 @@ class _Tracking:
     ) -> CircuitBreakerState:
         """The state object for a state name (looked up at each call, as pybreaker does)."""
         state_map: dict[str, Callable[..., CircuitBreakerState]] = {  # the package's: tests patch them there
-            STATE_CLOSED: package.CircuitClosedState,
-            STATE_OPEN: package.CircuitOpenState,
-            STATE_HALF_OPEN: package.CircuitHalfOpenState,
+            STATE_CLOSED: package().CircuitClosedState,
+            STATE_OPEN: package().CircuitOpenState,
+            STATE_HALF_OPEN: package().CircuitHalfOpenState,
         }
         try:
             cls = state_map[new_state]
@@ -188,7 +197,7 @@ class _Tracking:
         self, prev_state: CircuitBreakerState | None, new_state: CircuitBreakerState
     ) -> None:
         for listener in tuple(self._listeners):
-            listener.state_change(cast("CircuitBreaker", self), prev_state, new_state)
+            listener.state_change(self, prev_state, new_state)
 
     def _apply(self, transitions: Sequence[Transition]) -> None:
         """Tell the listeners of transitions made by a call of this process, once each."""
@@ -273,18 +282,18 @@ class _Tracking:
         return True
 
     @property
-    def listeners(self) -> tuple[CircuitBreakerListener, ...]:
+    def listeners(self) -> tuple[_Listener, ...]:
         return tuple(self._listeners)
 
-    def add_listener(self, listener: CircuitBreakerListener) -> None:
+    def add_listener(self, listener: _Listener) -> None:
         with self._lock:
             self._listeners.append(listener)
 
-    def add_listeners(self, *listeners: CircuitBreakerListener) -> None:
+    def add_listeners(self, *listeners: _Listener) -> None:
         for listener in listeners:
             self.add_listener(listener)
 
-    def remove_listener(self, listener: CircuitBreakerListener) -> None:
+    def remove_listener(self, listener: _Listener) -> None:
         with self._lock:
             self._listeners.remove(listener)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from breaker_redis.engine.config import LUA_FIELDS, BreakerConfig, live_value
+from breaker_redis.base.config import LUA_FIELDS, BreakerConfig, live_value
 from breaker_redis.ops.cli.formatting import clock_text, rate_text, seconds_text, state_label, transition_line
 from breaker_redis.ops.cli.group import Target, main, pass_target
 

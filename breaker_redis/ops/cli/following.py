@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
+from breaker_redis.base.names import validate_name
 from breaker_redis.ops.cli.formatting import clock_text, overrides_text, transition_line
 from breaker_redis.ops.cli.group import TIMEOUT, Failed, Invalid, Target, main, pass_target
 from breaker_redis.storage.notices import Notice, parse_notice
-from breaker_redis.storage.scripts import validate_name
 
 
 def event_line(notice: Notice, target: Target, verbose: bool) -> str | None:

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import click
 import redis
 
+from breaker_redis.base.names import validate_name, validate_prefix
 from breaker_redis.ops.reader import Reader
-from breaker_redis.storage.scripts import validate_name, validate_prefix
 from breaker_redis.storage.store import StoreUnavailable
 from breaker_redis.urls import client_from_url, describe
 from breaker_redis.urls import parse as parse_url

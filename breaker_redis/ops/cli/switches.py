@@ -8,11 +8,11 @@ from collections.abc import Iterable
 
 import click
 
-from breaker_redis.engine.config import BreakerConfig, checked_changes
+from breaker_redis.base.config import BreakerConfig, checked_changes
+from breaker_redis.base.names import validate_name
 from breaker_redis.groups import release_grant
 from breaker_redis.ops.cli.formatting import overrides_text, state_label
 from breaker_redis.ops.cli.group import Failed, Invalid, Target, main, pass_target
-from breaker_redis.storage.scripts import validate_name
 
 SWITCHES = {
     "open": ("force_open", "Force NAME open.\n\nEvery worker denies every call until `auto` or `reset`."),

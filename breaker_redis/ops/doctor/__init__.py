@@ -22,11 +22,12 @@ import redis
 
 from breaker_redis.ops.doctor.checkup import NOTE, OK, PROBLEM, SKIP, WARN, Checkup, Finding, Lines, count
 from breaker_redis.ops.doctor.keys import check_keys
-from breaker_redis.ops.doctor.memory import check_memory, eviction_problem
+from breaker_redis.ops.doctor.memory import check_memory
 from breaker_redis.ops.doctor.permissions import check_permissions
 from breaker_redis.ops.doctor.server import check_server, check_topology
 from breaker_redis.ops.doctor.timing import check_latency, check_ordering
 from breaker_redis.storage import acl
+from breaker_redis.storage.eviction import eviction_problem
 
 __all__ = ["NOTE", "OK", "PROBLEM", "SKIP", "WARN", "Diagnosis", "Finding", "diagnose", "eviction_problem"]
 

@@ -138,11 +138,3 @@ class Checkup:
 def count(number: int, what: str) -> str:
     """3 masters, 1 replica."""
     return f"{number} {what}{'' if number == 1 else 's'}"
-
-
-def size(count: float) -> str:
-    """Bytes for a person: 850 bytes, 1.2 KB, 2.0 MB."""
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count:.0f} bytes"

@@ -6,10 +6,12 @@ import random
 
 import redis
 
-from breaker_redis.ops.doctor.checkup import OK, Checkup, Lines, count, size
+from breaker_redis.ops.doctor.checkup import OK, Checkup, Lines, count
 from breaker_redis.ops.doctor.permissions import PROBE_MEMBER
 from breaker_redis.storage import acl
-from breaker_redis.storage.scripts import breaker_keys, text
+from breaker_redis.storage.eviction import size
+from breaker_redis.storage.keys import breaker_keys
+from breaker_redis.storage.scripts import text
 
 MEMORY_SAMPLE = 20  # breakers whose keys MEMORY USAGE measures
 

@@ -1,32 +1,16 @@
-"""Whether the server may evict a breaker's state.
+"""The doctor's memory check: the server's eviction policy and how full it is.
 
-The breakers' keys carry no TTL, so ``noeviction`` and every ``volatile-*``
-policy never evict them; an ``allkeys-*`` policy may, and a breaker that was
-open then reads closed again for every worker that did not know it (those
-that did restore it: lua/_lib.lua, restore_lost). ``eviction_problem`` is
-the judgement as text, for the doctor and for the workers' start-up log.
+Whether a policy may evict a breaker's state is ``storage.eviction``'s
+judgement, which the workers' start-up log shares.
 """
 
 from __future__ import annotations
 
-from breaker_redis.ops.doctor.checkup import OK, PROBLEM, SKIP, WARN, Checkup, Lines, size
+from breaker_redis.ops.doctor.checkup import OK, PROBLEM, SKIP, WARN, Checkup, Lines
+from breaker_redis.storage.eviction import eviction_problem, size
 from breaker_redis.storage.scripts import text
 
 FULL_SHARE = 0.9  # used / maxmemory above this: Redis may soon refuse writes
-
-
-def eviction_problem(policy: str, maxmemory: int) -> str | None:
-    """What ``maxmemory-policy`` and ``maxmemory`` (bytes, 0: no limit) mean for
-    the breakers' state, as one line saying what to do; None when Redis never
-    evicts a breaker's keys."""
-    if maxmemory <= 0 or not policy.startswith("allkeys-"):
-        return None
-    return (
-        f"maxmemory-policy {policy} (maxmemory {size(maxmemory)}) can evict a breaker's state, whose keys "
-        "carry no TTL: an open breaker then reads closed again for every worker that did not know it "
-        "open (those that did restore it); give the breakers a Redis whose maxmemory-policy is noeviction "
-        "or volatile-* (a separate database is not enough: the policy is per server)"
-    )
 
 
 def check_memory(up: Checkup) -> Lines:
