@@ -11,7 +11,8 @@
 
 The ASGI twin of ``breaker_redis.wsgi``: the same routes and options, the
 same 503 and the same fallbacks. What the two decide alike is
-breaker_redis/web/middleware.py; this module is ASGI's timing and I/O. It
+breaker_redis/web/middleware.py (ASGI's reading and writing:
+web/protocols.py); this module is ASGI's timing. It
 imports no web framework. Only ``http`` requests are guarded; ``lifespan``
 and ``websocket`` scopes go to the app untouched.
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.headers import Headers
@@ -45,11 +46,23 @@ from wsgiref.headers import Headers
 from breaker_redis import fallbacks
 from breaker_redis.asyncio import Breaker, Breakers
 from breaker_redis.base.errors import BreakerOpen
-from breaker_redis.web import http_policy
+from breaker_redis.web import http_policy, pipeline, protocols
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
 from breaker_redis.web.http_policy import as_response, decode_headers, fallback_marks, judge, served_headers
-from breaker_redis.web.refusal import Refusal, header_value, wants_json
+from breaker_redis.web.protocols import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    encode_header,
+    nothing,
+    refusal_messages,
+    run_marked,
+)
+from breaker_redis.web.protocols import scope_path as request_path
+from breaker_redis.web.refusal import Refusal, header_value
 from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,
@@ -66,12 +79,6 @@ __all__ = [
     "refusal_messages",
 ]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 
 @dataclass(frozen=True)
 class ResponseInfo(http_policy.ResponseInfo):
@@ -80,31 +87,6 @@ class ResponseInfo(http_policy.ResponseInfo):
     and the ASGI ``scope``."""
 
     scope: Scope
-
-
-def request_path(scope: Scope) -> str:
-    """The path the app routes on, as Flask's ``request.path`` has it: ``scope["path"]``
-    less ``root_path`` when the server included it (ASGI servers differ)."""
-    path = scope.get("path")
-    if type(path) is str and path[:1] == "/" and path[1:2] != "/" and not scope.get("root_path"):
-        return path  # the usual path: already what the rest would make of it
-    path = str(path or "/")
-    root = str(scope.get("root_path") or "").rstrip("/")
-    if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root) :]
-    return "/" + path.lstrip("/")
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or ():
-        if bytes(key).lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
-
-
-def _encode_header(name: str, value: str) -> tuple[bytes, bytes]:
-    """ASGI wants lower-case names and latin-1 values."""
-    return name.lower().encode("latin-1"), header_value(value).encode("latin-1")
 
 
 def judge_status(
@@ -123,14 +105,6 @@ def judge_status(
         return ResponseInfo(code, http_policy.status_line(code), pairs, scope)
 
     return judge(spec, code, headers, info, warn, web_routes.request_guards(scope))
-
-
-def refusal_messages(refusal: Refusal, *, head: bool = False) -> tuple[Message, Message]:
-    """The 503 as the two ASGI messages a server expects."""
-    headers = [_encode_header(k, v) for k, v in refusal.headers]
-    start: Message = {"type": "http.response.start", "status": refusal.status, "headers": headers}
-    body: Message = {"type": "http.response.body", "body": b"" if head else refusal.body}
-    return start, body
 
 
 def _needs_blocking_store(fallback: fallbacks.Fallback | None) -> bool:
@@ -218,37 +192,21 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
         route = web_routes.route_to_ask(self._table, request_path(scope), scope.get("method", "GET"), scope)
         if route is None:
             return False
+        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
         try:
-            permit = await route.breaker.acquire()
+            permit, guards = await pipeline.admit_async(route.breaker, self.warn, scope, route.guard)
         except BreakerOpen as refused:
-            web_routes.note_refusal(scope, route.spec.name)
             if not await self.send_fallback(route.spec, scope, receive, send, refused):
                 await self.send_refusal(self.refusal(refused, scope, route.spec), scope, send)
             return True
-        except Exception:
-            # Not an outage (the store gate handles those) but a bug: let the
-            # request through rather than turn the breaker into the outage.
-            self.warn(route.spec.name, shared.UNPROTECTED)
+        if permit is None:
             return False
-        scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy
-        guards = web_routes.hold(scope, route.guard, permit)
         await _Exchange(self, route, permit, guards, scope, send).run(receive)
         return True
 
     # -- the request, read; what the middleware answers itself ------------------------------
 
-    def method(self, request: Scope) -> str:
-        return str(request.get("method", "GET"))
-
-    def path(self, request: Scope) -> str:
-        return request_path(request)
-
-    def query(self, request: Scope) -> str:
-        return bytes(request.get("query_string") or b"").decode("latin-1")
-
-    def wants_json(self, request: Scope) -> bool:
-        found = (_header(request, name) for name in (b"accept", b"content-type", b"x-requested-with"))
-        return wants_json(*found)
+    read = protocols.SCOPE
 
     async def send_refusal(self, refusal: Refusal, scope: Scope, send: Send) -> None:
         for message in refusal_messages(refusal, head=self.is_head(scope)):
@@ -299,9 +257,9 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
             return False
         marks = fallback_marks(spec.name, served.kind, cause)
         if not isinstance(response, fallbacks.FallbackResponse):
-            await _run_marked(response, marks, scope, receive, send)
+            await run_marked(response, marks, scope, receive, send)
             return True
-        headers = [_encode_header(k, v) for k, v in served_headers(response, marks)]
+        headers = [encode_header(k, v) for k, v in served_headers(response, marks)]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if self.is_head(scope) else response.body})
         return True
@@ -315,26 +273,6 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
             await asyncio.to_thread(spec.fallback.remember, context, response)
         except Exception:
             self.warn(spec.name, shared.UNREMEMBERED)
-
-
-async def _nothing() -> None:
-    return None
-
-
-async def _run_marked(
-    app: ASGIApp, marks: list[tuple[str, str]], scope: Scope, receive: Receive, send: Send
-) -> None:
-    """A fallback that is an ASGI app (a Starlette StreamingResponse), its start
-    message marked with the fallback headers."""
-    names = {name.lower().encode("latin-1") for name, _ in marks}
-
-    async def marked(message: Message) -> None:
-        if message.get("type") == "http.response.start":
-            headers = [(k, v) for k, v in message.get("headers") or () if bytes(k).lower() not in names]
-            message = {**message, "headers": [*headers, *(_encode_header(k, v) for k, v in marks)]}
-        await send(message)
-
-    await app(scope, receive, marked)
 
 
 class _Exchange(shared.Exchange[Scope]):
@@ -375,7 +313,7 @@ class _Exchange(shared.Exchange[Scope]):
         """What the app awaits: the start message's handling, a message ignored,
         or else the server's own send (no coroutine of ours per body message)."""
         if self.replaced:
-            return _nothing()  # a fallback answered: the app's messages go nowhere
+            return nothing()  # a fallback answered: the app's messages go nowhere
         kind = message.get("type")
         if kind == "http.response.start" and not self.committed:
             return self.start(message)
@@ -392,11 +330,7 @@ class _Exchange(shared.Exchange[Scope]):
         self.headers = message.get("headers") or ()
         spec = self.spec
         outcome = judge(spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
-        # self.settle(outcome) inline: no coroutine of ours per response
-        try:
-            await self.permit.record(outcome)
-        except Exception:  # recording must never turn a served response into a 500
-            self.middleware.warn(spec.name, shared.UNRECORDED)
+        await pipeline.settle_async(self.permit, outcome, self.middleware.warn, spec.name)  # one frame less
         if spec.fallback is not None and self.answers(outcome):
             self.replaced = True  # the app may send body messages while the fallback is served
             if await self.middleware.send_fallback(spec, self.request, self.receive, self.server, None):
@@ -417,11 +351,8 @@ class _Exchange(shared.Exchange[Scope]):
     def header_pairs(self) -> list[tuple[str, str]]:
         return decode_headers(self.headers)
 
-    async def settle(self, outcome: str) -> None:
-        try:
-            await self.permit.record(outcome)
-        except Exception:  # recording must never turn a served response into a 500
-            self.middleware.warn(self.spec.name, shared.UNRECORDED)
+    def settle(self, outcome: str) -> Awaitable[None]:
+        return pipeline.settle_async(self.permit, outcome, self.middleware.warn, self.spec.name)
 
     async def failed(self, exc: BaseException) -> bool:
         """The app raised (or was cancelled): recorded (Exchange.after_exception)

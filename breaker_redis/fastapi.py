@@ -74,8 +74,9 @@ from breaker_redis.asgi import BreakerMiddleware, judge_status
 from breaker_redis.asyncio import Breaker, BreakerConfig, Breakers, Permit
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web.http_policy import Warnings, judge_exception
+from breaker_redis.web.pipeline import admit_async, settle_async
 from breaker_redis.web.refusal import Refusal, default_message, header_value, refusal_for, wants_json
-from breaker_redis.web.routes import Classifier, guard_id, held, hold, make_spec, note_refusal, request_guards
+from breaker_redis.web.routes import Classifier, guard_id, held, make_spec, note_refusal, request_guards
 
 __all__ = [
     "BreakerGuard",
@@ -114,7 +115,7 @@ class BreakerRefused(HTTPException):
     ) -> None:
         self.refused = refused
         if refusal is None:
-            refusal = Refusal.build(refused, as_json=as_json, message=message, config=config)
+            refusal = refusal_for(refused, as_json=as_json, message=message, config=config)
         self.refusal = refusal
         self.breaker = refused.breaker
         self.reason = refused.reason
@@ -216,42 +217,26 @@ class BreakerGuard:
             # permit: it asked, and it records the one outcome. Nothing is counted twice.
             yield outer
             return
-        permit: Permit | None = None
         try:
-            permit = await self.breaker.acquire()
+            permit, guards = await admit_async(self.breaker, self._warn, scope, self._guard)
         except BreakerOpen as refused:
-            note_refusal(scope, self.breaker.name)
             refusal = refusal_for(refused, self.breakers, as_json=_request_wants_json(request),
                                   message=self.spec.message)
             raise BreakerRefused(refused, message=self.spec.message, refusal=refusal) from None
-        except Exception:
-            # Not an outage (the store gate answers those) but a bug: let the request
-            # through unprotected rather than turn the breaker into the outage.
-            self._warn(self.breaker.name, "could not ask breaker %r; the request goes through unprotected")
-        if permit is None:
+        if permit is None or guards is None:
             yield None
             return
-        guards = hold(scope, self._guard, permit)
         try:
             yield permit
         except BaseException as exc:
-            await self._settle(permit, self._judge_exception(exc, request))
+            await settle_async(permit, self._judge_exception(exc, request), self._warn, self.breaker.name)
             raise
         status = response.status_code  # None unless the path operation set it
         if status is not None:
             outcome = judge_status(self.spec, int(status), response.headers.items(), scope, self._warn)
         else:  # a guard of another breaker inside refused it: the service was not asked
             outcome = "ignored" if guards.refused is not None else "success"
-        try:  # self._settle(permit, outcome) inline: no coroutine of ours per request
-            await permit.record(outcome)
-        except Exception:
-            self._warnings.warn(self.breaker.name, "could not record an outcome of breaker %r")
-
-    async def _settle(self, permit: Permit, outcome: str) -> None:
-        try:
-            await permit.record(outcome)
-        except Exception:
-            self._warnings.warn(self.breaker.name, "could not record an outcome of breaker %r")
+        await settle_async(permit, outcome, self._warn, self.breaker.name)
 
     def _judge_exception(self, exc: BaseException, request: Request) -> str:
         """An exception thrown in at the yield (see the module docstring): an

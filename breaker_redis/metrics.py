@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
+from breaker_redis.engine.snapshot import OUTCOME_COUNTERS, Count, Snapshot
 from breaker_redis.ops.reader import Reader
 from breaker_redis.storage import acl
 
@@ -101,10 +101,14 @@ def _metric(family: Family) -> Metric:
     return metric
 
 
-def _families(snapshots: Sequence[dict[str, Any]]) -> list[Family]:
+# The snapshot keys sampled as they are, one sample per breaker.
+Sampled = Literal[Count, "window_calls", "window_failures", "failing_reporters"]
+
+
+def _families(snapshots: Sequence[Snapshot]) -> list[Family]:
     each = [(str(snap["name"]), snap) for snap in snapshots]
 
-    def family(name: str, kind: str, documentation: str, field: str) -> Family:
+    def family(name: str, kind: str, documentation: str, field: Sampled) -> Family:
         """One sample per breaker: a snapshot field, as it is."""
         return Family(name, kind, documentation, ("breaker",), [(n, snap[field]) for n, snap in each])
 

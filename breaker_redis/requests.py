@@ -18,7 +18,7 @@ asked only once urllib3's pool hands the request a connection (``_AskInPool``).
 from __future__ import annotations
 
 import http.client
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -225,17 +225,9 @@ class _WatchedBody(_Response):
         return self._watched_read(super().read1, amt, *args, **kwargs)
 
     def _watched_read(self, read: Any, amt: int | None, *args: Any, **kwargs: Any) -> bytes:
-        exchange = self._breaker_exchange
-        self._breaker_reading += 1
-        try:
-            data: bytes = read(amt, *args, **kwargs)
-        except Exception as exc:
-            exchange.body_failed(exc)
-            raise
-        finally:
-            self._breaker_reading -= 1
+        data: bytes = self._reading(read, amt, *args, **kwargs)
         if amt is None or (not data and amt != 0) or self.closed:
-            exchange.body_ended()
+            self._breaker_exchange.body_ended()
         return data
 
     def read_chunked(self, amt: int | None = None, decode_content: bool | None = None) -> Generator[bytes]:
@@ -248,23 +240,24 @@ class _WatchedBody(_Response):
         """The chunks of urllib3's generator, reported: each step counts as a read
         (not the time the generator waits at a yield, so that the caller's close
         between two chunks settles), and its end is the body's end."""
-        exchange = self._breaker_exchange
         try:
-            while True:
-                self._breaker_reading += 1
-                try:
-                    chunk = next(chunks)
-                except StopIteration:
-                    break
-                except Exception as exc:
-                    exchange.body_failed(exc)
-                    raise
-                finally:
-                    self._breaker_reading -= 1
+            while (chunk := self._reading(next, chunks, _END)) is not _END:
                 yield chunk
         finally:
             chunks.close()  # left early (a caller that stops iterating): urllib3's generator too
-        exchange.body_ended()
+        self._breaker_exchange.body_ended()
+
+    def _reading(self, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One read of the body: counted while it runs (a close inside it is the
+        read's business), a failure reported to the exchange."""
+        self._breaker_reading += 1
+        try:
+            return read(*args, **kwargs)
+        except Exception as exc:
+            self._breaker_exchange.body_failed(exc)
+            raise
+        finally:
+            self._breaker_reading -= 1
 
     def close(self) -> None:
         super().close()
@@ -281,6 +274,7 @@ class _WatchedBody(_Response):
 
 
 _WATCHED_CLASSES: dict[type, type] = {}
+_END: Any = object()  # the end of urllib3's chunks
 
 
 def _watch(response: requests.Response, exchange: Exchange) -> bool:

@@ -6,8 +6,9 @@
 
 The Flask extension's protection for an app that has only the WSGI
 interface: the same routes, 503, fallbacks and outcomes. What the WSGI and
-ASGI middlewares decide alike is breaker_redis/web/middleware.py; this module
-is WSGI's timing and I/O. It imports no web framework.
+ASGI middlewares decide alike is breaker_redis/web/middleware.py, how WSGI
+reads a request and writes a whole answer web/protocols.py; this module is
+WSGI's timing. It imports no web framework.
 
 When the outcome is recorded. A WSGI app names its status in
 ``start_response``, but a server sends nothing until the body's first
@@ -31,17 +32,19 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
 from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackResponse
-from breaker_redis.web import http_policy
+from breaker_redis.web import http_policy, pipeline, protocols
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
-from breaker_redis.web.http_policy import as_response, fallback_marks, judge, served_headers, status_line
-from breaker_redis.web.refusal import Refusal, environ_wants_json
+from breaker_redis.web.http_policy import as_response, fallback_marks, judge, served_headers
+from breaker_redis.web.protocols import WsgiAnswer, close_iterable, run_wsgi_app, status_code, wsgi_answer
+from breaker_redis.web.protocols import environ_path as request_path
+from breaker_redis.web.refusal import Refusal
 from breaker_redis.web.routes import (
     DEFAULT_FAILURE_STATUSES,
     ROUTE_OPTIONS,
@@ -66,61 +69,6 @@ class ResponseInfo(http_policy.ResponseInfo):
     headers (breaker_redis.web.http_policy.ResponseInfo) and the request's ``environ``."""
 
     environ: dict[str, Any]
-
-
-def request_path(environ: Mapping[str, Any]) -> str:
-    """The request's path as Flask's ``request.path`` has it: PATH_INFO (the
-    path under the app's mount point), decoded from WSGI's latin-1 as UTF-8,
-    with one leading slash."""
-    raw = environ.get("PATH_INFO")
-    if type(raw) is not str or not raw.isascii():  # ASCII reads the same in latin-1 and UTF-8
-        raw = str(raw or "")
-        with contextlib.suppress(UnicodeEncodeError):  # else a server that already decoded it
-            raw = raw.encode("latin-1").decode("utf-8", "replace")
-    return raw if raw[:1] == "/" and raw[1:2] != "/" else "/" + raw.lstrip("/")
-
-
-class _Answer(NamedTuple):
-    """A complete response the middleware sends instead of the app's (no body for HEAD)."""
-
-    status: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-
-def _answer(code: int, headers: list[tuple[str, str]], body: bytes, head: bool) -> _Answer:
-    return _Answer(status_line(code), headers, b"" if head else body)
-
-
-def _status_code(status: str | None) -> int | None:
-    try:
-        return int(status.split(" ", 1)[0])  # type: ignore[union-attr]
-    except (ValueError, AttributeError):
-        return None
-
-
-def _run_app(app: Callable[..., Any], environ: WSGIEnvironment) -> FallbackResponse:
-    """A WSGI app a function fallback returned, run to the end: its whole answer."""
-    started: list[tuple[str, list[tuple[str, str]]]] = []
-    chunks: list[bytes] = []
-
-    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-        started[:] = [(status, list(headers))]
-        return chunks.append
-
-    result = app(dict(environ), start_response)
-    try:
-        for chunk in result:
-            chunks.append(bytes(chunk))
-    finally:
-        _close(result)
-    if not started:
-        raise RuntimeError("the fallback's WSGI app never called start_response()")
-    status, headers = started[0]
-    code = _status_code(status)
-    if code is None:
-        raise ValueError(f"the fallback's WSGI app answered the status {status!r}")
-    return FallbackResponse(b"".join(chunks), code, tuple(headers))
 
 
 class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
@@ -180,21 +128,16 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         if route is None:
             return None
         try:
-            permit = route.breaker.acquire()
+            permit, guards = pipeline.admit(route.breaker, self.warn, environ, route.guard)  # seen inside
         except BreakerOpen as refused:
             spec = route.spec
-            web_routes.note_refusal(environ, spec.name)
             answer = self.fallback_answer(spec, environ, refused)
             if answer is None:
                 answer = self.refusal_answer(self.refusal(refused, environ, spec), environ)
             start_response(answer.status, answer.headers)
             return [answer.body]
-        except Exception:
-            # Not an outage (the store gate handles those) but a bug: let the
-            # request through rather than turn the breaker into the outage.
-            self.warn(route.spec.name, shared.UNPROTECTED)
+        if permit is None:
             return None
-        guards = web_routes.hold(environ, route.guard, permit)  # seen by a Flask app inside
         return _Exchange(self, route, permit, guards, environ, start_response).run()
 
     def _settle_orphans(self) -> None:
@@ -204,24 +147,14 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
 
     # -- the request, read; what the middleware answers itself ------------------------------
 
-    def method(self, request: WSGIEnvironment) -> str:
-        return str(request.get("REQUEST_METHOD", "GET"))
+    read = protocols.ENVIRON
 
-    def path(self, request: WSGIEnvironment) -> str:
-        return request_path(request)
-
-    def query(self, request: WSGIEnvironment) -> str:
-        return str(request.get("QUERY_STRING") or "")
-
-    def wants_json(self, request: WSGIEnvironment) -> bool:
-        return environ_wants_json(request)
-
-    def refusal_answer(self, refusal: Refusal, environ: WSGIEnvironment) -> _Answer:
-        return _answer(refusal.status, list(refusal.headers), refusal.body, self.is_head(environ))
+    def refusal_answer(self, refusal: Refusal, environ: WSGIEnvironment) -> WsgiAnswer:
+        return wsgi_answer(refusal.status, list(refusal.headers), refusal.body, self.is_head(environ))
 
     def fallback_answer(
         self, spec: RouteSpec, environ: WSGIEnvironment, cause: BaseException | None
-    ) -> _Answer | None:
+    ) -> WsgiAnswer | None:
         """The route's fallback as a marked response (a WSGI app it gave run on the
         request's environ), or None: no fallback, nothing to give, or a fallback
         that failed (a broken fallback must not become a 500)."""
@@ -233,9 +166,9 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
                 return None
             response = as_response(served.value)
             if not isinstance(response, FallbackResponse):
-                response = _run_app(response, environ)
+                response = run_wsgi_app(response, environ)
             headers = served_headers(response, fallback_marks(spec.name, served.kind, cause))
-            return _answer(response.status, headers, response.body, self.is_head(environ))
+            return wsgi_answer(response.status, headers, response.body, self.is_head(environ))
         except Exception:
             self.warn(spec.name, shared.FALLBACK_FAILED)
             return None
@@ -271,7 +204,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
             body = self.commit()
             if body is None:
                 return result
-            _close(result)
+            close_iterable(result)
             return [body]
         return self
 
@@ -311,7 +244,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
     # -- deciding and recording ------------------------------------------------------------
 
     def code(self) -> int:
-        return _status_code(self.status) or 0
+        return status_code(self.status) or 0
 
     def status_text(self) -> str:
         return self.status or ""
@@ -320,16 +253,13 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
         return list(self.headers)
 
     def classify(self) -> str:
-        code = _status_code(self.status)
+        code = status_code(self.status)
         if code is None:
             return "failure"  # not a status a server can send: it will answer 500
         return judge(self.spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
 
     def settle(self, outcome: str) -> None:
-        try:
-            self.permit.record(outcome)
-        except Exception:  # recording must never turn a served response into a 500
-            self.middleware.warn(self.spec.name, shared.UNRECORDED)
+        pipeline.settle(self.permit, outcome, self.middleware.warn, self.spec.name)
 
     def commit(self) -> bytes | None:
         """The response starts now: decided, recorded, and a status to the server.
@@ -360,7 +290,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
                 return self.answer(answer)
         return None
 
-    def answer(self, answer: _Answer) -> bytes:
+    def answer(self, answer: WsgiAnswer) -> bytes:
         """Our answer goes to the server in place of the app's; returns its body."""
         self.committed = self.replaced = True
         self.server_write = self.server(answer.status, answer.headers)
@@ -429,7 +359,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
             return
         self.is_closed = True
         try:
-            _close(self.result)
+            close_iterable(self.result)
         finally:
             self.kept = None
             if not self.permit.recorded:
@@ -443,7 +373,3 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
             self.middleware._orphans.append(self)
 
 
-def _close(result: Iterable[bytes]) -> None:
-    close = getattr(result, "close", None)
-    if close is not None:
-        close()

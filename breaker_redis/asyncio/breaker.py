@@ -44,6 +44,7 @@ from breaker_redis.engine.breaker import State
 from breaker_redis.engine.core import MISSING
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Recording
+from breaker_redis.engine.snapshot import Snapshot
 from breaker_redis.engine.steps import BreakerSteps
 from breaker_redis.storage.notices import Notice
 
@@ -254,7 +255,7 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]]):
         """The state as Redis has it now (one script call)."""
         return State((await self.snapshot())["state"])
 
-    async def snapshot(self) -> dict[str, Any]:
+    async def snapshot(self) -> Snapshot:
         self._shared.ensure_loop()
         await self.flush_batch()  # this worker's own successes and counts show at once
         return await self._snapshotting()

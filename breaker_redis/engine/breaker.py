@@ -43,6 +43,7 @@ from breaker_redis.engine.core import MISSING, _fall_back
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.recorder import Recorder
+from breaker_redis.engine.snapshot import Snapshot
 from breaker_redis.engine.steps import BreakerSteps
 from breaker_redis.storage.notices import Notice
 from breaker_redis.storage.store import StoreGate
@@ -321,7 +322,7 @@ class Breaker(BreakerSteps[Permit, None]):
         """The state as Redis has it now (one script call)."""
         return State(self.snapshot()["state"])
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Snapshot:
         self.flush_batch()  # this worker's own successes and counts show at once
         return run_sync(self._snapshotting())
 

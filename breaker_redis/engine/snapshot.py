@@ -1,18 +1,26 @@
-"""Turns the snapshot script's flat reply into the dict snapshot() documents."""
+"""Turns the snapshot script's flat reply into the dict snapshot() documents.
+
+``Snapshot`` names its keys and their types; it is a plain dict at run time,
+so JSON output, the CLI, the dashboard and the metrics read it as before."""
 
 from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from breaker_redis.base.config import fields_from_lua
 from breaker_redis.engine.reporters import reporters_of
 from breaker_redis.storage.scripts import flat_pairs, text
 
+# A snapshot's cumulative counters, by the key that holds each.
+Count = Literal[
+    "calls", "successes", "failures", "ignored", "slow", "rejected", "would_reject", "trips",
+    "stale", "state_lost", "isolations",
+]
 # The cumulative counter of each outcome (lua/record.lua counts them the same way).
-OUTCOME_COUNTERS = {"success": "successes", "failure": "failures", "ignored": "ignored"}
-_STAT_FIELDS = (
+OUTCOME_COUNTERS: dict[str, Count] = {"success": "successes", "failure": "failures", "ignored": "ignored"}
+_STAT_FIELDS: tuple[Count, ...] = (
     "calls",
     "successes",
     "failures",
@@ -27,6 +35,50 @@ _STAT_FIELDS = (
 )
 
 
+class _Shown(TypedDict, total=False):
+    """What a reader that shows many breakers adds to a snapshot."""
+
+    transitions: list[Any]  # the dashboard: the breaker's last transitions
+    group: str  # status --json: the breaker group it is a member of
+
+
+class Snapshot(_Shown):
+    """One breaker as Redis has it (snapshot(), the Reader, status --json, the
+    dashboard, the metrics): a plain dict at run time, its keys named here."""
+
+    name: str
+    state: str
+    forced: str | None
+    epoch: int
+    retry_after: float | None
+    open_until_ms: int | None
+    window_calls: int
+    window_failures: int
+    window_slow: int
+    consecutive_failures: int
+    half_open_successes: int
+    probes_in_flight: int
+    bulkhead_in_use: int
+    mode: str
+    overrides: dict[str, str]
+    store: str
+    reporters: dict[str, dict[str, Any]]
+    isolated: list[str]
+    failing_reporters: int
+    config: dict[str, Any] | None
+    calls: int
+    successes: int
+    failures: int
+    ignored: int
+    slow: int
+    rejected: int
+    would_reject: int
+    trips: int
+    stale: int
+    state_lost: int
+    isolations: int
+
+
 def _counter(value: Any) -> int:
     """A stats counter; one edited into something else (``trips abc``) reads as 0
     until the next count of it or ``reset`` repairs it (lua/_lib.lua, admin.lua)."""
@@ -36,12 +88,12 @@ def _counter(value: Any) -> int:
         return 0
 
 
-def snapshot_dict(name: str, raw: Any, store: str) -> dict[str, Any]:
+def snapshot_dict(name: str, raw: Any, store: str) -> Snapshot:
     """The snapshot of snapshot.lua's flat field, value reply."""
     return snapshot_of(name, flat_pairs(raw), store)
 
 
-def snapshot_of(name: str, fields: dict[str, Any], store: str) -> dict[str, Any]:
+def snapshot_of(name: str, fields: dict[str, Any], store: str) -> Snapshot:
     """The snapshot of snapshot.lua's fields by name (lua/read.lua gives them by position).
     Each field is converted once, straight into the snapshot: a reader of 2,000 breakers
     (status, a scrape) makes 2,000 of these, and dicts in between took a quarter of the time."""
@@ -52,7 +104,13 @@ def snapshot_of(name: str, fields: dict[str, Any], store: str) -> dict[str, Any]
     retry_after: float | None = None
     if state == "open" and forced is None:
         retry_after = max(0, open_until - now) / 1000.0
-    snapshot: dict[str, Any] = {
+    # min_reporters > 1: the reporters failing in the window and the isolated ones (by name:
+    # failures in its own window, isolated_until_ms), the isolated ones, how many are failing
+    reporters = reporters_of(get("reporters"))
+    stats = flat_pairs(get("stats") or [])
+    counts = [_counter(stats[key]) if key in stats else 0 for key in _STAT_FIELDS]
+    _, successes, failures, ignored, slow, rejected, would_reject, trips, stale, lost, isolations = counts
+    return {
         "name": name,
         "state": state,
         "forced": forced,
@@ -69,19 +127,23 @@ def snapshot_of(name: str, fields: dict[str, Any], store: str) -> dict[str, Any]
         "mode": text(get("mode")),
         "overrides": {key: text(value) for key, value in flat_pairs(get("overrides") or []).items()},
         "store": store,
+        "reporters": reporters,
+        "isolated": [name for name, seen in reporters.items() if seen["isolated_until_ms"]],
+        "failing_reporters": len(reporters),
+        "config": _config_in_force(get("config")),
+        # in _STAT_FIELDS' order, calls the sum of the three outcomes
+        "calls": successes + failures + ignored,
+        "successes": successes,
+        "failures": failures,
+        "ignored": ignored,
+        "slow": slow,
+        "rejected": rejected,
+        "would_reject": would_reject,
+        "trips": trips,
+        "stale": stale,
+        "state_lost": lost,
+        "isolations": isolations,
     }
-    # min_reporters > 1: the reporters failing in the window and the isolated ones (by name:
-    # failures in its own window, isolated_until_ms), the isolated ones, how many are failing
-    reporters = reporters_of(get("reporters"))
-    snapshot["reporters"] = reporters
-    snapshot["isolated"] = [name for name, seen in reporters.items() if seen["isolated_until_ms"]]
-    snapshot["failing_reporters"] = len(reporters)
-    snapshot["config"] = _config_in_force(get("config"))
-    stats = flat_pairs(get("stats") or [])
-    for key in _STAT_FIELDS:
-        snapshot[key] = _counter(stats[key]) if key in stats else 0
-    snapshot["calls"] = snapshot["successes"] + snapshot["failures"] + snapshot["ignored"]
-    return snapshot
 
 
 def _config_in_force(raw: Any) -> dict[str, Any] | None:

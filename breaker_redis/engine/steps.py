@@ -42,7 +42,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.core import BreakerCore, Clock, P
 from breaker_redis.engine.knowledge import Knowledge, Reply
-from breaker_redis.engine.snapshot import snapshot_dict
+from breaker_redis.engine.snapshot import Snapshot, snapshot_dict
 from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.args import AdminArgs, HoldArgs, SnapshotArgs
 from breaker_redis.storage.store import StoreUnavailable
@@ -204,7 +204,7 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
             return
         await self._learn(reply, generation, stamp)
 
-    async def _snapshotting(self) -> dict[str, Any]:
+    async def _snapshotting(self) -> Snapshot:
         """The snapshot script (carrying the counts kept in memory): the breaker as Redis has it."""
         with self._lock:
             pending = self._take_pending()

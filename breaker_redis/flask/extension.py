@@ -15,7 +15,6 @@ from typing import Any, TypeVar, cast
 
 from flask import Flask, current_app
 
-from breaker_redis.base.names import validate_name
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
 from breaker_redis.engine.core import MISSING
@@ -29,7 +28,7 @@ from breaker_redis.flask.settings import EXTRA_ARGUMENTS as EXTRA_ARGUMENTS
 from breaker_redis.flask.settings import read_settings
 from breaker_redis.flask.state import EXTENSION_KEY, AppState, Warnings
 from breaker_redis.urls import client_from_url
-from breaker_redis.web.routes import route_config
+from breaker_redis.web.routes import checked_name, route_config
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -125,7 +124,7 @@ class FlaskBreakers:
         """One config per breaker name: two places configuring it differently is
         an error at declaration time, not a surprise at the first outage.
         With an app already initialised the config is checked over its defaults now too."""
-        _check_name(name, where)
+        checked_name(name, where)
         if config:
             for state in self._states:
                 route_config(state.defaults, config, where)
@@ -227,7 +226,7 @@ class FlaskBreakers:
     def outbound(self, name: str, fallback: Any = MISSING, **config: Any) -> Callable[[F], F]:
         """Decorator form of ``call``: ``@breakers.outbound("inventory", fallback=[])``."""
         where = f"outbound({name!r})"
-        _check_name(name, where)
+        checked_name(name, where)
         if config:
             self._check_config(config, where)
             self._declare(name, config, where)
@@ -240,11 +239,3 @@ class FlaskBreakers:
             return cast(F, wrapper)
 
         return decorate
-
-
-def _check_name(name: str, where: str) -> None:
-    """A breaker name is checked where it is written, not at its first request."""
-    try:
-        validate_name(name)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{where}: {exc}") from None

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from flask import (
     Flask,
     Response,
-    after_this_request,
     current_app,
     got_request_exception,
     has_request_context,
     request,
 )
+from flask.globals import _cv_request
 from werkzeug.exceptions import HTTPException
 
 from breaker_redis.base.errors import BreakerOpen
@@ -51,8 +51,10 @@ from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.flask.serving import fallback_context, freeze, serve
 from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
 from breaker_redis.web.http_policy import judge, judge_exception
+from breaker_redis.web.pipeline import admit as admit_step
+from breaker_redis.web.pipeline import settle
 from breaker_redis.web.refusal import refusal_for
-from breaker_redis.web.routes import RequestGuards, held, hold, note_refusal
+from breaker_redis.web.routes import RequestGuards, held, note_refusal
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -133,10 +135,7 @@ class Pending:
             outcome = judge_exception(self.breaker, error, self.guards)  # escaped the view or a later hook
         else:
             outcome = self.outcome or "ignored"
-        try:
-            self.permit.record(outcome)
-        except Exception:  # recording must never turn a served response into a 500
-            state.warn(spec.name, "could not record an outcome of breaker %r")
+        settle(self.permit, outcome, state.warn, spec.name)
         fallback = spec.fallback
         if outcome == "success" and self.response is not None and fallback and fallback.remembers:
             try:
@@ -156,10 +155,9 @@ def install_hooks(app: Flask, state: AppState) -> None:
     key = state.pending_key
     view_functions = app.view_functions
     by_view = state.by_view
-    current_request = request._get_current_object  # type: ignore[attr-defined]
-
     def before_request() -> Any:
-        req = current_request()
+        ctx = _cv_request.get()  # the request context, without the proxy's steps
+        req = ctx.request
         rule = req.url_rule
         view = view_functions.get(rule.endpoint) if rule is not None else None
         try:
@@ -168,7 +166,7 @@ def install_hooks(app: Flask, state: AppState) -> None:
             found = _UNKNOWN
         if found is None:
             return None  # a view no breaker guards: the whole cost of an unprotected request
-        return admit(state, req, view, found)
+        return admit(state, ctx, req, view, found)
 
     inner = app.wsgi_app
 
@@ -197,7 +195,7 @@ def install_hooks(app: Flask, state: AppState) -> None:
     app.register_error_handler(BreakerOpen, inner_refusal)
 
 
-def admit(state: AppState, req: Any, view: Any, found: Any) -> Any:
+def admit(state: AppState, ctx: Any, req: Any, view: Any, found: Any) -> Any:
     """Ask the breaker of a request's route for a permit; a refusal is answered here."""
     if found is _UNKNOWN:
         found = route_of_view(state, req.endpoint, view)
@@ -205,7 +203,7 @@ def admit(state: AppState, req: Any, view: Any, found: Any) -> Any:
         found = state.table.match(req.path)
     if found is None or req.method == "OPTIONS":
         return None  # CORS preflights and automatic OPTIONS never reach a service
-    guarded = cast(Guarded, found)
+    guarded: Guarded = found
     spec, environ = guarded.spec, req.environ
     if held(environ, guarded.guard) is not None:
         # A WSGI middleware around the app guards this route with the same breaker:
@@ -215,21 +213,17 @@ def admit(state: AppState, req: Any, view: Any, found: Any) -> Any:
     if breaker is None:
         breaker = guarded.breaker = state.breaker(spec.name)
     try:
-        permit = breaker.acquire()
+        permit, guards = admit_step(breaker, state.warn, environ, guarded.guard)
     except BreakerOpen as refused:
-        note_refusal(environ, spec.name)
         served = serve(state, spec, refused)
         if served is not None:
             return served
         raise BreakerOpenError(refused, spec.message, retry_after_seconds(refused, breaker.config)) from None
-    except Exception:
-        # Not an outage (the store gate handles those) but a bug: let the
-        # request through rather than turn the breaker into the outage.
-        state.warn(spec.name, "could not ask breaker %r; the request goes through unprotected")
-        return None
-    pending = Pending(state, spec, breaker, permit, hold(environ, guarded.guard, permit), req)
+    if permit is None or guards is None:
+        return None  # the breaker could not be asked (a bug, logged): unprotected
+    pending = Pending(state, spec, breaker, permit, guards, req)
     environ[state.pending_key] = pending
-    after_this_request(pending.after)
+    ctx._after_request_functions.append(pending.after)  # after_this_request, one call less
     return None
 
 

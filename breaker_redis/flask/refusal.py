@@ -18,6 +18,7 @@ from breaker_redis.web.refusal import (
     Refusal,
     default_message,
     environ_wants_json,
+    refusal_for,
     retry_after_seconds,
 )
 
@@ -56,7 +57,7 @@ class BreakerOpenError(ServiceUnavailable):
     def get_response(self, environ: Any = None, scope: Any = None) -> Any:
         # Werkzeug passes an environ dict or a request object.
         env = environ if isinstance(environ, dict) or environ is None else getattr(environ, "environ", None)
-        refusal = Refusal.build(
+        refusal = refusal_for(
             self.refused, as_json=wants_json(env), message=self.description, retry_after=self._retry_seconds
         )
         return refusal_response(refusal)

@@ -27,7 +27,7 @@ import redis
 
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.engine.breakers import DEFAULT_TTL_SECONDS, Breakers
-from breaker_redis.engine.snapshot import snapshot_of
+from breaker_redis.engine.snapshot import Snapshot, snapshot_of
 from breaker_redis.groups import config_from_lua, group_status
 from breaker_redis.storage.args import GroupReadArgs, ReadArgs
 from breaker_redis.storage.keys import KEY_SUFFIXES, breaker_keys
@@ -191,7 +191,7 @@ class Reader:
         """The config of the last worker that wrote the state (the ``cfg`` key)."""
         return stored_config_of(self.client.get(self.keys(name)["cfg"]))
 
-    def snapshot(self, name: str, stored: BreakerConfig | None = None) -> dict[str, Any]:
+    def snapshot(self, name: str, stored: BreakerConfig | None = None) -> Snapshot:
         """Read with the workers' own config when one is written (so its "config"
         is the one in force; ``stored``: already read), else with their window shape."""
         if stored is None:
@@ -208,7 +208,7 @@ class Reader:
         'encode' call of an unused name, one round trip)."""
         self._runner.run("read", "-", self._now_ms(), [BreakerConfig().to_lua(), 0, *_ENCODE])
 
-    def snapshots(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    def snapshots(self, names: Iterable[str] | None = None) -> list[Snapshot]:
         """The snapshots of ``names`` (every listed breaker by default), in their
         order, each as ``snapshot(name)`` reads it.
 
@@ -222,7 +222,7 @@ class Reader:
         now_ms = self._now_ms()
         accepted: dict[bytes, bool] = {}
         found: list[Parts | None] = []
-        out: list[dict[str, Any] | None] = []
+        out: list[Snapshot | None] = []
         chunks = ([(name, now_ms, [b"", 0, *_LEAN]) for name in chunk] for chunk in _chunks(names))
         with contextlib.closing(self._runner.run_chunks("read", chunks)) as replies:
             for chunk in replies:  # decoded while Redis runs the next chunk
@@ -320,7 +320,7 @@ class Reader:
                 raise reply
             self._plain[config_text] = reply
 
-    def _snapshot(self, name: str, parts: Parts | None) -> dict[str, Any]:
+    def _snapshot(self, name: str, parts: Parts | None) -> Snapshot:
         assert parts is not None
         config = self._plain[parts.text] if parts.config == b"=" else parts.config
         return snapshot_of(name, _fields(parts, config), "redis")

@@ -25,11 +25,12 @@ that refuses inside makes this one count the request as ignored. A
 ``BreakerOpen`` escaping the app (an outbound breaker refused and nothing
 caught it) becomes the same 503, named after that breaker, on any path.
 
-What stays in breaker_redis/wsgi.py and breaker_redis/asgi.py is their
-protocol's: when a response counts as started (WSGI: the body's first bytes;
-ASGI: the start message), how a request, a status and headers are read, how
-an answer goes out (a returned body, sent messages), and whether a step is a
-call or an await. No web framework is imported here.
+The admit and settle steps are breaker_redis/web/pipeline.py's; how each
+protocol reads a request and writes a whole answer, web/protocols.py's. What
+stays in breaker_redis/wsgi.py and breaker_redis/asgi.py is their protocol's
+timing: when a response counts as started (WSGI: the body's first bytes;
+ASGI: the start message), how its status and headers are read, and whether a
+step is a call or an await. No web framework is imported here.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from breaker_redis.web.http_policy import (
     judge_exception,
     remember_limit,
 )
+from breaker_redis.web.protocols import Reader
 from breaker_redis.web.refusal import Refusal, refusal_for
 from breaker_redis.web.routes import Route, RouteSpec, RouteTable, parse_routes, route_table
 
@@ -56,8 +58,6 @@ R = TypeVar("R", bound=Mapping[str, Any])  # a request: a WSGI environ, an ASGI 
 
 # What follows an exception that ended an admitted request before its response started.
 RAISE, FALLBACK = "raise", "fallback"
-UNPROTECTED = "could not ask breaker %r; the request goes through unprotected"
-UNRECORDED = "could not record an outcome of breaker %r"
 FALLBACK_FAILED = "the fallback of breaker %r failed"
 # Not re-raised (the client has a whole answer), but not hidden either: logged with its
 # traceback, at most once a minute per breaker.
@@ -69,8 +69,7 @@ class Middleware(Generic[B, R]):
     """The routes a middleware guards, built at start-up: each route's Breaker
     (sync for WSGI, asyncio for ASGI), the table a path is looked up in, the
     refusal a route answers, a fallback's view of a request and the warnings.
-    Each protocol's BreakerMiddleware says how it reads a request (``method``,
-    ``path``, ``query``, ``wants_json``).
+    Each protocol's BreakerMiddleware says how it reads a request (``read``).
 
     ``routes``: path prefix -> a breaker name, a dict (``breaker`` plus the
     Flask route options ``fallback``, ``failure_statuses``,
@@ -98,22 +97,11 @@ class Middleware(Generic[B, R]):
         route = self._table.match(path)
         return None if route is None else route.spec
 
-    # -- a request, as each protocol reads it ---------------------------------------------------
-
-    def method(self, request: R) -> str:
-        raise NotImplementedError
-
-    def path(self, request: R) -> str:
-        raise NotImplementedError
-
-    def query(self, request: R) -> str:
-        raise NotImplementedError
-
-    def wants_json(self, request: R) -> bool:
-        raise NotImplementedError
+    # How the protocol reads a request (web/protocols.py): each protocol's middleware sets it.
+    read: ClassVar[Reader]
 
     def is_head(self, request: R) -> bool:
-        return self.method(request).upper() == "HEAD"
+        return self.read.method(request).upper() == "HEAD"
 
     # -- what the middleware answers itself -----------------------------------------------------
 
@@ -121,7 +109,7 @@ class Middleware(Generic[B, R]):
         """The 503 every integration answers (web.refusal.refusal_for), with
         the route's message when its own breaker refused."""
         message = spec.message if spec is not None else None
-        return refusal_for(refused, self.breakers, as_json=self.wants_json(request), message=message)
+        return refusal_for(refused, self.breakers, as_json=self.read.wants_json(request), message=message)
 
     def fallback_context(
         self, name: str, request: R, cause: BaseException | None, store: Any = None
@@ -133,9 +121,9 @@ class Middleware(Generic[B, R]):
             self.breakers,
             name,
             cause,
-            method=self.method(request),
-            path=self.path(request),
-            query=self.query(request),
+            method=self.read.method(request),
+            path=self.read.path(request),
+            query=self.read.query(request),
             request=request,
             store=store,
         )

@@ -102,18 +102,6 @@ def environ_wants_json(environ: Mapping[str, Any] | None) -> bool:
     )
 
 
-def refusal_for(refused: BreakerOpen, breakers: Any, *, as_json: bool, message: str | None = None) -> Refusal:
-    """The 503 an integration answers ``refused`` with: a guard's own refusal
-    (``message``: its route's) or an outbound one that escaped the app. Every
-    integration makes its refusal here, so the bytes are the same whichever
-    answers. The refusing breaker's config comes from ``breakers`` (the
-    integration's Breakers, sync or asyncio; None: none), when it built that
-    breaker: a forced-open one then advertises its open period as Retry-After."""
-    name = refused.breaker
-    config = breakers.get(name).config if breakers is not None and name in breakers else None
-    return Refusal.build(refused, as_json=as_json, message=message, config=config)
-
-
 @dataclass(frozen=True)
 class Refusal:
     """A refused request's response: status, headers and body, framework-free."""
@@ -129,12 +117,25 @@ class Refusal:
     def build(
         cls,
         refused: BreakerOpen,
+        breakers: Any = None,
         *,
         as_json: bool,
         message: str | None = None,
         retry_after: int | None = None,
         config: BreakerConfig | None = None,
     ) -> Refusal:
+        """The 503 an integration answers ``refused`` with (``refusal_for``): a
+        guard's own refusal (``message``: its route's) or an outbound one that
+        escaped the app. Every integration makes its refusal here, and only
+        adapts it to its own response type, so the bytes are the same whichever
+        answers. The refusing breaker's config is ``config``, else from
+        ``breakers`` (the integration's Breakers, sync or asyncio; None: none)
+        when it built that breaker: a forced-open one then advertises its open
+        period as Retry-After (``retry_after``: whole seconds decided already,
+        as a Flask BreakerOpenError carries them)."""
+        name = refused.breaker
+        if config is None and breakers is not None and name in breakers:
+            config = breakers.get(name).config
         seconds = retry_after if retry_after is not None else retry_after_seconds(refused, config)
         text = message or default_message(refused.breaker)
         if as_json:
@@ -158,3 +159,6 @@ class Refusal:
             (REASON_HEADER, refused.reason),
         ]
         return cls(STATUS, headers, body, refused.breaker, refused.reason, seconds)
+
+
+refusal_for = Refusal.build  # the name the integrations call it by

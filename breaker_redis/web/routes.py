@@ -214,14 +214,21 @@ def _fallback(value: Any, where: str) -> Fallback | None:
         raise type(exc)(f"{where}: {why}: {exc}") from None
 
 
+def checked_name(name: Any, where: str, check: Callable[[Any], str] = validate_name) -> str:
+    """A breaker name checked where it is written (a route, a decorator, an option),
+    not at its first request: an error names ``where``. ``check``: validate_name,
+    or a rule that also reads a URL as its host's name (web/hosts.py)."""
+    try:
+        return check(name)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
 def make_spec(name: str, route: Mapping[str, Any], where: str | None = None) -> RouteSpec:
     """A RouteSpec from route options, each checked: a wrong type or value is an
     error naming ``where`` (the route, e.g. ``routes['/pay']``) and the option."""
     where = where or f"route {name!r}"
-    try:
-        validate_name(name)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{where}: {exc}") from None
+    checked_name(name, where)
     classify = route.get("classify")
     if classify is not None and not callable(classify):
         raise TypeError(f"{where}: classify must be callable or None (got {classify!r})")
