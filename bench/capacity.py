@@ -112,8 +112,10 @@ def main() -> int:
     with redis_server() as url:
         control = redis.Redis.from_url(url)
         version = control.info("server")["redis_version"]
-        print(f"# breaker_redis capacity per Redis core, one breaker (redis-server {version}, "
-              f"{CALLS:,} calls per case)\n")
+        print(
+            f"# breaker_redis capacity per Redis core, one breaker (redis-server {version}, "
+            f"{CALLS:,} calls per case)\n"
+        )
         print("| case | worker | scripts per call | server µs per call | protected calls/s per Redis core |")
         print("|---|---|---|---|---|")
         cases = [

@@ -113,8 +113,12 @@ def one_round(url: str, admin: redis.Redis, name: str) -> dict[str, int]:
             new_admitted = admitted(newcomer.get(name, CONFIG))
         finally:
             close(newcomer)
-        return {"failures": failures, "open": int(state == b"open"), "admitted": calls,
-                "new": int(new_admitted)}
+        return {
+            "failures": failures,
+            "open": int(state == b"open"),
+            "admitted": calls,
+            "new": int(new_admitted),
+        }
     finally:
         for breakers in workers:
             close(breakers)
@@ -130,10 +134,14 @@ def close(breakers: Breakers) -> None:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     code = os.environ.get("BREAKER_BENCH_CODE") or str(Path(breaker_redis.__file__).parent.parent)
-    print(f"# breaker_redis on an evicting Redis (maxmemory 2mb, {FILL_PER_SECOND:,} cache entries of "
-          f"1 KB written a second; {rounds} rounds per policy; code: {code})\n")
-    print("| policy | open 0.3 s after the trip | calls admitted at 0.3 s (of 120 per round) | "
-          "new worker admitted at 0.5 s | trips needing more than 5 failures | keys evicted |")
+    print(
+        f"# breaker_redis on an evicting Redis (maxmemory 2mb, {FILL_PER_SECOND:,} cache entries of "
+        f"1 KB written a second; {rounds} rounds per policy; code: {code})\n"
+    )
+    print(
+        "| policy | open 0.3 s after the trip | calls admitted at 0.3 s (of 120 per round) | "
+        "new worker admitted at 0.5 s | trips needing more than 5 failures | keys evicted |"
+    )
     print("|---|---|---|---|---|---|")
     for policy in os.environ.get("BREAKER_BENCH_POLICIES", "allkeys-lru volatile-lru").split():
         with redis_server() as url:
@@ -152,8 +160,10 @@ def main() -> None:
         new = sum(r["new"] for r in results)
         late = [r["failures"] for r in results if r["failures"] > 5]
         late_text = f"{len(late)} of {rounds}" + (f" ({min(late)}-{max(late)} failures)" if late else "")
-        print(f"| {policy} | {opened} of {rounds} | {calls} of {CALLS * rounds} | {new} of {rounds} | "
-              f"{late_text} | {evicted:,} |")
+        print(
+            f"| {policy} | {opened} of {rounds} | {calls} of {CALLS * rounds} | {new} of {rounds} | "
+            f"{late_text} | {evicted:,} |"
+        )
 
 
 if __name__ == "__main__":

@@ -106,12 +106,16 @@ def main() -> int:
         f"requests {requests.__version__}, httpx {httpx.__version__}, {os.cpu_count()} cores, "
         f"load average {load:.1f}, median of {ROUNDS} rounds of {CALLS:,} interleaved calls of each)\n"
     )
-    print("| client | plain µs/call | through the breaker µs/call | added µs/call | ratio "
-          "| Redis scripts + PINGs per call |")
+    print(
+        "| client | plain µs/call | through the breaker µs/call | added µs/call | ratio "
+        "| Redis scripts + PINGs per call |"
+    )
     print("|---|---|---|---|---|---|")
     for label, plain, guarded, commands in rows:
-        print(f"| {label} | {plain:,.1f} | {guarded:,.1f} | {guarded - plain:+,.1f} | {guarded / plain:.3f} "
-              f"| {commands:.4f} |")
+        print(
+            f"| {label} | {plain:,.1f} | {guarded:,.1f} | {guarded - plain:+,.1f} | {guarded / plain:.3f} "
+            f"| {commands:.4f} |"
+        )
     print(
         "\nThe upstream is a Python ThreadingHTTPServer on the same machine (about a millisecond a "
         "call). A refused call makes no connection: its row compares it with a plain call that "
@@ -149,8 +153,10 @@ def measure(redis_url: str, upstream_url: str, url: str) -> tuple[list[tuple[str
         """Script calls and PINGs the server ran: what a worker sends (INFO commandstats
         also counts the commands a script runs, which are not sent)."""
         stats = control.info("commandstats")
-        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-                   for name in ("fcall", "evalsha", "eval", "ping"))
+        return sum(
+            int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+            for name in ("fcall", "evalsha", "eval", "ping")
+        )
 
     def get(client: Any) -> Callable[[], float]:
         return lambda: timed(lambda: client.get(url))
@@ -198,8 +204,10 @@ def measure(redis_url: str, upstream_url: str, url: str) -> tuple[list[tuple[str
             sent += scripts() - before
             plain_runs.append(statistics.median(plain_times))
             guarded_runs.append(statistics.median(guarded_times))
-        rows.append((label, statistics.median(plain_runs), statistics.median(guarded_runs),
-                     sent / (ROUNDS * CALLS)))
+        rows.append(
+            (label, statistics.median(plain_runs), statistics.median(guarded_runs), sent / (ROUNDS * CALLS))
+        )
+
     async def close_async() -> None:
         await plain_async.aclose()
         await guarded_async.aclose()

@@ -40,11 +40,16 @@ def wrk(url: str, seconds: int) -> tuple[float, float, float, int]:
     """(requests/s, p50 ms, p99 ms, non-2xx/3xx answers) of one wrk run."""
     out = subprocess.run(
         ["wrk", f"-t{WRK_THREADS}", f"-c{WRK_CONNECTIONS}", f"-d{seconds}s", "--latency", url],
-        capture_output=True, text=True, check=True, timeout=seconds + 60,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds + 60,
     ).stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    percentiles = {p: _ms(v, unit) for p, v, unit in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$",
-                                                                 out, re.MULTILINE)}
+    percentiles = {
+        p: _ms(v, unit)
+        for p, v, unit in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
+    }
     bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     return rate, percentiles["50"], percentiles["99"], int(bad.group(1)) if bad else 0
 
@@ -58,9 +63,11 @@ Run = tuple[float, float, float, int]  # requests/s, p50 ms, p99 ms, errors
 
 def one_kind(redis_url: str, upstream_url: str, kind: str) -> dict[str, list[Run]]:
     base, gunicorn = start_gunicorn(
-        redis_url, upstream_url,
+        redis_url,
+        upstream_url,
         extra_args=["--pythonpath", str(ROOT / "bench"), *WORKER_KINDS[kind]],
-        app="http_app:app", ready_path="/plain",
+        app="http_app:app",
+        ready_path="/plain",
     )
     try:
         for path in ("/plain", "/guarded"):
@@ -77,8 +84,10 @@ def one_kind(redis_url: str, upstream_url: str, kind: str) -> dict[str, list[Run
 
 def main() -> int:
     if shutil.which("wrk") is None:
-        print("wrk is not installed: run ./dev bench, which installs it from the distribution's packages",
-              file=sys.stderr)
+        print(
+            "wrk is not installed: run ./dev bench, which installs it from the distribution's packages",
+            file=sys.stderr,
+        )
         return 1
     started = time.monotonic()
     redis_url, redis_child, redis_kind = start_redis()
@@ -101,8 +110,9 @@ def main() -> int:
     print("| workers | route | requests/s (median) | p50 ms | p99 ms | errors | with / without | result |")
     print("|---|---|---|---|---|---|---|---|")
     for kind, runs in results.items():
-        medians = {path: [statistics.median(r[i] for r in rows) for i in range(3)]
-                   for path, rows in runs.items()}
+        medians = {
+            path: [statistics.median(r[i] for r in rows) for i in range(3)] for path, rows in runs.items()
+        }
         errors = {path: sum(r[3] for r in rows) for path, rows in runs.items()}
         ratio = medians["/guarded"][0] / medians["/plain"][0]
         for path, label in (("/plain", "/plain (no breaker)"), ("/guarded", "/guarded (@breakers.protect)")):

@@ -151,8 +151,11 @@ def wsgi_app(mode: str, breakers: Breakers, call: Breaker) -> Sync:
     return app
 
 
-START = {"type": "http.response.start", "status": 200,
-         "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")]}
+START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")],
+}
 BODY = {"type": "http.response.body", "body": b"ok"}
 
 
@@ -373,8 +376,9 @@ INTEGRATIONS = [
     Integration("Flask (`FlaskBreakers`, `@breakers.protect`)", "flask", "call-sync", "bench-flask"),
     Integration("WSGI middleware (`breaker_redis.wsgi`)", "wsgi", "call-sync", "bench-wsgi"),
     Integration("ASGI middleware (`breaker_redis.asgi`)", "asgi", "call-async", "bench-asgi"),
-    Integration("FastAPI dependency (`breaker_redis.fastapi.protect`)", "fastapi", "call-async",
-                "bench-fastapi"),
+    Integration(
+        "FastAPI dependency (`breaker_redis.fastapi.protect`)", "fastapi", "call-async", "bench-fastapi"
+    ),
 ]
 REFERENCES = {"call-sync": "sync", "call-async": "asyncio"}
 
@@ -428,22 +432,33 @@ def table(samples: Samples) -> tuple[str, list[str]]:
             misses.append(f"{each.key}: a protected request adds {f.ratio:.2f}x the breaker call")
         if not met_plain:
             misses.append(f"{each.key}: an unprotected request adds {f.added_plain:.1f} µs")
-        lines.append("| " + " | ".join([
-            each.label,
-            f"{f.bare:.1f}",
-            f"{f.added_plain:+.1f}",
-            f"{f.added_guarded:+.1f}",
-            f"{f.call:.1f} ({REFERENCES[each.reference]})",
-            f"{f.ratio:.2f}",
-            f"{f.added_in_app:+.1f}",
-            f"{f.added_guarded / f.added_in_app:.2f}",
-            "PASS" if met_ratio and met_plain else "MISS",
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    each.label,
+                    f"{f.bare:.1f}",
+                    f"{f.added_plain:+.1f}",
+                    f"{f.added_guarded:+.1f}",
+                    f"{f.call:.1f} ({REFERENCES[each.reference]})",
+                    f"{f.ratio:.2f}",
+                    f"{f.added_in_app:+.1f}",
+                    f"{f.added_guarded / f.added_in_app:.2f}",
+                    "PASS" if met_ratio and met_plain else "MISS",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines), misses
 
 
-CASES = [("bare", "plain"), ("bare", "guarded"), ("protected", "plain"), ("protected", "guarded"),
-         ("in-app", "guarded")]
+CASES = [
+    ("bare", "plain"),
+    ("bare", "guarded"),
+    ("protected", "plain"),
+    ("protected", "guarded"),
+    ("in-app", "guarded"),
+]
 
 
 def cases(key: str) -> list[tuple[str, str]]:
@@ -535,16 +550,22 @@ def main() -> int:
         key = each.key
         bare_plain, bare_guarded = samples.usec(f"{key}-bare-plain"), samples.usec(f"{key}-bare-guarded")
         plain, guarded = samples.usec(f"{key}-protected-plain"), samples.usec(f"{key}-protected-guarded")
-        print(f"- {key}: bare app {bare_plain:.1f} µs on /plain, {bare_guarded:.1f} µs on /guarded; "
-              f"with the integration {plain:.1f} and {guarded:.1f} µs")
+        print(
+            f"- {key}: bare app {bare_plain:.1f} µs on /plain, {bare_guarded:.1f} µs on /guarded; "
+            f"with the integration {plain:.1f} and {guarded:.1f} µs"
+        )
     empty_added = samples.added("fastapi-empty-dependency-guarded", "fastapi-bare-guarded")
     fastapi = figures(samples, INTEGRATIONS[3])
-    print(f"- FastAPI's own price for a yield dependency (an empty one with the guard's signature and "
-          f"scope): +{empty_added:.1f} µs, {empty_added / fastapi.call:.2f}x the breaker call; the guard "
-          f"adds {fastapi.added_guarded - empty_added:+.1f} µs on top of it")
-    print(f"- breaker calls in a loop: sync {samples.usec('call-sync'):.2f} µs, "
-          f"asyncio {samples.usec('call-async'):.2f} µs "
-          "(calm, subscribed, deciding from memory)")
+    print(
+        f"- FastAPI's own price for a yield dependency (an empty one with the guard's signature and "
+        f"scope): +{empty_added:.1f} µs, {empty_added / fastapi.call:.2f}x the breaker call; the guard "
+        f"adds {fastapi.added_guarded - empty_added:+.1f} µs on top of it"
+    )
+    print(
+        f"- breaker calls in a loop: sync {samples.usec('call-sync'):.2f} µs, "
+        f"asyncio {samples.usec('call-async'):.2f} µs "
+        "(calm, subscribed, deciding from memory)"
+    )
     print(f"- {counted}")
     if statuses.bad:
         print(f"- requests answered other than 200: {statuses.bad}")
@@ -594,8 +615,18 @@ def count_instructions(url: str, names: list[str], folder: str) -> Samples:
     counts = Samples()
     for name in names:
         out = os.path.join(folder, f"{name}.out")
-        argv = [valgrind, "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-                f"--callgrind-out-file={out}", sys.executable, __file__, "--one", name, url]
+        argv = [
+            valgrind,
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--separate-threads=yes",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            url,
+        ]
         log = open(os.path.join(folder, f"{name}.log"), "w")  # noqa: SIM115 - closed below
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
         assert child.stdin is not None and child.stdout is not None
@@ -635,16 +666,22 @@ def instruction_table(counts: Samples) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for each in INTEGRATIONS:
         f = figures(counts, each)
-        lines.append("| " + " | ".join([
-            each.label,
-            f"{f.bare:,.0f}",
-            f"{f.added_plain:+,.0f}",
-            f"{f.added_guarded:+,.0f}",
-            f"{f.call:,.0f} ({REFERENCES[each.reference]})",
-            f"{f.ratio:.2f}",
-            f"{f.added_in_app:+,.0f}",
-            f"{f.added_guarded / f.added_in_app:.2f}",
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    each.label,
+                    f"{f.bare:,.0f}",
+                    f"{f.added_plain:+,.0f}",
+                    f"{f.added_guarded:+,.0f}",
+                    f"{f.call:,.0f} ({REFERENCES[each.reference]})",
+                    f"{f.ratio:.2f}",
+                    f"{f.added_in_app:+,.0f}",
+                    f"{f.added_guarded / f.added_in_app:.2f}",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -656,13 +693,17 @@ def instructions_main() -> int:
         counts = count_instructions(url, names, folder)
     empty = counts.added("fastapi-empty-dependency-guarded", "fastapi-bare-guarded")
     fastapi = figures(counts, INTEGRATIONS[3])
-    print(f"# Integration overhead in instructions per request (callgrind, the serving thread; "
-          f"Python {sys.version.split()[0]}, Flask {version('flask')}, FastAPI {version('fastapi')}; "
-          f"{COUNTED} requests per subject after {WARMUP}; {date.today().isoformat()})\n")
+    print(
+        f"# Integration overhead in instructions per request (callgrind, the serving thread; "
+        f"Python {sys.version.split()[0]}, Flask {version('flask')}, FastAPI {version('fastapi')}; "
+        f"{COUNTED} requests per subject after {WARMUP}; {date.today().isoformat()})\n"
+    )
     print(instruction_table(counts))
     print()
-    print(f"- FastAPI's own price for a yield dependency (an empty one with the guard's signature and "
-          f"scope): {empty:+,.0f}; the guard adds {fastapi.added_guarded - empty:+,.0f} on top of it")
+    print(
+        f"- FastAPI's own price for a yield dependency (an empty one with the guard's signature and "
+        f"scope): {empty:+,.0f}; the guard adds {fastapi.added_guarded - empty:+,.0f} on top of it"
+    )
     print(f"\nfinished in {time.monotonic() - started:.1f} s")
     return 0
 
@@ -682,8 +723,10 @@ def checks(
             snapshot = run_async(async_breakers.get(each.breaker).snapshot())
         sent = made[f"{each.key}-protected-guarded"]
         ok = snapshot["state"] == "closed" and snapshot["successes"] == sent and not snapshot["failures"]
-        found.append(f"{each.breaker} {snapshot['state']}, {snapshot['successes']:,} successes of "
-                     f"{sent:,} requests{'' if ok else ' (MISMATCH)'}")
+        found.append(
+            f"{each.breaker} {snapshot['state']}, {snapshot['successes']:,} successes of "
+            f"{sent:,} requests{'' if ok else ' (MISMATCH)'}"
+        )
     return "protected routes' breakers after the run: " + "; ".join(found)
 
 

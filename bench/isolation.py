@@ -66,8 +66,10 @@ def client_process(port: int, seconds: float, started: float, out: Any) -> None:
         with lock:
             answers.extend(mine)
 
-    threads = [threading.Thread(target=loop, args=("/pay", "POST")),
-               threading.Thread(target=loop, args=("/products", "GET"))]
+    threads = [
+        threading.Thread(target=loop, args=("/pay", "POST")),
+        threading.Thread(target=loop, args=("/products", "GET")),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -87,8 +89,11 @@ def state_sampler(redis_url: str, prefix: str, seconds: float, started: float, s
 def one_run(redis_url: str, upstream_url: str, guarded: bool) -> dict[str, Any]:
     prefix = f"isolation{int(time.time())}{int(guarded)}"
     base, gunicorn = start_gunicorn(
-        redis_url, upstream_url, extra_args=["--pythonpath", str(ROOT / "bench"), "--timeout", "60"],
-        app="isolation_app:app", ready_path="/products",
+        redis_url,
+        upstream_url,
+        extra_args=["--pythonpath", str(ROOT / "bench"), "--timeout", "60"],
+        app="isolation_app:app",
+        ready_path="/products",
         env={"ISOLATION_BREAKER": "1" if guarded else "0", "BREAKER_KEY_PREFIX": prefix},
     )
     port = int(base.rsplit(":", 1)[1])
@@ -97,8 +102,12 @@ def one_run(redis_url: str, upstream_url: str, guarded: bool) -> dict[str, Any]:
         requests.post(upstream_url + "/_reset", timeout=5).raise_for_status()
         started = time.time() + 1.0
         queue: Any = multiprocessing.get_context("spawn").Queue()
-        clients = [multiprocessing.get_context("spawn").Process(
-            target=client_process, args=(port, total, started, queue)) for _ in range(CLIENT_PROCESSES)]
+        clients = [
+            multiprocessing.get_context("spawn").Process(
+                target=client_process, args=(port, total, started, queue)
+            )
+            for _ in range(CLIENT_PROCESSES)
+        ]
         for proc in clients:
             proc.start()
         states: list[tuple[float, str]] = []
@@ -159,8 +168,13 @@ def chart(runs: dict[str, dict[str, Any]]) -> None:
         ax.plot(seconds, per_second(run, "/products", True), label="/products answered", color="#2e7d32")
         ax.plot(seconds, per_second(run, "/pay", True), label="/pay answered (200 or 503)", color="#1565c0")
         ax.plot(seconds, per_second(run, "/pay", False), label="/pay errors (504 after 1 s)", color="#c62828")
-        ax.axvspan(HEALTHY_SECONDS, HEALTHY_SECONDS + OUTAGE_SECONDS, color="#999999", alpha=0.12,
-                   label="upstream hangs on /pay")
+        ax.axvspan(
+            HEALTHY_SECONDS,
+            HEALTHY_SECONDS + OUTAGE_SECONDS,
+            color="#999999",
+            alpha=0.12,
+            label="upstream hangs on /pay",
+        )
         opened = [t for t, state in run["states"] if state != "closed"]
         if opened:
             ax.scatter(opened, [0] * len(opened), marker="|", color="#c62828", label="pay breaker not closed")
@@ -187,29 +201,38 @@ def main() -> int:
         redis_child.stop()
         upstream_child.remove_log()
         redis_child.remove_log()
-    print(f"# Isolation: /pay's upstream hangs for {OUTAGE_SECONDS} s (gunicorn, 4 sync workers, "
-          f"{CLIENT_PROCESSES} /pay and {CLIENT_PROCESSES} /products closed-loop clients, {redis_kind}, "
-          f"{time.strftime('%Y-%m-%d')})\n")
-    print("| run | route | healthy req/s | outage req/s | recovery req/s | errors (not 200/503) "
-          "| outage / healthy |")
+    print(
+        f"# Isolation: /pay's upstream hangs for {OUTAGE_SECONDS} s (gunicorn, 4 sync workers, "
+        f"{CLIENT_PROCESSES} /pay and {CLIENT_PROCESSES} /products closed-loop clients, {redis_kind}, "
+        f"{time.strftime('%Y-%m-%d')})\n"
+    )
+    print(
+        "| run | route | healthy req/s | outage req/s | recovery req/s | errors (not 200/503) "
+        "| outage / healthy |"
+    )
     print("|---|---|---|---|---|---|---|")
     ratios = {}
     for title, run in runs.items():
         figures = summary(run)
         for path in ("/products", "/pay"):
-            healthy, outage, recovery = (figures.get((path, p), (0.0, 0)) for p in
-                                         ("healthy", "outage", "recovery"))
+            healthy, outage, recovery = (
+                figures.get((path, p), (0.0, 0)) for p in ("healthy", "outage", "recovery")
+            )
             ratio = outage[0] / healthy[0] if healthy[0] else 0.0
             if path == "/products":
                 ratios[title] = ratio
             errors = healthy[1] + outage[1] + recovery[1]
-            print(f"| {title} | {path} | {healthy[0]:,.0f} | {outage[0]:,.0f} | {recovery[0]:,.0f} | "
-                  f"{errors:,} | {ratio:.2f}x |")
+            print(
+                f"| {title} | {path} | {healthy[0]:,.0f} | {outage[0]:,.0f} | {recovery[0]:,.0f} | "
+                f"{errors:,} | {ratio:.2f}x |"
+            )
     chart(runs)
     guarded = ratios["with the breaker on /pay"]
-    print(f"\n/products during the outage, with the breaker: {guarded:.2f}x its healthy rate "
-          f"(target >= {TARGET_RATIO}: {'met' if guarded >= TARGET_RATIO else 'MISSED'}); "
-          f"without: {ratios['without a breaker']:.2f}x. Chart: {CHART.relative_to(ROOT)}")
+    print(
+        f"\n/products during the outage, with the breaker: {guarded:.2f}x its healthy rate "
+        f"(target >= {TARGET_RATIO}: {'met' if guarded >= TARGET_RATIO else 'MISSED'}); "
+        f"without: {ratios['without a breaker']:.2f}x. Chart: {CHART.relative_to(ROOT)}"
+    )
     medians = statistics.median([len(r["answers"]) for r in runs.values()])
     print(f"({medians:,.0f} answers per run)")
     return 0

@@ -1000,9 +1000,7 @@ def against(rev: str) -> int:
     for code, values in medians.items():
         print(f"| {code} | {values['call']:.2f} | {values['permit']:.2f} |")
     new, old = medians["this checkout"], medians[f"commit {sha}"]
-    print(
-        f"| ratio | {new['call'] / old['call']:.3f} | {new['permit'] / old['permit']:.3f} |"
-    )
+    print(f"| ratio | {new['call'] / old['call']:.3f} | {new['permit'] / old['permit']:.3f} |")
     return 0
 
 

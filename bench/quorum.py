@@ -68,8 +68,9 @@ def calls_until_everyone_refuses(
 
 def bytes_per_reporter(client: redis.Redis, isolated: bool) -> float:
     client.flushall()
-    config = BreakerConfig(trip="count", failure_threshold=1 if isolated else 1000, window_seconds=60,
-                           min_reporters=100)
+    config = BreakerConfig(
+        trip="count", failure_threshold=1 if isolated else 1000, window_seconds=60, min_reporters=100
+    )
     sizes = {}
     for i in range(1, 41):
         breakers = Breakers(client, listen=False, reporter=f"web-{i:02d}.prod")

@@ -88,6 +88,7 @@ def script_usec(control: redis.Redis, run: Callable[[], Any]) -> tuple[float, fl
 def cases_on(path: Way, control: redis.Redis) -> Iterator[dict[str, Callable[[], Any]]]:
     """The four cases' calls on this path, warmed up; the Breakers closed after."""
     with ExitStack() as stack:
+
         def breakers(**kwargs: Any) -> Breakers:
             made = Breakers.from_url(path.url, prefix=f"cost-{time.monotonic_ns()}", **kwargs)
             stack.callback(made.client.close)
@@ -117,14 +118,16 @@ def cases_on(path: Way, control: redis.Redis) -> Iterator[dict[str, Callable[[],
             def trivial() -> Any:
                 return script(keys=keys, args=args)
 
-        calls: dict[str, Callable[[], Any]] = dict(zip(CASES, (asking.acquire, lambda: recorder.call(noop),
-                                                               failure, trivial), strict=True))
+        calls: dict[str, Callable[[], Any]] = dict(
+            zip(CASES, (asking.acquire, lambda: recorder.call(noop), failure, trivial), strict=True)
+        )
         for call in calls.values():
             for _ in range(WARMUP):
                 call()
         if recording.gate.remote.use_functions is not path.functions:
-            raise SystemExit(f"{path.label}: the scripts did not run with "
-                             f"{'FCALL' if path.functions else 'EVALSHA'}")
+            raise SystemExit(
+                f"{path.label}: the scripts did not run with {'FCALL' if path.functions else 'EVALSHA'}"
+            )
         yield calls
 
 
@@ -147,8 +150,12 @@ def server_version(control: redis.Redis) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the scripts' server time on 6.2 and 7 (module docstring)")
-    parser.add_argument("--redis62", required=True, metavar="PATH",
-                        help="Redis 6.2's redis-server (python .ci/matrix.py --redis62 prints one)")
+    parser.add_argument(
+        "--redis62",
+        required=True,
+        metavar="PATH",
+        help="Redis 6.2's redis-server (python .ci/matrix.py --redis62 prints one)",
+    )
     args = parser.parse_args(argv)
     with redis_server() as url7, redis_server(args.redis62) as url62:
         controls = {url: redis.Redis.from_url(url) for url in (url7, url62)}
@@ -162,20 +169,25 @@ def main(argv: list[str] | None = None) -> int:
         ]
         best = measure(paths, controls)
     load = os.getloadavg()[0]
-    print(f"# The scripts' server time on Redis 6.2 and 7 (µs per script run, INFO commandstats; "
-          f"the least of {ROUNDS} interleaved rounds of {CALLS} calls; Python {platform.python_version()}, "
-          f"load average {load:.1f}, {time.strftime('%Y-%m-%d')})\n")
+    print(
+        f"# The scripts' server time on Redis 6.2 and 7 (µs per script run, INFO commandstats; "
+        f"the least of {ROUNDS} interleaved rounds of {CALLS} calls; Python {platform.python_version()}, "
+        f"load average {load:.1f}, {time.strftime('%Y-%m-%d')})\n"
+    )
     fcall, evalsha7, evalsha62 = (p.label for p in paths)
     print(f"| script | {fcall} | {evalsha7} | {evalsha62} | 6.2 / 7 FCALL | 6.2 / 7 EVALSHA |")
     print("|---|---|---|---|---|---|")
     for case in CASES:
         row = [best[label, case] for label in (fcall, evalsha7, evalsha62)]
-        cells = " | ".join(f"{usec:.1f}" + (f" ({runs:.2f} runs/call)" if abs(runs - 1) > 0.01 else "")
-                           for usec, runs in row)
+        cells = " | ".join(
+            f"{usec:.1f}" + (f" ({runs:.2f} runs/call)" if abs(runs - 1) > 0.01 else "") for usec, runs in row
+        )
         print(f"| {case} | {cells} | {row[2][0] / row[0][0]:.2f}x | {row[2][0] / row[1][0]:.2f}x |")
-    print(f"\nA guarded call that fails, made by a worker without a subscription (acquire + record a "
-          f"failure): {best[fcall, CASES[0]][0] + best[fcall, CASES[2]][0]:.1f} µs on Redis {v7} with FCALL, "
-          f"{best[evalsha62, CASES[0]][0] + best[evalsha62, CASES[2]][0]:.1f} µs on Redis {v62}.")
+    print(
+        f"\nA guarded call that fails, made by a worker without a subscription (acquire + record a "
+        f"failure): {best[fcall, CASES[0]][0] + best[fcall, CASES[2]][0]:.1f} µs on Redis {v7} with FCALL, "
+        f"{best[evalsha62, CASES[0]][0] + best[evalsha62, CASES[2]][0]:.1f} µs on Redis {v62}."
+    )
     return 0
 
 

@@ -112,7 +112,11 @@ class PerBreaker:
             breakers = self.made.get(key)
             if breakers is None:
                 breakers = self.made[key] = Breakers(
-                    reader.client, reader.prefix, listen=False, on_store_error="deny", defaults=config,
+                    reader.client,
+                    reader.prefix,
+                    listen=False,
+                    on_store_error="deny",
+                    defaults=config,
                     clock=self.clock,
                 )
             out.append(breakers.get(name).snapshot())

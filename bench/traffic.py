@@ -98,6 +98,7 @@ MIXES = [
 
 # -- round trips, counted where redis-py sends them -------------------------------
 
+
 class Sends:
     """Every command (or pipeline) any redis-py connection of this process sends."""
 
@@ -271,6 +272,7 @@ def record_table(single: str) -> list[str]:
     args = ["0"] * 18
     never = BreakerConfig(trip="count", failure_threshold=10**6, window_seconds=60)
     made = []
+
     def trivial() -> None:
         control.fcall(trivial_function, 7, *keys, *args)
 
@@ -301,8 +303,10 @@ def record_table(single: str) -> list[str]:
     ]
     for label, usec in best.items():
         ratio = usec / floor
-        lines.append(f"| {label} | {usec:.2f} | {floor:.2f} | {ratio:.1f}x | <= {TARGET_RECORD_RATIO}x "
-                     f"| {verdict(ratio <= TARGET_RECORD_RATIO)} |")
+        lines.append(
+            f"| {label} | {usec:.2f} | {floor:.2f} | {ratio:.1f}x | <= {TARGET_RECORD_RATIO}x "
+            f"| {verdict(ratio <= TARGET_RECORD_RATIO)} |"
+        )
     return lines
 
 
@@ -313,8 +317,11 @@ def _suppress(breaker: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="breaker_redis under everyday traffic (module docstring)")
-    parser.add_argument("--record-only", action="store_true",
-                        help="only table 3, the record script's server time (no cluster is started)")
+    parser.add_argument(
+        "--record-only",
+        action="store_true",
+        help="only table 3, the record script's server time (no cluster is started)",
+    )
     args = parser.parse_args(argv)
     if args.record_only:
         with redis_server() as single:
@@ -325,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     sends = Sends()
     with redis_server() as single, started(ClusterGroup()) as cluster:
         version = redis.Redis.from_url(single).info("server")["redis_version"]
-        print(f"# breaker_redis under everyday traffic (redis-server {version}; one worker, "
-              f"{CALLS:,} calls after {WARMUP} warm-up calls)\n")
+        print(
+            f"# breaker_redis under everyday traffic (redis-server {version}; one worker, "
+            f"{CALLS:,} calls after {WARMUP} warm-up calls)\n"
+        )
         tables = (traffic_table(single, cluster.url, sends), memory_table(single))
         for table in (*tables, record_table(single)):
             print("\n".join(table) + "\n")

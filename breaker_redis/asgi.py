@@ -74,8 +74,16 @@ from breaker_redis.web.routes import (
 FALLBACK_HEADER = fallbacks.FALLBACK_HEADER
 
 __all__ = [
-    "DEFAULT_FAILURE_STATUSES", "FALLBACK_HEADER", "ROUTE_OPTIONS", "BreakerMiddleware",
-    "ResponseInfo", "RouteSpec", "header_value", "judge_status", "parse_routes", "prefix_matches",
+    "DEFAULT_FAILURE_STATUSES",
+    "FALLBACK_HEADER",
+    "ROUTE_OPTIONS",
+    "BreakerMiddleware",
+    "ResponseInfo",
+    "RouteSpec",
+    "header_value",
+    "judge_status",
+    "parse_routes",
+    "prefix_matches",
     "refusal_messages",
 ]
 
@@ -162,10 +170,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
         # A path (under no root_path) that starts with no route's stem is
         # unprotected, decided on sight; any other is matched the long way.
         if (
-            type(path) is not str
-            or path[:1] != "/"
-            or scope.get("root_path")
-            or path.startswith(self._entry)
+            type(path) is not str or path[:1] != "/" or scope.get("root_path") or path.startswith(self._entry)
         ) and await self._guard(scope, receive, send):
             return
         # Unprotected: the app's own answer, untouched, except that an outbound

@@ -192,8 +192,12 @@ class BreakerGuard:
     ) -> None:
         if not isinstance(breakers, Breakers):
             raise TypeError("breakers must be a breaker_redis.asyncio.Breakers")
-        route = {"failure_statuses": failure_statuses, "ignore_statuses": ignore_statuses,
-                 "classify": classify, "message": message}
+        route = {
+            "failure_statuses": failure_statuses,
+            "ignore_statuses": ignore_statuses,
+            "classify": classify,
+            "message": message,
+        }
         self.spec = make_spec(name, route, f"BreakerGuard({name!r})")  # the middlewares' route format
         self.breakers = breakers
         self.breaker: Breaker = breakers.get(name, config)
@@ -220,8 +224,9 @@ class BreakerGuard:
         try:
             permit, guards = await admit_async(self.breaker, self._warn, scope, self._guard)
         except BreakerOpen as refused:
-            refusal = refusal_for(refused, self.breakers, as_json=_request_wants_json(request),
-                                  message=self.spec.message)
+            refusal = refusal_for(
+                refused, self.breakers, as_json=_request_wants_json(request), message=self.spec.message
+            )
             raise BreakerRefused(refused, message=self.spec.message, refusal=refusal) from None
         if permit is None or guards is None:
             yield None

@@ -156,8 +156,11 @@ class _Group:
             names.append(found)
         if not names:
             raise ValueError(f"{where}: needs at least one member")
-        if (isinstance(max_open_fraction, bool) or not isinstance(max_open_fraction, (int, float))
-                or not 0 < max_open_fraction <= 1):
+        if (
+            isinstance(max_open_fraction, bool)
+            or not isinstance(max_open_fraction, (int, float))
+            or not 0 < max_open_fraction <= 1
+        ):
             raise ValueError(f"{where}: max_open_fraction must be > 0 and <= 1 (got {max_open_fraction!r})")
         if config is not None and not isinstance(config, BreakerConfig):
             raise TypeError(f"{where}: config must be a BreakerConfig (got {config!r})")
@@ -174,8 +177,10 @@ class _Group:
             try:
                 breaker = breakers.get(member, self.config)
             except ValueError as exc:
-                raise ValueError(f"{where}: member {member!r}: {exc} (build the group before anything "
-                                 "uses its members' breakers)") from None
+                raise ValueError(
+                    f"{where}: member {member!r}: {exc} (build the group before anything "
+                    "uses its members' breakers)"
+                ) from None
             breaker.on_events = self._on_events
             self._breakers[member] = breaker
         self._digest = config_digest(self.max_open_fraction, self.members)
@@ -316,8 +321,9 @@ class _Group:
         return MemberArgs(*step[2:]).argv()  # ARGV 7-9 (a breaker adds its config and floor)
 
     def _status(self, raw: Any, states: dict[str, str]) -> dict[str, Any]:
-        return group_status(self.name, raw, states, members=self.members, cap=self.cap,
-                            fraction=self.max_open_fraction)
+        return group_status(
+            self.name, raw, states, members=self.members, cap=self.cap, fraction=self.max_open_fraction
+        )
 
 
 def _run_to_end(coroutine: Coroutine[Any, Any, None]) -> None:
@@ -401,8 +407,13 @@ class BreakerGroup(_Group):
             if breaker is not None:
                 return breaker.run_script("member", self._member_args(step))
             try:  # another config's member: its keys only (no config sent, nothing learned)
-                raw, _ = self.breakers.gate.run("member", step[1], self.breakers.clock_ms(),
-                                                ["", "", *self._member_args(step)], fallback=False)
+                raw, _ = self.breakers.gate.run(
+                    "member",
+                    step[1],
+                    self.breakers.clock_ms(),
+                    ["", "", *self._member_args(step)],
+                    fallback=False,
+                )
             except StoreUnavailable:
                 return None
             reply = Reply.decode(raw)
@@ -455,8 +466,13 @@ class AsyncBreakerGroup(_Group):
                 reply: Reply | None = await breaker.run_script("member", self._member_args(step))
                 return reply
             try:  # another config's member: its keys only (no config sent, nothing learned)
-                raw, _ = await self.breakers.gate.run("member", step[1], self.breakers.clock_ms(),
-                                                      ["", "", *self._member_args(step)], fallback=False)
+                raw, _ = await self.breakers.gate.run(
+                    "member",
+                    step[1],
+                    self.breakers.clock_ms(),
+                    ["", "", *self._member_args(step)],
+                    fallback=False,
+                )
             except StoreUnavailable:
                 return None
             reply = Reply.decode(raw)

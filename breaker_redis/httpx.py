@@ -72,11 +72,14 @@ class _Options(OutboundClient):
     def _attach(self, transport: Any = None, **transport_options: Any) -> None:
         where = type(self).__name__
         if transport is not None and transport_options:
-            raise TypeError(f"{where}: give a transport or its options, not both "
-                            f"(got {', '.join(sorted(transport_options))})")
+            raise TypeError(
+                f"{where}: give a transport or its options, not both "
+                f"(got {', '.join(sorted(transport_options))})"
+            )
         if transport is None:
             transport = (httpx.AsyncHTTPTransport if self._asynchronous else httpx.HTTPTransport)(
-                **transport_options)
+                **transport_options
+            )
         self.transport = transport
 
 
@@ -101,8 +104,12 @@ class BreakerTransport(_Options, httpx.BaseTransport):
         if in_pool:
             request.extensions = {**extensions, "trace": _tracer(exchange, extensions.get("trace"))}
         try:
-            return send(exchange, lambda: self.transport.handle_request(request),
-                        lambda response: _watch(response, exchange), ask_first=not in_pool)
+            return send(
+                exchange,
+                lambda: self.transport.handle_request(request),
+                lambda response: _watch(response, exchange),
+                ask_first=not in_pool,
+            )
         finally:
             request.extensions = extensions  # the caller's request as it was
 
@@ -137,8 +144,12 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
         if in_pool:
             request.extensions = {**extensions, "trace": _async_tracer(exchange, extensions.get("trace"))}
         try:
-            return await send_async(exchange, lambda: self.transport.handle_async_request(request),
-                                    lambda response: _watch_async(response, exchange), ask_first=not in_pool)
+            return await send_async(
+                exchange,
+                lambda: self.transport.handle_async_request(request),
+                lambda response: _watch_async(response, exchange),
+                ask_first=not in_pool,
+            )
         finally:
             request.extensions = extensions
 
@@ -161,8 +172,9 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
 # -- asking once a connection is handed over ----------------------------------------------------------
 
 
-def _tracer(exchange: Exchange, theirs: Callable[[str, dict[str, Any]], Any] | None
-            ) -> Callable[[str, dict[str, Any]], None]:
+def _tracer(
+    exchange: Exchange, theirs: Callable[[str, dict[str, Any]], Any] | None
+) -> Callable[[str, dict[str, Any]], None]:
     """A ``trace`` extension that asks the breaker at httpcore's first event of the
     request: every event comes from the connection the pool handed the request
     (connect_tcp for a new one, send_request_headers for a kept-alive one), so a
@@ -180,8 +192,9 @@ def _tracer(exchange: Exchange, theirs: Callable[[str, dict[str, Any]], Any] | N
     return trace
 
 
-def _async_tracer(exchange: AsyncExchange, theirs: Callable[[str, dict[str, Any]], Awaitable[Any]] | None
-                  ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+def _async_tracer(
+    exchange: AsyncExchange, theirs: Callable[[str, dict[str, Any]], Awaitable[Any]] | None
+) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
     """``_tracer`` for httpcore's async pool, which awaits its trace callback."""
 
     async def trace(event: str, info: dict[str, Any]) -> None:
@@ -256,8 +269,9 @@ class _AsyncBody(httpx.AsyncByteStream):
     """``_Body`` for httpx.AsyncClient: the permit is recorded on the event loop
     that sent the request, a dropped one too (``settle_on_loop``)."""
 
-    def __init__(self, stream: httpx.AsyncByteStream, exchange: AsyncExchange,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, stream: httpx.AsyncByteStream, exchange: AsyncExchange, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._stream = stream
         self._exchange = exchange
         self._dropped = weakref.finalize(self, settle_on_loop, loop, exchange.body_closed)

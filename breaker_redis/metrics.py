@@ -79,10 +79,17 @@ class BreakerCollector(Collector):
                 log.warning("metrics cannot read Redis (%s: %s)", type(exc).__name__, exc)
             self._failing = True
             why = "unavailable" if missing is None else "permission", missing or "", 1
-            return [_up(0), Family(
-                "breaker_redis_up_error", "gauge", "1 for why breaker_redis_up is 0: unavailable, or "
-                "permission (missing: the ACL rule to grant)", ("reason", "missing"), [why]
-            )]
+            return [
+                _up(0),
+                Family(
+                    "breaker_redis_up_error",
+                    "gauge",
+                    "1 for why breaker_redis_up is 0: unavailable, or "
+                    "permission (missing: the ACL rule to grant)",
+                    ("reason", "missing"),
+                    [why],
+                ),
+            ]
         self._failing = False
         return [_up(1), *_families(snapshots), *_group_families(groups)]
 
@@ -114,46 +121,69 @@ def _families(snapshots: Sequence[Snapshot]) -> list[Family]:
 
     return [
         Family(
-            "breaker_redis_state", "gauge", "1 for the breaker's current state, else 0", ("breaker", "state"),
+            "breaker_redis_state",
+            "gauge",
+            "1 for the breaker's current state, else 0",
+            ("breaker", "state"),
             [(n, state, 1 if snap["state"] == state else 0) for n, snap in each for state in STATES],
         ),
         Family(
-            "breaker_redis_forced", "gauge", "1 while an operator forces the breaker", ("breaker",),
+            "breaker_redis_forced",
+            "gauge",
+            "1 while an operator forces the breaker",
+            ("breaker",),
             [(n, 1 if snap["forced"] else 0) for n, snap in each],
         ),
         Family(
-            "breaker_redis_calls", "counter", "Recorded outcomes", ("breaker", "outcome"),
+            "breaker_redis_calls",
+            "counter",
+            "Recorded outcomes",
+            ("breaker", "outcome"),
             [(n, outcome, snap[field]) for n, snap in each for outcome, field in OUTCOME_COUNTERS.items()],
         ),
         family("breaker_redis_slow_calls", "counter", "Calls at or over slow_call_seconds", "slow"),
         family("breaker_redis_rejected", "counter", "Calls refused by the breaker", "rejected"),
         family("breaker_redis_trips", "counter", "Times the breaker opened", "trips"),
         family(
-            "breaker_redis_state_lost", "counter",
-            "Times a worker found the state it knew gone (evicted, flushed)", "state_lost",
+            "breaker_redis_state_lost",
+            "counter",
+            "Times a worker found the state it knew gone (evicted, flushed)",
+            "state_lost",
         ),
         family("breaker_redis_window_calls", "gauge", "Calls in the sliding window", "window_calls"),
         family("breaker_redis_window_failures", "gauge", "Failures in the sliding window", "window_failures"),
         Family(
-            "breaker_redis_retry_after_seconds", "gauge",
-            "Seconds until an open breaker lets a probe through (0: none)", ("breaker",),
+            "breaker_redis_retry_after_seconds",
+            "gauge",
+            "Seconds until an open breaker lets a probe through (0: none)",
+            ("breaker",),
             [(n, snap["retry_after"] or 0) for n, snap in each],
         ),
         # min_reporters > 1 (README, "One sick host"); a reporter's series only while it failed in
         # the window or is isolated, so the label's values stay as few as the failing hosts
         Family(
-            "breaker_redis_isolated_reporters", "gauge", "Reporters (hosts) isolated now", ("breaker",),
+            "breaker_redis_isolated_reporters",
+            "gauge",
+            "Reporters (hosts) isolated now",
+            ("breaker",),
             [(n, len(snap["isolated"])) for n, snap in each],
         ),
         family(
-            "breaker_redis_failing_reporters", "gauge", "Distinct reporters failing in the window",
+            "breaker_redis_failing_reporters",
+            "gauge",
+            "Distinct reporters failing in the window",
             "failing_reporters",
         ),
         Family(
-            "breaker_redis_reporter_failures", "gauge", "Failures of a reporter failing in the window",
+            "breaker_redis_reporter_failures",
+            "gauge",
+            "Failures of a reporter failing in the window",
             ("breaker", "reporter"),
-            [(n, reporter, seen["failures"]) for n, snap in each
-             for reporter, seen in snap["reporters"].items()],
+            [
+                (n, reporter, seen["failures"])
+                for n, snap in each
+                for reporter, seen in snap["reporters"].items()
+            ],
         ),
     ]
 
@@ -165,20 +195,31 @@ def _group_families(groups: list[dict[str, Any]]) -> list[Family]:
     each = [(str(group["name"]), group) for group in groups]
     return [
         Family(
-            "breaker_redis_group_members", "gauge", "Member breakers of the group", ("group",),
+            "breaker_redis_group_members",
+            "gauge",
+            "Member breakers of the group",
+            ("group",),
             [(n, len(group["members"])) for n, group in each],
         ),
         Family(
-            "breaker_redis_group_max_open", "gauge", "Members of the group that may be open at once",
+            "breaker_redis_group_max_open",
+            "gauge",
+            "Members of the group that may be open at once",
             ("group",),
             [(n, group["cap"]) for n, group in each],
         ),
         Family(
-            "breaker_redis_group_open", "gauge", "Members of the group open or half-open now", ("group",),
+            "breaker_redis_group_open",
+            "gauge",
+            "Members of the group open or half-open now",
+            ("group",),
             [(n, len(group["open"])) for n, group in each],
         ),
         Family(
-            "breaker_redis_group_held_back", "counter", "Trips the group held back at its cap", ("group",),
+            "breaker_redis_group_held_back",
+            "counter",
+            "Trips the group held back at its cap",
+            ("group",),
             [(n, group["held"]) for n, group in each],
         ),
     ]

@@ -110,8 +110,9 @@ class BreakerAdapter(OutboundClient, HTTPAdapter):
     def _attach(self, *args: Any, **adapter_options: Any) -> None:
         HTTPAdapter.__init__(self, *args, **adapter_options)
 
-    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False,
-                         **pool_kwargs: Any) -> None:
+    def init_poolmanager(
+        self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any
+    ) -> None:
         """requests' pool manager; with ``block=True`` its pools ask the breaker once
         they hand a request a connection, so a request that waits for one holds no
         permit: a half-open probe stuck behind connections that streams the caller
@@ -190,7 +191,8 @@ def _ask_in_pools(manager: Any) -> None:
             asking = _ASKING_CLASSES.get(pool_class)
             if asking is None:
                 asking = _ASKING_CLASSES.setdefault(
-                    pool_class, type(f"Asking{pool_class.__name__}", (_AskInPool, pool_class), {}))
+                    pool_class, type(f"Asking{pool_class.__name__}", (_AskInPool, pool_class), {})
+                )
             classes[scheme] = asking
     manager.pool_classes_by_scheme = classes
 

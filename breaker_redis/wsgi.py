@@ -58,8 +58,14 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 __all__ = [
-    "DEFAULT_FAILURE_STATUSES", "FALLBACK_HEADER", "ROUTE_OPTIONS", "BreakerMiddleware",
-    "ResponseInfo", "RouteSpec", "parse_routes", "prefix_matches",
+    "DEFAULT_FAILURE_STATUSES",
+    "FALLBACK_HEADER",
+    "ROUTE_OPTIONS",
+    "BreakerMiddleware",
+    "ResponseInfo",
+    "RouteSpec",
+    "parse_routes",
+    "prefix_matches",
 ]
 
 
@@ -371,5 +377,3 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
         # exchange waits for the next request through the middleware instead.
         if not self.is_closed and not self.permit.recorded:
             self.middleware._orphans.append(self)
-
-

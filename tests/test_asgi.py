@@ -45,12 +45,14 @@ class Env:
 def env(request: pytest.FixtureRequest) -> Env:
     if request.param == "fake":
         server = fakeredis.FakeServer()
-        return Env("fake", lambda: fakeredis.FakeAsyncRedis(server=server),
-                   lambda: fakeredis.FakeRedis(server=server))
+        return Env(
+            "fake",
+            lambda: fakeredis.FakeAsyncRedis(server=server),
+            lambda: fakeredis.FakeRedis(server=server),
+        )
     real = request.getfixturevalue("redis_server")
     real.client().flushall()
-    return Env("real", lambda: redis.asyncio.Redis(host="127.0.0.1", port=real.port),
-               lambda: real.client())
+    return Env("real", lambda: redis.asyncio.Redis(host="127.0.0.1", port=real.port), lambda: real.client())
 
 
 def run(coro: Awaitable[Any]) -> Any:
@@ -180,12 +182,14 @@ PAY = {"breaker": "pay", "failure_threshold": 3, "open_seconds": 10}
 
 
 def test_routes_longest_prefix_on_a_segment_boundary() -> None:
-    routes, configs = parse_routes({"/pay": "pay", "/pay/refund": {"breaker": "refund", "open_seconds": 5},
-                                    "/api/": "api"})
+    routes, configs = parse_routes(
+        {"/pay": "pay", "/pay/refund": {"breaker": "refund", "open_seconds": 5}, "/api/": "api"}
+    )
     assert [prefix for prefix, _ in routes] == ["/pay/refund", "/api/", "/pay"]
     assert configs == {"refund": {"open_seconds": 5}}
-    mw = BreakerMiddleware(App(), Breakers(fakeredis.FakeAsyncRedis()),
-                           {"/pay": "pay", "/pay/refund": "refund", "/api/": "api"})
+    mw = BreakerMiddleware(
+        App(), Breakers(fakeredis.FakeAsyncRedis()), {"/pay": "pay", "/pay/refund": "refund", "/api/": "api"}
+    )
 
     def name(path: str) -> str | None:
         spec = mw.route_for(path)
@@ -207,8 +211,11 @@ def test_bad_routes_fail_at_start_up() -> None:
     with pytest.raises(ValueError, match="needs 'breaker'"):
         BreakerMiddleware(App(), breakers, {"/pay": {"failure_threshold": 2}})
     with pytest.raises(ValueError, match="configured differently"):
-        BreakerMiddleware(App(), breakers, {"/a": {"breaker": "x", "failure_threshold": 2},
-                                            "/b": {"breaker": "x", "failure_threshold": 3}})
+        BreakerMiddleware(
+            App(),
+            breakers,
+            {"/a": {"breaker": "x", "failure_threshold": 2}, "/b": {"breaker": "x", "failure_threshold": 3}},
+        )
     with pytest.raises(ValueError, match="must start with '/'"):
         BreakerMiddleware(App(), breakers, {"pay": "pay"})
     with pytest.raises(ValueError, match="failure_threshold"):
@@ -259,11 +266,17 @@ def test_refusal_is_the_common_503_as_text_or_json(env: Env) -> None:
             assert int(text.headers["content-length"]) == len(text.content)
             as_json = await h.http.get("/pay", headers={"accept": "application/json"})
             assert as_json.headers["content-type"] == "application/json"
-            assert as_json.json() == {"error": "service_unavailable", "message": "Payments are resting.",
-                                      "breaker": "pay", "reason": "open", "retry_after": 10}
+            assert as_json.json() == {
+                "error": "service_unavailable",
+                "message": "Payments are resting.",
+                "breaker": "pay",
+                "reason": "open",
+                "retry_after": 10,
+            }
             # the very bytes every integration sends (breaker_redis.web.refusal)
-            expected = Refusal.build(BreakerOpen(10.0, "pay", "open"), as_json=True,
-                                     message="Payments are resting.")
+            expected = Refusal.build(
+                BreakerOpen(10.0, "pay", "open"), as_json=True, message="Payments are resting."
+            )
             assert as_json.content == expected.body
             xhr = await h.http.get("/pay", headers={"x-requested-with": "XMLHttpRequest"})
             assert xhr.headers["content-type"] == "application/json"
@@ -288,8 +301,12 @@ def test_statuses_classify_the_response(env: Env) -> None:
     async def scenario() -> None:
         routes = {
             "/pay": PAY,
-            "/tuned": {"breaker": "tuned", "failure_statuses": [429, 502], "ignore_statuses": [503],
-                       "failure_threshold": 100},
+            "/tuned": {
+                "breaker": "tuned",
+                "failure_statuses": [429, 502],
+                "ignore_statuses": [503],
+                "failure_threshold": 100,
+            },
         }
         async with harness(env, routes) as h:
             for status in (200, 201, 404, 400, 302, 500, 200):
@@ -316,10 +333,17 @@ def test_classify_callable_sees_status_and_headers(env: Env) -> None:
         return {"fail": True, "ok": False, "skip": "ignored", "broken": 42}.get(verdict or "")  # type: ignore[return-value]
 
     async def scenario() -> None:
-        async with harness(env, {"/pay": {"breaker": "pay", "classify": classify,
-                                          "failure_threshold": 100}}) as h:
-            for verdict, status in (("fail", 200), ("ok", 500), ("skip", 500), ("", 500), ("", 200),
-                                    ("broken", 200)):
+        async with harness(
+            env, {"/pay": {"breaker": "pay", "classify": classify, "failure_threshold": 100}}
+        ) as h:
+            for verdict, status in (
+                ("fail", 200),
+                ("ok", 500),
+                ("skip", 500),
+                ("", 500),
+                ("", 200),
+                ("broken", 200),
+            ):
                 h.app.status = status
                 h.app.headers = [(b"x-verdict", verdict.encode())]
                 await h.http.get("/pay")
@@ -334,8 +358,14 @@ def test_classify_callable_sees_status_and_headers(env: Env) -> None:
 
 def test_exceptions_are_classified_by_the_config_and_reraised(env: Env) -> None:
     async def scenario() -> None:
-        routes = {"/pay": {"breaker": "pay", "failure_threshold": 2, "record_exceptions": (ConnectionError,),
-                           "ignore_exceptions": (ConnectionResetError,)}}
+        routes = {
+            "/pay": {
+                "breaker": "pay",
+                "failure_threshold": 2,
+                "record_exceptions": (ConnectionError,),
+                "ignore_exceptions": (ConnectionResetError,),
+            }
+        }
         async with harness(env, routes) as h:
             h.app.mode = "raise"
             for exc in (ValueError("not ours"), ConnectionResetError("ignored"), ConnectionError("down")):
@@ -419,14 +449,20 @@ def test_static_and_function_fallbacks_answer_a_refusal(env: Env) -> None:
     async def scenario() -> None:
         one = {"failure_threshold": 1, "fallback_on_failure": False}
         routes = {
-            "/static": {"breaker": "s", "fallback": static({"items": []}, headers={"X-Degraded": "1"}),
-                        **one},
+            "/static": {
+                "breaker": "s",
+                "fallback": static({"items": []}, headers={"X-Degraded": "1"}),
+                **one,
+            },
             "/function": {"breaker": "f", "fallback": simplified, **one},
             "/tuple": {"breaker": "t", "fallback": function(as_tuple), **one},
             "/starlette": {"breaker": "r", "fallback": starlette_response, **one},
             "/stream": {"breaker": "st", "fallback": streamed, **one},
-            "/chain": {"breaker": "c", "fallback": chain(function(lambda c: None), function(broken),
-                                                         static("last resort")), **one},
+            "/chain": {
+                "breaker": "c",
+                "fallback": chain(function(lambda c: None), function(broken), static("last resort")),
+                **one,
+            },
             "/broken": {"breaker": "b", "fallback": broken, **one},
         }
         async with harness(env, routes) as h:
@@ -464,8 +500,12 @@ def test_a_fallback_answers_a_failed_response_or_exception(env: Env) -> None:
     async def scenario() -> None:
         routes = {
             "/pay": {**PAY, "failure_threshold": 10, "fallback": static({"queued": True}, status=202)},
-            "/raw": {"breaker": "raw", "failure_threshold": 10, "fallback": static("x"),
-                     "fallback_on_failure": False},
+            "/raw": {
+                "breaker": "raw",
+                "failure_threshold": 10,
+                "fallback": static("x"),
+                "fallback_on_failure": False,
+            },
         }
         async with harness(env, routes) as h:
             h.app.status = 502
@@ -489,8 +529,13 @@ def test_a_fallback_answers_a_failed_response_or_exception(env: Env) -> None:
 def test_cached_fallback_runs_in_a_thread_and_is_shared_with_sync_workers(env: Env) -> None:
     async def scenario() -> None:
         sync_client = env.sclient()
-        routes = {"/cart": {"breaker": "cart", "failure_threshold": 2,
-                            "fallback": chain(cached(ttl=60, refresh_seconds=0), static({"items": []}))}}
+        routes = {
+            "/cart": {
+                "breaker": "cart",
+                "failure_threshold": 2,
+                "fallback": chain(cached(ttl=60, refresh_seconds=0), static({"items": []})),
+            }
+        }
         async with harness(env, routes, cache_client=sync_client) as h:
             h.app.body = b'{"items": ["tea"]}'
             h.app.mode = "chunks"  # kept across body messages
@@ -510,8 +555,10 @@ def test_cached_fallback_runs_in_a_thread_and_is_shared_with_sync_workers(env: E
             # response a sync worker remembered is served here (and the other way round)
             prefix = h.breakers.prefix
             sync_context = FallbackContext("cart", None, "GET /cart?user=3", "GET", sync_client, prefix)
-            cached(ttl=60).remember(sync_context, FallbackResponse(b'{"items": ["cup"]}', 200,
-                                                                   (("Content-Type", "application/json"),)))
+            cached(ttl=60).remember(
+                sync_context,
+                FallbackResponse(b'{"items": ["cup"]}', 200, (("Content-Type", "application/json"),)),
+            )
             assert (await h.http.get("/cart?user=3")).json() == {"items": ["cup"]}
             keys = sync_client.keys(f"{prefix}:{{cart}}:fallback:*")
             assert len(keys) == 2
@@ -559,7 +606,8 @@ def test_lifespan_and_websocket_scopes_pass_through() -> None:
             seen.append((scope["type"], send))
 
         await BreakerMiddleware(ws_app, Breakers(fakeredis.FakeAsyncRedis()), {"/": "x"})(
-            {"type": "websocket", "path": "/chat"}, receive, send)
+            {"type": "websocket", "path": "/chat"}, receive, send
+        )
         assert seen == [("websocket", send)]  # the server's own send: untouched
 
     run(scenario())
@@ -576,8 +624,13 @@ async def half_open(h: Harness, clock: Clock) -> None:
     h.app.status = 200
 
 
-PROBE = {"breaker": "pay", "failure_threshold": 1, "open_seconds": 10, "half_open_max_calls": 1,
-         "record_exceptions": (ConnectionError,)}
+PROBE = {
+    "breaker": "pay",
+    "failure_threshold": 1,
+    "open_seconds": 10,
+    "half_open_max_calls": 1,
+    "record_exceptions": (ConnectionError,),
+}
 
 
 def test_an_exception_hands_the_probe_back(env: Env) -> None:
@@ -875,8 +928,13 @@ def test_fastapi_dependency_records_each_outcome_once(env: Env) -> None:
             # recorded before the response went out (scope="function"): the next call is refused
             refused = await http.get("/ok", headers={"accept": "application/json"})
             assert refused.status_code == 503
-            assert refused.json() == {"error": "service_unavailable", "message": "Payments are resting.",
-                                      "breaker": "pay", "reason": "open", "retry_after": 10}
+            assert refused.json() == {
+                "error": "service_unavailable",
+                "message": "Payments are resting.",
+                "breaker": "pay",
+                "reason": "open",
+                "retry_after": 10,
+            }
             assert refused.headers["retry-after"] == "10" and refused.headers["x-breaker"] == "pay"
             text = await http.get("/raise/down")
             assert (text.status_code, text.text) == (503, "Payments are resting.\n")
@@ -927,8 +985,12 @@ def test_fastapi_and_middleware_send_the_same_refusal(env: Env) -> None:
         async with fastapi_client(env) as (breakers, http):
             await breakers.get("pay").force_open()
             via_guard = await http.get("/ok", headers={"accept": "application/json"})
-        route = {"breaker": "pay", "message": "Payments are resting.", "failure_threshold": 3,
-                 "open_seconds": 10}
+        route = {
+            "breaker": "pay",
+            "message": "Payments are resting.",
+            "failure_threshold": 3,
+            "open_seconds": 10,
+        }
         async with harness(env, {"/pay": route}) as h:
             await h.mw.breaker("pay").force_open()
             via_middleware = await h.http.get("/pay", headers={"accept": "application/json"})

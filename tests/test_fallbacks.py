@@ -68,8 +68,11 @@ def test_static_answers_a_refused_request(clock):
 def test_static_bodies_and_statuses():
     assert Static(b"\x00", content_type="image/png").response.headers == (("Content-Type", "image/png"),)
     text = static("later", status=202, headers={"X-A": "b"}).response
-    assert (text.body, text.status, dict(text.headers)["Content-Type"]) == (b"later", 202,
-                                                                             "text/plain; charset=utf-8")
+    assert (text.body, text.status, dict(text.headers)["Content-Type"]) == (
+        b"later",
+        202,
+        "text/plain; charset=utf-8",
+    )
     assert json.loads(static([1, "二"]).response.body) == [1, "二"]
 
 
@@ -268,8 +271,11 @@ def test_chain_tries_each_fallback_in_turn(clock):
     def broken(context):
         raise RuntimeError("the simplified path is down too")
 
-    app, _ = shop(clock, fallback=chain(cached(), function(broken), function(lambda c: None),
-                                        static({"items": []})), fallback_on_failure=False)
+    app, _ = shop(
+        clock,
+        fallback=chain(cached(), function(broken), function(lambda c: None), static({"items": []})),
+        fallback_on_failure=False,
+    )
     client = app.test_client()
     open_breaker(client)
     answer = client.get("/cart")  # nothing cached, function raised, function had nothing: static

@@ -400,8 +400,11 @@ class Version:
         return cap_of(self.fraction, len(self.members))
 
 
-DEPLOY = st.tuples(st.just("deploy"), st.lists(st.sampled_from(NAMES), min_size=1, max_size=5, unique=True),
-                   st.sampled_from(FRACTIONS))
+DEPLOY = st.tuples(
+    st.just("deploy"),
+    st.lists(st.sampled_from(NAMES), min_size=1, max_size=5, unique=True),
+    st.sampled_from(FRACTIONS),
+)
 STEPS = st.lists(
     st.one_of(
         DEPLOY,
@@ -432,9 +435,17 @@ def check_the_cap(store: Any, prefix: str, cap: int, before: dict[str, int]) -> 
 
 
 @pytest.mark.parametrize("store", ["fake", "real"], indirect=True)
-@settings(max_examples=100, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(first=DEPLOY, steps=STEPS)
 def test_any_deploys_and_failures_never_exceed_the_cap_and_never_deadlock(store, first, steps):
     """Random member lists deployed one after another (workers of older versions running on
@@ -456,8 +467,9 @@ def test_any_deploys_and_failures_never_exceed_the_cap_and_never_deadlock(store,
         version = versions.setdefault((members, fraction), Version(members, fraction, clock()))
         breakers = Breakers(store, prefix, clock=clock, listen=False)
         made.append(breakers)
-        group = BreakerGroup(breakers, "pool", list(members), max_open_fraction=fraction,
-                             config=PROPERTY_CONFIG)
+        group = BreakerGroup(
+            breakers, "pool", list(members), max_open_fraction=fraction, config=PROPERTY_CONFIG
+        )
         group.settle()  # the worker starts: it joins
         version.workers.append(group)
         return group
@@ -504,8 +516,12 @@ def test_any_deploys_and_failures_never_exceed_the_cap_and_never_deadlock(store,
             for member in last.members:
                 call(group, member, upstream)
                 listed = check_the_cap(store, prefix, last.cap, listed)
-        open_now = sorted(n for n in NAMES if raw_state(store, prefix, n).get("state", "closed") != "closed"
-                          and not raw_state(store, prefix, n).get("forced"))
+        open_now = sorted(
+            n
+            for n in NAMES
+            if raw_state(store, prefix, n).get("state", "closed") != "closed"
+            and not raw_state(store, prefix, n).get("forced")
+        )
         assert set(open_now) <= set(last.members), (open_now, last.members)
         assert len(open_now) == min(last.cap, len(last.members)), (open_now, last)
         assert sorted(holders(store, prefix)) == open_now

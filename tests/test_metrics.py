@@ -80,8 +80,10 @@ def test_a_scrape_with_redis_down_says_so_instead_of_failing():
     Breakers(client, listen=False).get("pay").acquire().failure()
     server.connected = False
     found = samples(exposition(client).decode())
-    assert found == {("breaker_redis_up", ()): 0.0,
-                     ("breaker_redis_up_error", (("missing", ""), ("reason", "unavailable"))): 1.0}
+    assert found == {
+        ("breaker_redis_up", ()): 0.0,
+        ("breaker_redis_up_error", (("missing", ""), ("reason", "unavailable"))): 1.0,
+    }
 
 
 def written_by_prometheus_client(collector: BreakerCollector, families: list) -> bytes:
@@ -116,21 +118,29 @@ def test_the_exposition_is_byte_for_byte_what_prometheus_client_writes(redis_ser
         breakers.close()
     collector = BreakerCollector(client)
     floats = [0.1, 2.5e-07, 1e6, 12345678.9, 1e22, -3.0, float("inf"), float("-inf"), float("nan"), 7]
-    families = [*collector.families(), Family(
-        "breaker_redis_floats", "gauge", 'a \\ "help"\nover two lines', ("zz", "breaker", "outcome"),
-        [("z", f"b{i}", "o\n", value) for i, value in enumerate(floats)],
-    )]
+    families = [
+        *collector.families(),
+        Family(
+            "breaker_redis_floats",
+            "gauge",
+            'a \\ "help"\nover two lines',
+            ("zz", "breaker", "outcome"),
+            [("z", f"b{i}", "o\n", value) for i, value in enumerate(floats)],
+        ),
+    ]
     text = render(families)
     assert text == written_by_prometheus_client(collector, families)
     decoded = text.decode()
-    for line in ('breaker_redis_trips_total{breaker="say\\"hi\\""} 1.23456789e+08',
-                 'breaker_redis_trips_total{breaker="back\\\\slash"} 1.0',
-                 'breaker_redis_state{breaker="100%s%d",state="open"} 1.0',
-                 'breaker_redis_reporter_failures{breaker="pay",reporter="web-a"} 5.0',
-                 'breaker_redis_group_members{group="pool"} 2.0',
-                 '# HELP breaker_redis_floats a \\\\ "help"\\nover two lines',
-                 'breaker_redis_floats{breaker="b3",outcome="o\\n",zz="z"} 1.23456789e+07',
-                 'breaker_redis_floats{breaker="b8",outcome="o\\n",zz="z"} NaN'):
+    for line in (
+        'breaker_redis_trips_total{breaker="say\\"hi\\""} 1.23456789e+08',
+        'breaker_redis_trips_total{breaker="back\\\\slash"} 1.0',
+        'breaker_redis_state{breaker="100%s%d",state="open"} 1.0',
+        'breaker_redis_reporter_failures{breaker="pay",reporter="web-a"} 5.0',
+        'breaker_redis_group_members{group="pool"} 2.0',
+        '# HELP breaker_redis_floats a \\\\ "help"\\nover two lines',
+        'breaker_redis_floats{breaker="b3",outcome="o\\n",zz="z"} 1.23456789e+07',
+        'breaker_redis_floats{breaker="b8",outcome="o\\n",zz="z"} NaN',
+    ):
         assert f"\n{line}\n" in decoded
     retry_after = of(samples(decoded), "breaker_redis_retry_after_seconds", "ünïcode/v1/pay")
     assert 0 < retry_after <= 30
@@ -158,8 +168,10 @@ def test_a_scrape_refused_a_permission_names_it(redis_server, caplog):
     try:
         for _ in range(3):
             found = samples(exposition(scraper).decode())
-        assert found == {("breaker_redis_up", ()): 0.0,
-                         ("breaker_redis_up_error", (("missing", "+time"), ("reason", "permission"))): 1.0}
+        assert found == {
+            ("breaker_redis_up", ()): 0.0,
+            ("breaker_redis_up_error", (("missing", "+time"), ("reason", "permission"))): 1.0,
+        }
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert len(errors) == 1 and "ACL SETUSER scraper +time" in errors[0]
         admin.execute_command("ACL", "SETUSER", "scraper", "+time")
@@ -187,8 +199,10 @@ def test_a_scrape_with_no_breaker_listed_still_names_a_missing_permission(redis_
             worker.get("pay").call(lambda: 1 / 0)  # refused by Redis: decided on the local store
         assert admin.smembers("breaker:names") == set()
         found = samples(exposition(scraper).decode())
-        assert found == {("breaker_redis_up", ()): 0.0,
-                         ("breaker_redis_up_error", (("missing", "+time"), ("reason", "permission"))): 1.0}
+        assert found == {
+            ("breaker_redis_up", ()): 0.0,
+            ("breaker_redis_up_error", (("missing", "+time"), ("reason", "permission"))): 1.0,
+        }
         admin.execute_command("ACL", "SETUSER", "lister", "+time")
         assert samples(exposition(scraper).decode()) == {("breaker_redis_up", ()): 1.0}
     finally:
@@ -222,8 +236,13 @@ def test_cli_serves_metrics_on_a_port(redis_server):
     # inherited (a suite started in the background by a non-interactive shell ignores
     # SIGINT, and so would the child: Python then installs no KeyboardInterrupt handler
     # and the command serves on, as a command started with '&' should)
-    process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
 
         def scraped() -> str | None:
@@ -262,5 +281,3 @@ def test_flask_serves_metrics_behind_the_admin_token(clock):
     assert of(found, "breaker_redis_state", "pay", state="open") == 1
     assert of(found, "breaker_redis_calls_total", "pay", outcome="failure") == 2
     assert of(found, "breaker_redis_rejected_total", "pay") == 1
-
-

@@ -106,12 +106,35 @@ def test_longest_prefix_wins_on_segment_boundaries():
     routes = {"/pay": "pay", "/pay/refunds": "refunds", "/static/": "static"}
     assert [prefix for prefix, _ in parse_routes(routes)[0]] == ["/pay/refunds", "/static/", "/pay"]
     mw = BreakerMiddleware(shop, Breakers(fakeredis.FakeRedis(), listen=False), routes=routes)
-    found = {path: getattr(mw.route_for(path), "name", None) for path in (
-        "/pay", "/pay/", "/pay/x", "/payment", "/pay/refunds", "/pay/refunds/7", "/pay/refundsx",
-        "/static", "/static/a.css", "/staticx", "/")}
-    assert found == {"/pay": "pay", "/pay/": "pay", "/pay/x": "pay", "/payment": None,
-                     "/pay/refunds": "refunds", "/pay/refunds/7": "refunds", "/pay/refundsx": "pay",
-                     "/static": "static", "/static/a.css": "static", "/staticx": None, "/": None}
+    found = {
+        path: getattr(mw.route_for(path), "name", None)
+        for path in (
+            "/pay",
+            "/pay/",
+            "/pay/x",
+            "/payment",
+            "/pay/refunds",
+            "/pay/refunds/7",
+            "/pay/refundsx",
+            "/static",
+            "/static/a.css",
+            "/staticx",
+            "/",
+        )
+    }
+    assert found == {
+        "/pay": "pay",
+        "/pay/": "pay",
+        "/pay/x": "pay",
+        "/payment": None,
+        "/pay/refunds": "refunds",
+        "/pay/refunds/7": "refunds",
+        "/pay/refundsx": "pay",
+        "/static": "static",
+        "/static/a.css": "static",
+        "/staticx": None,
+        "/": None,
+    }
     assert prefix_matches("/", "/anything") and prefix_matches("/", "/")
 
 
@@ -128,12 +151,14 @@ def test_the_path_is_matched_as_flask_reads_it(make):
 def test_route_values_name_dict_and_routespec(make):
     from breaker_redis.flask.routes import RouteSpec as FlaskRouteSpec  # the tests may import Flask
 
-    mw = make(routes={
-        "/pay": {"breaker": "pay", "trip": "count", "failure_threshold": 7, "message": "Resting."},
-        "/refund": "pay",  # a bare name shares the breaker and its config
-        "/cart": RouteSpec("cart", failure_statuses=frozenset({418})),
-        "/legacy": FlaskRouteSpec("legacy", ignore_statuses=frozenset({503}), fallback_on_failure=False),
-    })
+    mw = make(
+        routes={
+            "/pay": {"breaker": "pay", "trip": "count", "failure_threshold": 7, "message": "Resting."},
+            "/refund": "pay",  # a bare name shares the breaker and its config
+            "/cart": RouteSpec("cart", failure_statuses=frozenset({418})),
+            "/legacy": FlaskRouteSpec("legacy", ignore_statuses=frozenset({503}), fallback_on_failure=False),
+        }
+    )
     assert mw.breaker("pay").config == BreakerConfig(trip="count", failure_threshold=7)
     assert mw.route_for("/refund").name == "pay" and mw.route_for("/refund").message is None
     assert mw.route_for("/pay").message == "Resting."
@@ -150,8 +175,13 @@ def test_route_values_name_dict_and_routespec(make):
         ({"/pay": {"fallback": "x"}}, ValueError),
         ({"/pay": {"breaker": "pay", "bogus": 1}}, ValueError),
         ({"/pay": {"breaker": "pay", "failure_threshold": 0}}, ValueError),
-        ({"/a": {"breaker": "pay", "failure_threshold": 3}, "/b": {"breaker": "pay", "failure_threshold": 4}},
-         ValueError),
+        (
+            {
+                "/a": {"breaker": "pay", "failure_threshold": 3},
+                "/b": {"breaker": "pay", "failure_threshold": 4},
+            },
+            ValueError,
+        ),
         ({"/pay": 7}, TypeError),
         ({"/pay": {"breaker": "pay", "classify": "yes"}}, TypeError),
         (["/pay"], TypeError),
@@ -180,9 +210,11 @@ def test_a_route_config_must_agree_with_the_breaker_already_built():
 
 @pytest.mark.processes
 def test_the_core_module_imports_no_web_framework():
-    code = ("import sys, breaker_redis.wsgi; "
-            "bad = [m for m in ('flask', 'werkzeug', 'django', 'falcon') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, breaker_redis.wsgi; "
+        "bad = [m for m in ('flask', 'werkzeug', 'django', 'falcon') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -200,8 +232,16 @@ def test_5xx_and_exceptions_are_failures_everything_else_success(make):
 
 
 def test_failure_and_ignore_statuses(make):
-    mw = make(routes={"/pay": {"breaker": "pay", "failure_statuses": [429, 500], "ignore_statuses": [503],
-                               "failure_threshold": 50}})
+    mw = make(
+        routes={
+            "/pay": {
+                "breaker": "pay",
+                "failure_statuses": [429, 500],
+                "ignore_statuses": [503],
+                "failure_threshold": 50,
+            }
+        }
+    )
     client = Client(mw)
     for status in (429, 500, 502, 503):
         client.get(f"/pay?status={status}")
@@ -237,11 +277,14 @@ def test_exceptions_are_classified_by_the_breaker_config_and_re_raised(make):
     def app(environ, start_response):
         raise {"/k": KeyError, "/v": ValueError, "/x": SystemExit}[environ["PATH_INFO"]]("x")
 
-    mw = make(app, routes={
-        "/k": {"breaker": "k", "ignore_exceptions": (KeyError,)},
-        "/v": {"breaker": "v", "record_exceptions": (KeyError,)},  # a ValueError is neither: ignored
-        "/x": "x",  # not an Exception (SystemExit, KeyboardInterrupt): ignored
-    })
+    mw = make(
+        app,
+        routes={
+            "/k": {"breaker": "k", "ignore_exceptions": (KeyError,)},
+            "/v": {"breaker": "v", "record_exceptions": (KeyError,)},  # a ValueError is neither: ignored
+            "/x": "x",  # not an Exception (SystemExit, KeyboardInterrupt): ignored
+        },
+    )
     client = Client(mw)
     for path, error in (("/k", KeyError), ("/v", ValueError), ("/x", SystemExit)):
         with pytest.raises(error):
@@ -337,8 +380,13 @@ def test_refusal_is_json_when_the_client_asks_for_json(make, headers, json_expec
     answer = client.post("/pay", headers=headers)
     assert answer.status_code == 503
     if json_expected:
-        assert answer.get_json() == {"error": "service_unavailable", "message": "Payments are resting.",
-                                     "breaker": "pay", "reason": "open", "retry_after": 10}
+        assert answer.get_json() == {
+            "error": "service_unavailable",
+            "message": "Payments are resting.",
+            "breaker": "pay",
+            "reason": "open",
+            "retry_after": 10,
+        }
     else:
         assert answer.get_data(as_text=True) == "Payments are resting.\n"
 
@@ -357,8 +405,11 @@ def test_the_refusal_is_the_flask_extension_s(clock, headers):
     def pay():
         return jsonify(ok=False), 500
 
-    mw = BreakerMiddleware(shop, Breakers(fakeredis.FakeRedis(), clock=clock, listen=False),
-                           routes={"/pay": {"breaker": "pay", **FAST}})
+    mw = BreakerMiddleware(
+        shop,
+        Breakers(fakeredis.FakeRedis(), clock=clock, listen=False),
+        routes={"/pay": {"breaker": "pay", **FAST}},
+    )
     answers = []
     for client in (flask_app.test_client(), Client(mw)):
         trip(client)
@@ -391,7 +442,10 @@ def test_half_open_and_forced_refusals(make, clock):
     probe = mw(environ("/pay"), Started())  # admitted as the probe, still running
     answer = client.get("/pay")
     assert (answer.status_code, answer.headers["Retry-After"], answer.headers["X-Breaker-Reason"]) == (
-        503, "1", "half_open_full")
+        503,
+        "1",
+        "half_open_full",
+    )
     list(probe)
     probe.close()
     mw.breaker("pay").force_open()
@@ -537,8 +591,10 @@ def test_slow_calls_are_timed_to_the_first_byte(make, clock):
 
         return body()
 
-    mw = make(app, routes={"/pay": {"breaker": "pay", "slow_call_seconds": 0.5, "trip": "rate",
-                                    "minimum_calls": 100}})
+    mw = make(
+        app,
+        routes={"/pay": {"breaker": "pay", "slow_call_seconds": 0.5, "trip": "rate", "minimum_calls": 100}},
+    )
     client = Client(mw)
     client.get("/pay?ms=100").close()
     client.get("/pay?ms=700").close()
@@ -618,8 +674,9 @@ def test_start_response_again_with_exc_info_before_the_commit_replaces_the_statu
 
 
 def test_static_answers_a_refusal_and_a_failure(make):
-    mw = make(routes={"/cart": {"breaker": "cart", "fallback": static({"items": [], "degraded": True}),
-                                **FAST}})
+    mw = make(
+        routes={"/cart": {"breaker": "cart", "fallback": static({"items": [], "degraded": True}), **FAST}}
+    )
     client = Client(mw)
     failed = client.get("/cart?status=500")
     assert (failed.status_code, failed.get_json()) == (200, {"items": [], "degraded": True})
@@ -634,8 +691,9 @@ def test_static_answers_a_refusal_and_a_failure(make):
 
 
 def test_fallback_on_failure_false_keeps_the_failed_response(make):
-    mw = make(routes={"/cart": {"breaker": "cart", "fallback": static("x"), "fallback_on_failure": False,
-                                **FAST}})
+    mw = make(
+        routes={"/cart": {"breaker": "cart", "fallback": static("x"), "fallback_on_failure": False, **FAST}}
+    )
     client = Client(mw)
     assert client.get("/cart?status=500").status_code == 500
     with pytest.raises(RuntimeError):
@@ -663,14 +721,17 @@ def test_cached_is_shared_by_every_worker(make):
 
 
 @pytest.mark.parametrize(
-    "how", ["post", "head", "5xx", "no-store", "too-big", "cut-short"],
+    "how",
+    ["post", "head", "5xx", "no-store", "too-big", "cut-short"],
 )
 def test_cached_never_keeps(make, how):
     big = b"x" * 64
 
     def app(environ, start_response):
-        start_response("200 OK", [("Content-Type", "text/plain")] + (
-            [("Cache-Control", "no-store")] if how == "no-store" else []))
+        start_response(
+            "200 OK",
+            [("Content-Type", "text/plain")] + ([("Cache-Control", "no-store")] if how == "no-store" else []),
+        )
         return iter([b"part one ", big if how == "too-big" else b"part two"])
 
     fallback = chain(cached(ttl=60, max_bytes=32), static("miss"))
@@ -696,8 +757,12 @@ def test_cached_never_keeps(make, how):
         ({"items": []}, 200, b'{"items": []}', "application/json"),
         (("busy", 202), 202, b"busy", "text/plain; charset=utf-8"),
         (("busy", 202, {"Content-Type": "text/x-busy"}), 202, b"busy", "text/x-busy"),
-        (FallbackResponse(b"<p>later</p>", 200, (("Content-Type", "text/html"), ("Content-Length", "99"))),
-         200, b"<p>later</p>", "text/html"),
+        (
+            FallbackResponse(b"<p>later</p>", 200, (("Content-Type", "text/html"), ("Content-Length", "99"))),
+            200,
+            b"<p>later</p>",
+            "text/html",
+        ),
     ],
     ids=["bytes", "str", "json", "pair", "triple", "fallback-response"],
 )
@@ -705,7 +770,10 @@ def test_function_fallback_return_values(make, returned, status, body, content_t
     mw = make(routes={"/pay": {"breaker": "pay", "fallback": function(lambda context: returned), **FAST}})
     answer = Client(mw).get("/pay?status=500")
     assert (answer.status_code, answer.get_data(), answer.headers["Content-Type"]) == (
-        status, body, content_type)
+        status,
+        body,
+        content_type,
+    )
     assert answer.headers["X-Breaker-Fallback"] == "function"
     assert answer.headers["Content-Length"] == str(len(body))
 
@@ -726,12 +794,23 @@ def test_a_function_fallback_may_return_a_wsgi_app_or_a_django_style_response(ma
     seen = []
 
     def fallback(context):
-        seen.append((context.breaker, type(context.cause).__name__, context.method, context.key,
-                     context.request["PATH_INFO"]))
+        seen.append(
+            (
+                context.breaker,
+                type(context.cause).__name__,
+                context.method,
+                context.key,
+                context.request["PATH_INFO"],
+            )
+        )
         return simplified if "/pay" in context.key else DjangoLike()
 
-    mw = make(routes={"/pay": {"breaker": "pay", "fallback": fallback, **FAST},
-                      "/cart": {"breaker": "cart", "fallback": fallback, **FAST}})
+    mw = make(
+        routes={
+            "/pay": {"breaker": "pay", "fallback": fallback, **FAST},
+            "/cart": {"breaker": "cart", "fallback": fallback, **FAST},
+        }
+    )
     client = Client(mw)
     answer = client.get("/pay?status=500")
     assert (answer.get_data(), answer.headers["X-Simple"]) == (b"simplified /pay", "yes")
@@ -746,11 +825,13 @@ def test_a_fallback_with_nothing_to_give_or_broken_leaves_the_refusal(make, capl
     def broken_app(environ, start_response):
         raise RuntimeError("the fallback's app is broken")
 
-    mw = make(routes={
-        "/none": {"breaker": "none", "fallback": function(lambda context: None), **FAST},
-        "/raises": {"breaker": "raises", "fallback": function(lambda context: 1 / 0), **FAST},
-        "/app": {"breaker": "app", "fallback": function(lambda context: broken_app), **FAST},
-    })
+    mw = make(
+        routes={
+            "/none": {"breaker": "none", "fallback": function(lambda context: None), **FAST},
+            "/raises": {"breaker": "raises", "fallback": function(lambda context: 1 / 0), **FAST},
+            "/app": {"breaker": "app", "fallback": function(lambda context: broken_app), **FAST},
+        }
+    )
     client = Client(mw)
     for path in ("/none", "/raises", "/app"):
         assert client.get(f"{path}?status=500").status_code == 500  # a failed response stays as it was
@@ -822,8 +903,14 @@ def _served_by_wsgiref(app: Any) -> str:
     import wsgiref.handlers
 
     out, err = io.BytesIO(), io.StringIO()
-    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/pay", "SERVER_NAME": "x", "SERVER_PORT": "80",
-               "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http"}
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/pay",
+        "SERVER_NAME": "x",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http",
+    }
     wsgiref.handlers.SimpleHandler(io.BytesIO(), out, err, environ, multithread=False).run(app)
     return err.getvalue()
 

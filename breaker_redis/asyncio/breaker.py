@@ -213,8 +213,9 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]]):
 
     # -- the ways to protect a call (what they share: core.py) ---------------------
 
-    async def call(self, fn: Callable[..., Awaitable[T] | T], /, *args: Any, fallback: Any = MISSING,
-                   **kwargs: Any) -> T:
+    async def call(
+        self, fn: Callable[..., Awaitable[T] | T], /, *args: Any, fallback: Any = MISSING, **kwargs: Any
+    ) -> T:
         """Await fn(*args, **kwargs) behind the breaker (fn may also be a plain function).
 
         With ``fallback`` (a value, or a callable given the BreakerOpen or the
@@ -320,4 +321,3 @@ def _hand_back(task: asyncio.Future[Permit]) -> None:
 
     task.add_done_callback(release)
     _keep(task)
-

@@ -45,8 +45,12 @@ class Breakers(BreakersCore[Breaker, AsyncStoreGate, AsyncScriptRunner]):
     """
 
     parts = Parts(
-        runner=AsyncScriptRunner, breaker=Breaker, gate=AsyncStoreGate,
-        invalidator=AsyncInvalidator, sharded=AsyncShardedInvalidator, follower=AsyncSentinelFollower,
+        runner=AsyncScriptRunner,
+        breaker=Breaker,
+        gate=AsyncStoreGate,
+        invalidator=AsyncInvalidator,
+        sharded=AsyncShardedInvalidator,
+        follower=AsyncSentinelFollower,
     )
     invalidator: AsyncInvalidator | AsyncShardedInvalidator | None
     follower: AsyncSentinelFollower | None
@@ -213,4 +217,3 @@ def _drop_connections(client: Any) -> None:
     with contextlib.suppress(Exception):
         for node in client.get_nodes():  # redis.asyncio.cluster.ClusterNode: its own list
             forget_node_connections(node)
-

@@ -36,6 +36,7 @@ class AsyncChannel(Channel[Subscription]):
 
 class AsyncShardedInvalidator(Channels[Subscription]):
     channel_class = AsyncChannel
+
     def _new_lock(self) -> Any:
         return contextlib.nullcontext()  # one event loop runs all of it
 

@@ -222,8 +222,16 @@ def _fields() -> tuple[LiveField, ...]:
             continue
         kinds = get_args(hints[declared.name]) or (hints[declared.name],)
         unit = 1000 if declared.name.endswith("_seconds") else 1
-        found.append(LiveField(name=declared.name, default=declared.default, integer=int in kinds,
-                               off=type(None) in kinds, unit=unit, **rules))
+        found.append(
+            LiveField(
+                name=declared.name,
+                default=declared.default,
+                integer=int in kinds,
+                off=type(None) in kinds,
+                unit=unit,
+                **rules,
+            )
+        )
     return tuple(found)
 
 

@@ -91,6 +91,12 @@ def live(
     low = gt if gt is not None else ge if ge is not None else 0
     if not words and le <= low:
         raise TypeError(f"live({lua!r}): a number needs its bounds")
-    rules = {"lua": lua, "words": words, "low": low, "low_open": low_open, "high": le,
-             "omitted_at_default": omitted_at_default}
+    rules = {
+        "lua": lua,
+        "words": words,
+        "low": low,
+        "low_open": low_open,
+        "high": le,
+        "omitted_at_default": omitted_at_default,
+    }
     return field(default=default, metadata={"live": rules})

@@ -40,8 +40,12 @@ class Breakers(BreakersCore[Breaker, StoreGate, ScriptRunner]):
     """
 
     parts = Parts(
-        runner=ScriptRunner, breaker=Breaker, gate=StoreGate,
-        invalidator=Invalidator, sharded=ShardedInvalidator, follower=SentinelFollower,
+        runner=ScriptRunner,
+        breaker=Breaker,
+        gate=StoreGate,
+        invalidator=Invalidator,
+        sharded=ShardedInvalidator,
+        follower=SentinelFollower,
     )
     invalidator: Invalidator | ShardedInvalidator | None
     follower: SentinelFollower | None

@@ -37,7 +37,6 @@ from breaker_redis.storage.store import GateHealth
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 
 
-
 class Built(Protocol):
     """What is used here of a breaker (engine/breaker.py's or asyncio/breaker.py's)."""
 

@@ -121,8 +121,7 @@ class BreakerCore(Generic[P]):
         try:
             return self.config.classify(exc)
         except Exception:
-            log.exception("classifying an exception for breaker %r raised; "
-                          "counted as a failure", self.name)
+            log.exception("classifying an exception for breaker %r raised; counted as a failure", self.name)
             return "failure"
 
     # -- what call(), @decorator and ``with`` share (each side runs the call) ----------
@@ -275,8 +274,12 @@ class BreakerCore(Generic[P]):
         if reply.repaired:
             prefix, name = self._key_prefix(), self.name
             names = ", ".join(f"{prefix}:{{{name}}}:{key}" for key in reply.repaired.split(","))
-            log.warning("breaker %r: corrupted %s repaired (a field that does not parse "
-                        "was reset; the breaker went on deciding)", name, names)
+            log.warning(
+                "breaker %r: corrupted %s repaired (a field that does not parse "
+                "was reset; the breaker went on deciding)",
+                name,
+                names,
+            )
         if reply.lost and shared:  # (on the local store a restore is the point: nothing to say)
             self._state_lost(reply)
         own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
@@ -305,7 +308,10 @@ class BreakerCore(Generic[P]):
             "that evicts keys without a TTL (allkeys-lru, allkeys-lfu, allkeys-random): give breaker_redis "
             "a Redis with noeviction or volatile-*, whose breaker keys are never evicted (README: Redis "
             "memory). Counted in stats as state_lost",
-            self.name, state, f"; {losses} times since the last such line" if losses > 1 else "", what,
+            self.name,
+            state,
+            f"; {losses} times since the last such line" if losses > 1 else "",
+            what,
         )
 
     def _key_prefix(self) -> str:
@@ -336,8 +342,21 @@ class BreakerCore(Generic[P]):
         """record.lua's ARGV 7-19: the outcome, the counts kept in memory, the batch, the reporter."""
         rejected, would_reject, successes, failures, ignored, slow = pending
         batch_epoch, batched = batch
-        return RecordArgs(epoch, outcome, duration_ms, lease, rejected, would_reject, successes, failures,
-                          ignored, slow, batch_epoch, batched, self._reporter).argv()
+        return RecordArgs(
+            epoch,
+            outcome,
+            duration_ms,
+            lease,
+            rejected,
+            would_reject,
+            successes,
+            failures,
+            ignored,
+            slow,
+            batch_epoch,
+            batched,
+            self._reporter,
+        ).argv()
 
     def _about_another_reporter(self, notice: Notice) -> bool:
         """An isolation message about another reporter: nothing this worker decides changes."""

@@ -50,4 +50,3 @@ def reporters_of(raw: Any) -> dict[str, dict[str, Any]]:
         until = int(raw[i + 2])
         found[text(raw[i])] = {"failures": int(raw[i + 1]), "isolated_until_ms": until or None}
     return dict(sorted(found.items()))
-

@@ -15,8 +15,17 @@ from breaker_redis.storage.scripts import flat_pairs, text
 
 # A snapshot's cumulative counters, by the key that holds each.
 Count = Literal[
-    "calls", "successes", "failures", "ignored", "slow", "rejected", "would_reject", "trips",
-    "stale", "state_lost", "isolations",
+    "calls",
+    "successes",
+    "failures",
+    "ignored",
+    "slow",
+    "rejected",
+    "would_reject",
+    "trips",
+    "stale",
+    "state_lost",
+    "isolations",
 ]
 # The cumulative counter of each outcome (lua/record.lua counts them the same way).
 OUTCOME_COUNTERS: dict[str, Count] = {"success": "successes", "failure": "failures", "ignored": "ignored"}

@@ -71,13 +71,19 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
     base = path.rstrip("/")
     app.add_url_rule(base, "breaker_redis.status", gate.guard(status), methods=["GET"])
     app.add_url_rule(f"{base}/metrics", "breaker_redis.metrics", gate.guard(metrics), methods=["GET"])
-    app.add_url_rule(f"{base}/actions", "breaker_redis.act_on_body", gate.guard(act_on_body),
-                     methods=["POST"])
+    app.add_url_rule(
+        f"{base}/actions", "breaker_redis.act_on_body", gate.guard(act_on_body), methods=["POST"]
+    )
     # path: names may hold slashes (api/v1/pay); the action is the last segment. No slash
     # merging: "a//b" reaches the view as it is, never redirected to "a/b". A name that
     # starts with "/" (or holds "." or ".." segments) needs the JSON action above
-    app.add_url_rule(f"{base}/<path:name>/<action>", "breaker_redis.act", gate.guard(act),
-                     methods=["POST"], merge_slashes=False)
+    app.add_url_rule(
+        f"{base}/<path:name>/<action>",
+        "breaker_redis.act",
+        gate.guard(act),
+        methods=["POST"],
+        merge_slashes=False,
+    )
     if dashboard:
         from breaker_redis.flask.dashboard import install_dashboard
 

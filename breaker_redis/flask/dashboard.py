@@ -152,8 +152,9 @@ def install_dashboard(app: Flask, state: AppState, base: str, gate: Gate) -> Non
     def static(filename: str) -> Response:
         if filename not in STATIC_TYPES:
             abort(404)
-        return Response(_asset(filename), content_type=f"{STATIC_TYPES[filename]}; charset=utf-8",
-                        headers=HEADERS)
+        return Response(
+            _asset(filename), content_type=f"{STATIC_TYPES[filename]}; charset=utf-8", headers=HEADERS
+        )
 
     def stream() -> Response:
         # A server with one request per process at a time (gunicorn's sync worker)

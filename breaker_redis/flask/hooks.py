@@ -82,8 +82,15 @@ class Pending:
         "state",
     )
 
-    def __init__(self, state: AppState, spec: RouteSpec, breaker: Breaker, permit: Permit,
-                 guards: RequestGuards, req: Any) -> None:
+    def __init__(
+        self,
+        state: AppState,
+        spec: RouteSpec,
+        breaker: Breaker,
+        permit: Permit,
+        guards: RequestGuards,
+        req: Any,
+    ) -> None:
         self.state = state
         self.spec = spec
         self.breaker = breaker
@@ -155,6 +162,7 @@ def install_hooks(app: Flask, state: AppState) -> None:
     key = state.pending_key
     view_functions = app.view_functions
     by_view = state.by_view
+
     def before_request() -> Any:
         ctx = _cv_request.get()  # the request context, without the proxy's steps
         req = ctx.request
@@ -297,4 +305,3 @@ def inner_refusal(refused: BreakerOpen) -> Any:
     state = current_app.extensions.get(EXTENSION_KEY)
     breakers = state.breakers if isinstance(state, AppState) else None
     return refusal_response(refusal_for(refused, breakers, as_json=wants_json(request.environ)))
-

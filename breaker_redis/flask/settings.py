@@ -63,8 +63,8 @@ def warn_unknown_keys(config: Mapping[str, Any]) -> None:
     for key in sorted(k for k in config if isinstance(k, str) and k.startswith(KEY_PREFIX)):
         if key in KNOWN_KEYS:
             continue
-        suffixes = [known[len(KEY_PREFIX):] for known in KNOWN_KEYS]
-        close = difflib.get_close_matches(key[len(KEY_PREFIX):], suffixes, n=1)
+        suffixes = [known[len(KEY_PREFIX) :] for known in KNOWN_KEYS]
+        close = difflib.get_close_matches(key[len(KEY_PREFIX) :], suffixes, n=1)
         hint = f"did you mean {KEY_PREFIX}{close[0]}?" if close else f"known: {', '.join(KNOWN_KEYS)}"
         log.warning("app.config[%r] is not a breaker_redis setting and is ignored; %s", key, hint)
 

@@ -37,8 +37,22 @@ EVENTS_KEPT = 10  # transitions kept per breaker (lua/includes/events.lua EVENTS
 EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
 # The values lua/read.lua replies with, in order: snapshot.lua's fields of those names.
 READ_FIELDS = (
-    "state", "epoch", "open_until", "forced", "consec", "open_ms", "ho_ok", "window_calls",
-    "window_failures", "window_slow", "probes", "slots", "now", "mode", "stats", "overrides",
+    "state",
+    "epoch",
+    "open_until",
+    "forced",
+    "consec",
+    "open_ms",
+    "ho_ok",
+    "window_calls",
+    "window_failures",
+    "window_slow",
+    "probes",
+    "slots",
+    "now",
+    "mode",
+    "stats",
+    "overrides",
     "reporters",  # with min_reporters > 1 only
 )
 # Breakers per pipeline: 2,000 snapshot replies take about 1 MB; a chunk keeps

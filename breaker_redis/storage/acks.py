@@ -207,6 +207,12 @@ async def _waiting(
     if counted < workers:
         # workers that did not acknowledge within the lease (stopped, partitioned, their
         # listener starved): the change was safe, and slow by the lease
-        log.info("%s: %d of %d listening workers acknowledged a change within %g s; the others "
-                 "stopped deciding from memory", key, counted, workers, LEASE_SECONDS)
+        log.info(
+            "%s: %d of %d listening workers acknowledged a change within %g s; the others "
+            "stopped deciding from memory",
+            key,
+            counted,
+            workers,
+            LEASE_SECONDS,
+        )
     return counted

@@ -149,7 +149,7 @@ class Channels(Generic[X]):
         (in by_master's order) are wanted again."""
         masters = list(by_master)
         with self._lock:
-            for master in masters[masters.index(failed):]:
+            for master in masters[masters.index(failed) :]:
                 self._wanted.update(channel.name for channel in by_master[master][1])
 
     def _handled(self, connection: X, kind: str, channel_name: str, data: Any) -> bool:

@@ -263,14 +263,16 @@ def fake_wire() -> tuple[type[Any], type[Any], Callable[[Any, int], bytes]]:
         from fakeredis._socket import FakeSocket
     except ImportError:
         raise unsupported(
-            "fakeredis", "fakeredis._clients and fakeredis._socket (the embedded server)",
+            "fakeredis",
+            "fakeredis._clients and fakeredis._socket (the embedded server)",
             embedded_range(),
         ) from None
     if not callable(getattr(FakeSocket, "put_response", None)) or not callable(
         getattr(FakeRedisConnection, "_connect", None)
     ):
-        raise unsupported("fakeredis", "FakeSocket.put_response and FakeRedisConnection._connect",
-                          embedded_range())
+        raise unsupported(
+            "fakeredis", "FakeSocket.put_response and FakeRedisConnection._connect", embedded_range()
+        )
 
     class WireSocket(FakeSocket):
         deliver: Any = None  # set once the internal handshake is done

@@ -48,14 +48,20 @@ def live_rules() -> str:
         if not f.words
     ]
     words = [f"    {f.name} = {_set(f.words)}," for f in LIVE_FIELDS if f.words]
-    return "\n".join([
-        "  -- written from BreakerConfig's fields (breaker_redis/base/config.py)",
-        "  -- by breaker_redis/storage/lua_rules.py",
-        "  BOUNDS = {", *bounds, "  }",
-        "  WORDS = {", *words, "  }",
-        f"  OFF = {_set(OFF_VALUES)}",
-        f"  OPEN_MS, CAP_FLOOR_MS = {_lua(OPEN_SECONDS * 1000)}, {_lua(MAX_OPEN_SECONDS_FLOOR * 1000)}",
-    ])
+    return "\n".join(
+        [
+            "  -- written from BreakerConfig's fields (breaker_redis/base/config.py)",
+            "  -- by breaker_redis/storage/lua_rules.py",
+            "  BOUNDS = {",
+            *bounds,
+            "  }",
+            "  WORDS = {",
+            *words,
+            "  }",
+            f"  OFF = {_set(OFF_VALUES)}",
+            f"  OPEN_MS, CAP_FLOOR_MS = {_lua(OPEN_SECONDS * 1000)}, {_lua(MAX_OPEN_SECONDS_FLOOR * 1000)}",
+        ]
+    )
 
 
 def with_live_rules(prelude: str) -> str:

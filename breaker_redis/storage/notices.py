@@ -124,8 +124,24 @@ _NOT_A_NUMBER = _NotANumber()
 
 
 # The fields a Notice holds by name; the others are its details.
-KNOWN_FIELDS = frozenset({"name", "kind", "db", "born", "epoch", "arms", "open_until", "to", "forced",
-                          "reporter", "at", "from", "cause", "ack"})
+KNOWN_FIELDS = frozenset(
+    {
+        "name",
+        "kind",
+        "db",
+        "born",
+        "epoch",
+        "arms",
+        "open_until",
+        "to",
+        "forced",
+        "reporter",
+        "at",
+        "from",
+        "cause",
+        "ack",
+    }
+)
 
 
 def _details(payload: dict[str, Any]) -> tuple[tuple[str, str | int], ...]:

@@ -90,6 +90,7 @@ def assembled(name: str = "_lib") -> str:
     it define (one Lua chunk: their locals are in scope below them), so the order
     is the one written there. An include holds no ``-- @include`` line itself.
     """
+
     def include(match: re.Match[str]) -> str:
         text = _read(f"includes/{match.group(1)}")
         if _INCLUDE.search(text):
@@ -122,9 +123,13 @@ def library() -> tuple[str, dict[str, str]]:
     call. Names carry a hash of the code, so two versions of breaker_redis can
     share a server (a rolling deploy), each calling its own functions.
     """
-    body = prelude() + "\n" + "".join(
-        f"redis.register_function('@@_{op}', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{_read(op)}\nend)\n"
-        for op in OPERATIONS
+    body = (
+        prelude()
+        + "\n"
+        + "".join(
+            f"redis.register_function('@@_{op}', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{_read(op)}\nend)\n"
+            for op in OPERATIONS
+        )
     )
     tag = "breaker_redis_" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:16]
     source = f"#!lua name={tag}\n" + body.replace("@@", tag)
@@ -260,8 +265,11 @@ class Scripts:
         for node in nodes:
             problem = eviction_problem(text(node.get("maxmemory_policy")), int(node.get("maxmemory") or 0))
             if problem is not None:
-                log.warning("the breakers' Redis: %s (see README: Redis memory and permissions; "
-                            "breaker-redis doctor checks it)", problem)
+                log.warning(
+                    "the breakers' Redis: %s (see README: Redis memory and permissions; "
+                    "breaker-redis doctor checks it)",
+                    problem,
+                )
                 return
 
     def prepared(

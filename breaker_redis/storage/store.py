@@ -249,8 +249,7 @@ class GateHealth:
             if self.problem is not None:
                 return True  # said once as an error (_noted_permission), not as an outage
             log.warning(
-                "Redis unavailable (%s: %s); on_store_error=%s until it runs a "
-                "script again",
+                "Redis unavailable (%s: %s); on_store_error=%s until it runs a script again",
                 type(exc).__name__,
                 exc,
                 self.policy,

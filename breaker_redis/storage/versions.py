@@ -61,8 +61,12 @@ def in_range(version: str, spec: str) -> bool:
     >=, >, <=, <, ==, != is not judged here."""
     have = _numbers(version)
     checks: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
-        ">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b,
-        "<": lambda a, b: a < b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+        ">=": lambda a, b: a >= b,
+        ">": lambda a, b: a > b,
+        "<=": lambda a, b: a <= b,
+        "<": lambda a, b: a < b,
+        "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
     }
     for clause in filter(None, spec.split(",")):
         found = re.fullmatch(r"(>=|<=|==|!=|>|<)([0-9][0-9.]*)\*?", clause)

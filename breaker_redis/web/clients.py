@@ -34,8 +34,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.base.blocking import run_sync
+from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web.hosts import host_name, member_name, request_name
 from breaker_redis.web.outbound import (
     DEFAULT_FAILURE_STATUSES,
@@ -47,9 +47,21 @@ from breaker_redis.web.outbound import (
 from breaker_redis.web.pipeline import admit, admit_async
 
 __all__ = [
-    "DEFAULT_FAILURE_STATUSES", "SETTLER", "AsyncExchange", "Exchange", "Outbound", "OutboundClient",
-    "Settler", "host_name", "member_name", "parsed_header", "request_name", "retry_after_seconds",
-    "send", "send_async", "settle_on_loop",
+    "DEFAULT_FAILURE_STATUSES",
+    "SETTLER",
+    "AsyncExchange",
+    "Exchange",
+    "Outbound",
+    "OutboundClient",
+    "Settler",
+    "host_name",
+    "member_name",
+    "parsed_header",
+    "request_name",
+    "retry_after_seconds",
+    "send",
+    "send_async",
+    "settle_on_loop",
 ]
 
 log = logging.getLogger("breaker_redis")
@@ -86,8 +98,9 @@ class Settler:
             if self._pid == os.getpid():
                 return
             self._jobs = queue.SimpleQueue()  # a forked child's: the parent's may have been mid-put
-            threading.Thread(target=self._run, args=(self._jobs,), name="breaker_redis-settler",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._run, args=(self._jobs,), name="breaker_redis-settler", daemon=True
+            ).start()
             self._pid = os.getpid()
 
     def put(self, job: Callable[[], object]) -> None:
@@ -238,8 +251,9 @@ class ExchangeState:
             if final is not None:
                 await self._record(final, response)
         elif not self.asked:  # the pool never asked: a connection class of its own
-            self.outbound.warn(self.spec.name, "the request to breaker %r was sent without asking it",
-                               traceback=False)
+            self.outbound.warn(
+                self.spec.name, "the request to breaker %r was sent without asking it", traceback=False
+            )
         return response
 
     async def _body(self, body: str) -> None:
@@ -301,8 +315,9 @@ class AsyncExchange(ExchangeState):
         return self._body("closed")
 
 
-def send(exchange: Exchange, transport: Callable[[], R], watch: Callable[[R], bool], *,
-         ask_first: bool = True) -> R:
+def send(
+    exchange: Exchange, transport: Callable[[], R], watch: Callable[[R], bool], *, ask_first: bool = True
+) -> R:
     """One request behind its breaker. ``transport()`` sends it and returns a
     response with a ``status_code``; ``watch(response)`` makes its body report
     to the exchange and says whether a body is left to read. ``ask_first``:
@@ -313,7 +328,12 @@ def send(exchange: Exchange, transport: Callable[[], R], watch: Callable[[R], bo
     return run_sync(exchange._send(transport, watch, ask_first))
 
 
-def send_async(exchange: AsyncExchange, transport: Callable[[], Awaitable[R]], watch: Callable[[R], bool],
-               *, ask_first: bool = True) -> Awaitable[R]:
+def send_async(
+    exchange: AsyncExchange,
+    transport: Callable[[], Awaitable[R]],
+    watch: Callable[[R], bool],
+    *,
+    ask_first: bool = True,
+) -> Awaitable[R]:
     """``send`` for asyncio breakers and an awaited transport."""
     return exchange._send(transport, watch, ask_first)

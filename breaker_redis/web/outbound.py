@@ -284,4 +284,3 @@ class OutboundClient:
 
     def _attach(self, *args: Any, **options: Any) -> None:
         raise NotImplementedError
-

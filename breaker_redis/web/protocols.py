@@ -27,6 +27,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+
 class Reader(NamedTuple):
     """How a protocol's middleware reads its requests (web/middleware.py)."""
 

@@ -34,10 +34,24 @@ from tests.support.workers import fail as fail_sync
 
 CONFIGS = {
     "consecutive": TRIP_AT_3,
-    "count": BreakerConfig(trip="count", failure_threshold=4, window_seconds=10, open_seconds=5,
-                           half_open_max_calls=2, half_open_successes=2),
-    "rate": BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=6, window_seconds=10,
-                          window_buckets=5, open_seconds=3, open_backoff=2, max_open_seconds=20),
+    "count": BreakerConfig(
+        trip="count",
+        failure_threshold=4,
+        window_seconds=10,
+        open_seconds=5,
+        half_open_max_calls=2,
+        half_open_successes=2,
+    ),
+    "rate": BreakerConfig(
+        trip="rate",
+        failure_rate=0.5,
+        minimum_calls=6,
+        window_seconds=10,
+        window_buckets=5,
+        open_seconds=3,
+        open_backoff=2,
+        max_open_seconds=20,
+    ),
 }
 
 
@@ -173,8 +187,9 @@ def test_fallbacks_values_callables_and_coroutines(connect, clock):
 def test_ignored_exceptions_and_cancellation_count_nothing(connect, clock):
     async def main() -> None:
         breakers = Breakers(connect(), clock=clock)
-        pay = breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=3,
-                                                ignore_exceptions=(KeyError,)))
+        pay = breakers.get(
+            "pay", BreakerConfig(trip="consecutive", failure_threshold=3, ignore_exceptions=(KeyError,))
+        )
         with pytest.raises(KeyError):
             await pay.call(lambda: {}["missing"], fallback="never")
         started = asyncio.Event()
@@ -316,8 +331,21 @@ def test_sync_and_async_decide_alike(trip, seed, redis_server, clock):
     async_decisions, async_snap = run(async_side())
     assert async_decisions == sync_decisions
     assert len(set(sync_decisions)) > 1, "the scenario never refused anything: it tests too little"
-    for key in ("state", "forced", "epoch", "window_calls", "window_failures", "consecutive_failures",
-                "calls", "successes", "failures", "ignored", "rejected", "trips", "retry_after"):
+    for key in (
+        "state",
+        "forced",
+        "epoch",
+        "window_calls",
+        "window_failures",
+        "consecutive_failures",
+        "calls",
+        "successes",
+        "failures",
+        "ignored",
+        "rejected",
+        "trips",
+        "retry_after",
+    ):
         assert async_snap[key] == sync_snap[key], key
 
 
@@ -354,9 +382,17 @@ async def delivered(workers: list[Breakers], publisher: Any) -> None:
 
 
 @pytest.mark.parametrize("connect", ["embedded", "real"], indirect=True)
-@settings(max_examples=15, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(messages=st.lists(hostile("pay"), min_size=1, max_size=8))
 def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_an_async_subscription(
     connect, caplog, messages
@@ -482,8 +518,13 @@ def test_an_async_call_admitted_from_memory_is_timed_under_a_slow_call_rule(redi
 
     async def main() -> tuple[int, int, int]:
         breakers = Breakers.from_url(redis_server.url, clock=counting_clock, batch_successes=True)
-        slow_rule = BreakerConfig(trip="consecutive", failure_threshold=99, slow_call_seconds=1.0,
-                                  slow_call_rate=0.9, minimum_calls=50)
+        slow_rule = BreakerConfig(
+            trip="consecutive",
+            failure_threshold=99,
+            slow_call_seconds=1.0,
+            slow_call_rate=0.9,
+            minimum_calls=50,
+        )
         timed, untimed = breakers.get("timed", slow_rule), breakers.get("untimed", BreakerConfig())
         await subscribed(breakers)
         for b in (timed, untimed):
@@ -858,8 +899,9 @@ def test_asyncio_workers_of_an_isolated_reporter_refuse_the_call_right_after(con
     """min_reporters (README, "One sick host"): a reporter's other worker refuses the
     call right after the failure that isolated it (from memory, once it heard the
     notice), 20 times over; another reporter's worker is admitted every time."""
-    config = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30,
-                           min_reporters=2)
+    config = BreakerConfig(
+        trip="count", failure_threshold=5, window_seconds=10, open_seconds=30, min_reporters=2
+    )
 
     async def main() -> None:
         workers = [Breakers(connect(), reporter=name) for name in ("a", "a", "b")]

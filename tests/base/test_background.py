@@ -28,7 +28,10 @@ def run_script(source: str, *argv: str) -> dict[str, Any]:
     """Run source in a new interpreter; the JSON object it prints last."""
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(source), *argv],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -196,8 +199,11 @@ def test_close_stops_the_threads_and_leaves_the_process_hooks(redis_server):
     breakers = Breakers.from_url(redis_server.url, "lifecycle-close")
     pay = breakers.get("pay")
     pay.acquire().success()  # starts the listener
-    wait_until(lambda: breakers.invalidator is not None and breakers.invalidator.healthy, timeout=10,
-               what="the subscription")
+    wait_until(
+        lambda: breakers.invalidator is not None and breakers.invalidator.healthy,
+        timeout=10,
+        what="the subscription",
+    )
     for _ in range(3):
         pay.acquire().success()  # decided in memory and batched: the recorder starts
     threads = breakers.threads()

@@ -38,25 +38,31 @@ COMPAT = "breaker_redis.compat.pybreaker"
 UPSTREAM_TESTS = 81
 # The upstream tests that cannot apply, and why (docs/pybreaker-migration.md lists them too).
 NOT_APPLICABLE = {
-    "CircuitBreakerTestCase::test_failure_count_not_reset_during_creation":
+    "CircuitBreakerTestCase::test_failure_count_not_reset_during_creation": (
         "calls CircuitMemoryStorage.increment_counter(): a compat storage names where a breaker "
-        "lives; its counts are the breaker's, changed only by calls through breaker_redis's scripts",
-    "CircuitBreakerTestCase::test_state_opened_at_not_reset_during_creation":
+        "lives; its counts are the breaker's, changed only by calls through breaker_redis's scripts"
+    ),
+    "CircuitBreakerTestCase::test_state_opened_at_not_reset_during_creation": (
         "writes CircuitMemoryStorage.opened_at: breaker_redis keeps the open period (open_until) "
-        "in the breaker's state hash, written only by its scripts",
-    "CircuitBreakerRedisTestCase::test_cluster_mode":
+        "in the breaker's state hash, written only by its scripts"
+    ),
+    "CircuitBreakerRedisTestCase::test_cluster_mode": (
         "writes and reads CircuitRedisStorage.opened_at (see above); cluster_mode is not needed: "
-        "breaker_redis recognises a RedisCluster client",
-    "CircuitBreakerRedisTestCase::test_namespace":
+        "breaker_redis recognises a RedisCluster client"
+    ),
+    "CircuitBreakerRedisTestCase::test_namespace": (
         "counts pybreaker's three keys (fail_counter, success_counter, state); a breaker_redis "
         "breaker keeps its own layout (state, window, stats, cfg hashes and the names set), all "
-        "under the namespace, as test_the_namespace_is_the_key_prefix checks",
-    "CircuitBreakerRedisTestCase::test_fallback_state":
+        "under the namespace, as test_the_namespace_is_the_key_prefix checks"
+    ),
+    "CircuitBreakerRedisTestCase::test_fallback_state": (
         "makes the client's GET raise; breaker_redis reads the state with a script, never GET. "
-        "The fallback with Redis really down is test_fallback_circuit_state_when_redis_is_down",
-    "CircuitBreakerRedisTestCase::test_missing_state":
+        "The fallback with Redis really down is test_fallback_circuit_state_when_redis_is_down"
+    ),
+    "CircuitBreakerRedisTestCase::test_missing_state": (
         "makes the client's GET return None to fake missing keys; breaker_redis reads with a "
-        "script, and a breaker whose keys vanished starts closed with a newer epoch",
+        "script, and a breaker whose keys vanished starts closed with a newer epoch"
+    ),
 }
 
 # Upstream tests that hold a real-time window to 10 ms (reset_timeout=0.01: a
@@ -125,8 +131,10 @@ def _run_suite(folder: Path, port: int, only: str | None = None) -> tuple[dict[s
 @pytest.fixture
 def suite_dir(tmp_path: Path) -> Path:
     if not SUITE.is_file():
-        pytest.skip(f"pybreaker's own suite is not at {SUITE_DIR} (its README.md says what it is); "
-                    "set PYBREAKER_SUITE_DIR to where it is")
+        pytest.skip(
+            f"pybreaker's own suite is not at {SUITE_DIR} (its README.md says what it is); "
+            "set PYBREAKER_SUITE_DIR to where it is"
+        )
     return tmp_path
 
 
@@ -266,30 +274,47 @@ def test_one_name_is_one_breaker_across_processes(redis_server, compat_state) ->
     env = {**os.environ, "BREAKER_REDIS_URL": redis_server.url}
 
     def worker(*argv: str) -> dict[str, Any]:
-        done = subprocess.run([sys.executable, "-m", "tests.support.compat_worker", "pay", *argv], cwd=ROOT,
-                              env=env, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.support.compat_worker", "pay", *argv],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return dict(json.loads(done.stdout))
 
     tripped = worker("fail", "2")
-    assert tripped == {"outcomes": ["ConnectionError", "CircuitBreakerError"], "state": "open",
-                       "fail_counter": 2, "events": ["closed->open"], "storage": "redis"}
+    assert tripped == {
+        "outcomes": ["ConnectionError", "CircuitBreakerError"],
+        "state": "open",
+        "fail_counter": 2,
+        "events": ["closed->open"],
+        "storage": "redis",
+    }
     pybreaker.configure(redis_server.url)
     here = pybreaker.CircuitBreaker(fail_max=2, reset_timeout=60, name="pay")
     try:
         assert not admitted(here)
         assert here.fail_counter == 2 and here._state_storage.name == "redis"
         here.close()
-        assert worker("call") == {"outcomes": ["ok"], "state": "closed", "fail_counter": 0, "events": [],
-                                  "storage": "redis"}
+        assert worker("call") == {
+            "outcomes": ["ok"],
+            "state": "closed",
+            "fail_counter": 0,
+            "events": [],
+            "storage": "redis",
+        }
     finally:
         here.breakers.close()
 
 
 def test_listeners_hear_a_recovery_in_pybreakers_order(workers) -> None:
     events = Events()
-    cb = pybreaker.CircuitBreaker(fail_max=1, success_threshold=2, name="pay", breakers=workers[0],
-                                  listeners=[events])
+    cb = pybreaker.CircuitBreaker(
+        fail_max=1, success_threshold=2, name="pay", breakers=workers[0], listeners=[events]
+    )
     cb.half_open()
     assert events.take() == ["closed->half-open"]
     assert cb.call(ok) == "ok"
@@ -301,8 +326,13 @@ def test_listeners_hear_a_recovery_in_pybreakers_order(workers) -> None:
 
 def test_excluded_exceptions_are_successes_as_in_pybreaker(workers) -> None:
     events = Events()
-    cb = pybreaker.CircuitBreaker(fail_max=3, name="pay", breakers=workers[0], listeners=[events],
-                                  exclude=[LookupError, lambda e: isinstance(e, Down) and "benign" in str(e)])
+    cb = pybreaker.CircuitBreaker(
+        fail_max=3,
+        name="pay",
+        breakers=workers[0],
+        listeners=[events],
+        exclude=[LookupError, lambda e: isinstance(e, Down) and "benign" in str(e)],
+    )
     with pytest.raises(Down):
         cb.call(fail)
     assert cb.fail_counter == 1
@@ -364,8 +394,14 @@ def test_a_trip_raises_the_original_error_when_told_to(workers) -> None:
 def test_settings_and_breaker_redis_options(workers) -> None:
     cb = pybreaker.CircuitBreaker(fail_max=5, name="pay", breakers=workers[0], probe_timeout_seconds=5)
     config = cb.breaker.config
-    assert (config.trip, config.failure_threshold, config.open_seconds, config.half_open_max_calls,
-            config.open_backoff, config.probe_timeout_seconds) == ("consecutive", 5, 60, 1, 1.0, 5)
+    assert (
+        config.trip,
+        config.failure_threshold,
+        config.open_seconds,
+        config.half_open_max_calls,
+        config.open_backoff,
+        config.probe_timeout_seconds,
+    ) == ("consecutive", 5, 60, 1, 1.0, 5)
     cb.fail_max = 2
     cb.success_threshold = 3
     assert (cb.breaker.config.failure_threshold, cb.breaker.config.half_open_successes) == (2, 3)

@@ -89,8 +89,9 @@ def test_a_window_about_to_slide_arms_on_what_it_will_hold(clocked):
     """300 successes in the oldest bucket: sliding it out will lift the rate, so
     the breaker arms on the window without it (60 successes, 40 failures)."""
     breakers, clock = clocked
-    config = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=10,
-                           window_buckets=10, open_seconds=30)
+    config = BreakerConfig(
+        trip="rate", failure_rate=0.5, minimum_calls=20, window_seconds=10, window_buckets=10, open_seconds=30
+    )
     pay = breakers.get("pay", config)
     clock.now = 1_700_000_000_000  # a bucket boundary (1 s buckets)
     succeed(pay, 300)
@@ -135,8 +136,11 @@ def test_a_background_error_rate_costs_one_record_per_failure(redis_server: Redi
 
 def _script_calls(server: RedisServer) -> int:
     stats = server.client().info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_fcall", "cmdstat_evalsha",
-                                                                  "cmdstat_eval", "cmdstat_ping"))
+    return sum(
+        int(v["calls"])
+        for k, v in stats.items()
+        if k in ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval", "cmdstat_ping")
+    )
 
 
 @pytest.fixture

@@ -76,8 +76,9 @@ def test_a_call_admitted_from_memory_is_timed_under_a_slow_call_rule(make_breake
     counted as slow (this fails when they never time); without, a long call is a
     plain success."""
     breakers = make_breakers(listen=True, batch_successes=True)
-    slow_rule = BreakerConfig(trip="consecutive", failure_threshold=99, slow_call_seconds=1.0,
-                              slow_call_rate=0.9, minimum_calls=50)
+    slow_rule = BreakerConfig(
+        trip="consecutive", failure_threshold=99, slow_call_seconds=1.0, slow_call_rate=0.9, minimum_calls=50
+    )
     timed, untimed = breakers.get("timed", slow_rule), breakers.get("untimed", BreakerConfig())
     subscribed([breakers])
     for b in (timed, untimed):
@@ -394,7 +395,7 @@ def test_redis_cli_reads_the_state_and_no_key_has_a_ttl(redis_server):
     client = redis_server.client()
     client.flushall()
     client.set("breaker:{pay}:state", "x", ex=3600)  # left with a TTL by an older version:
-    client.delete("breaker:{pay}:state")             # (recreated below without one)
+    client.delete("breaker:{pay}:state")  # (recreated below without one)
     breakers = Breakers.from_url(redis_server.url, listen=False)
     try:
         pay = breakers.get(
@@ -590,8 +591,9 @@ def test_trip_opens_for_open_seconds_and_half_open_makes_the_next_call_a_probe(m
     breakers, seen, actions = make_breakers(), [], []
     breakers.on_transition(seen.append)
     breakers.on_operator_action(actions.append)
-    b = breakers.get("pay", BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=10,
-                                          half_open_max_calls=1))
+    b = breakers.get(
+        "pay", BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=10, half_open_max_calls=1)
+    )
     b.force_open()
     b.trip()  # clears the force: an open period that ends by itself
     with pytest.raises(BreakerOpen) as refused:
@@ -627,8 +629,9 @@ def _broken_predicate(exc: BaseException) -> bool:
 
 @pytest.mark.parametrize("how", ["call", "with"])
 def test_a_predicate_that_raises_counts_a_failure_and_frees_the_probe(make_breakers, how):
-    b = make_breakers().get("pay", BreakerConfig(failure_threshold=2, half_open_max_calls=1,
-                                                 predicate=_broken_predicate))
+    b = make_breakers().get(
+        "pay", BreakerConfig(failure_threshold=2, half_open_max_calls=1, predicate=_broken_predicate)
+    )
     b.half_open()  # the next call is the only probe
     with pytest.raises(Upstream):  # the call's own exception, not the predicate's
         if how == "call":

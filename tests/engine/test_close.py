@@ -58,8 +58,9 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> Store:
     Cluster, emptied."""
     if kind == "fake":
         server = fakeredis.FakeServer()
-        return Store(kind, lambda: fakeredis.FakeRedis(server=server),
-                     lambda: fakeredis.FakeAsyncRedis(server=server))
+        return Store(
+            kind, lambda: fakeredis.FakeRedis(server=server), lambda: fakeredis.FakeAsyncRedis(server=server)
+        )
     if kind == "cluster":
         group = request.getfixturevalue("cluster")
         group.flushall()
@@ -348,8 +349,11 @@ def test_close_wakes_the_sentinel_follower(sentinels, monkeypatch):
     subscribed([breakers])
     follower = breakers.follower
     assert follower is not None
-    wait_until(lambda: follower._pubsub is not None and follower._pubsub.subscribed, timeout=PROMPT,
-               what="the follower's subscription")
+    wait_until(
+        lambda: follower._pubsub is not None and follower._pubsub.subscribed,
+        timeout=PROMPT,
+        what="the follower's subscription",
+    )
     closed_promptly(breakers)
 
 

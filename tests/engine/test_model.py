@@ -20,9 +20,24 @@ from tests.support.model import BreakerModel, Decision, ModelPermit
 
 START_MS = 1_700_000_000_000
 COMPARED = (
-    "state", "forced", "epoch", "retry_after", "window_calls", "window_failures", "window_slow",
-    "consecutive_failures", "half_open_successes", "calls", "successes", "failures", "ignored",
-    "slow", "rejected", "would_reject", "trips", "stale",
+    "state",
+    "forced",
+    "epoch",
+    "retry_after",
+    "window_calls",
+    "window_failures",
+    "window_slow",
+    "consecutive_failures",
+    "half_open_successes",
+    "calls",
+    "successes",
+    "failures",
+    "ignored",
+    "slow",
+    "rejected",
+    "would_reject",
+    "trips",
+    "stale",
 )
 _names = itertools.count()
 
@@ -162,7 +177,8 @@ class Run:
         assert want.permit is not None, self.explain(f"admitted but the model refuses: {want}")
         got_permit = (permit.epoch, permit.probe)
         assert got_permit == (want.permit.epoch, want.permit.lease is not None), self.explain(
-            f"permit (epoch, probe) {got_permit} vs model {want.permit}")
+            f"permit (epoch, probe) {got_permit} vs model {want.permit}"
+        )
         self.outstanding.append((permit, want.permit))
         return True
 
@@ -185,8 +201,10 @@ class Run:
 
     def explain(self, what: str) -> str:
         steps = "\n  ".join(self.log)
-        return (f"{what}\nconfig: {self.breaker.config}, batch_successes={self.batching}\n"
-                f"steps (ms since start: before -> after):\n  {steps}")
+        return (
+            f"{what}\nconfig: {self.breaker.config}, batch_successes={self.batching}\n"
+            f"steps (ms since start: before -> after):\n  {steps}"
+        )
 
 
 @pytest.fixture
@@ -227,8 +245,13 @@ def test_a_probe_that_overran_its_lease_failed_even_if_ignored_late(make_breaker
     record.lua used to delete the expired lease of a late 'ignored' result and
     count nothing, leaving the breaker half_open with a fresh probe to hand out
     (had any acquire come between expiry and result, it would have reopened)."""
-    cfg = BreakerConfig(trip="consecutive", failure_threshold=1, open_seconds=0.5,
-                        probe_timeout_seconds=0.3, half_open_max_calls=1)
+    cfg = BreakerConfig(
+        trip="consecutive",
+        failure_threshold=1,
+        open_seconds=0.5,
+        probe_timeout_seconds=0.3,
+        half_open_max_calls=1,
+    )
     b = make_breakers().get("late-ignored", cfg)
     model = BreakerModel(cfg)
     b.acquire().failure()

@@ -196,11 +196,24 @@ def test_every_integration_answers_a_refusal_with_the_same_bytes():
     for name, answers in found.items():
         assert answers == found["wsgi"], name
     text = MESSAGE.encode() + b"\n"
-    assert found["wsgi"]["/pay", "text"] == (503, text, {
-        "content-type": "text/plain; charset=utf-8", "content-length": str(len(text)),
-        "retry-after": "45", "x-breaker": "pay", "x-breaker-reason": "forced_open"})
+    assert found["wsgi"]["/pay", "text"] == (
+        503,
+        text,
+        {
+            "content-type": "text/plain; charset=utf-8",
+            "content-length": str(len(text)),
+            "retry-after": "45",
+            "x-breaker": "pay",
+            "x-breaker-reason": "forced_open",
+        },
+    )
     assert found["wsgi"]["/pay", "head"] == (503, b"", found["wsgi"]["/pay", "text"][2])
     status, body, headers = found["wsgi"]["/stock", "json"]
     assert (status, headers["retry-after"], headers["x-breaker"]) == (503, "45", "inventory")
-    assert json.loads(body) == {"error": "service_unavailable", "message": default_message("inventory"),
-                                "breaker": "inventory", "reason": "forced_open", "retry_after": 45}
+    assert json.loads(body) == {
+        "error": "service_unavailable",
+        "message": default_message("inventory"),
+        "breaker": "inventory",
+        "reason": "forced_open",
+        "retry_after": 45,
+    }

@@ -131,8 +131,9 @@ def test_consecutive_rule_a_run_from_one_host_isolates_it(make_breakers):
 
 
 def test_rate_rule_a_host_whose_own_rate_holds_is_isolated(make_breakers):
-    config = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=10, window_seconds=60,
-                           open_seconds=30, min_reporters=2)
+    config = BreakerConfig(
+        trip="rate", failure_rate=0.5, minimum_calls=10, window_seconds=60, open_seconds=30, min_reporters=2
+    )
     a, b = hosts(make_breakers, config, "a", "b")
     for _ in range(20):
         b.acquire().success()
@@ -242,9 +243,11 @@ def test_reporters_that_stop_failing_leave_no_key_behind(redis_server):
     assert 0 < client.pttl("breaker:{pay}:reporters") <= 300
     wait_until(lambda: not client.exists("breaker:{pay}:reporters"), timeout=10, what="the key to expire")
     assert sorted(key.decode() for key in client.keys("breaker:{pay}:*")) == [
-        "breaker:{pay}:cfg", "breaker:{pay}:state", "breaker:{pay}:stats", "breaker:{pay}:window"
+        "breaker:{pay}:cfg",
+        "breaker:{pay}:state",
+        "breaker:{pay}:stats",
+        "breaker:{pay}:window",
     ]
-
 
 
 def test_a_corrupted_reporters_key_is_repaired_and_the_calls_go_on(make_breakers, store, caplog):
@@ -264,8 +267,9 @@ def test_a_corrupted_reporters_key_is_repaired_and_the_calls_go_on(make_breakers
     assert "had a corrupted key" in caplog.text
 
 
-def test_numbers_in_a_reporters_entry_no_worker_wrote_are_dropped_or_clamped(make_breakers, store, clock,
-                                                                            caplog):
+def test_numbers_in_a_reporters_entry_no_worker_wrote_are_dropped_or_clamped(
+    make_breakers, store, clock, caplog
+):
     """A number beyond 2^53 made every failure a script error (PEXPIRE 1e23) and sent the whole
     process to its local store, where its other breakers admitted calls another worker had
     tripped. Now the entry is dropped by the script that finds it, and a plausible entry with
@@ -274,8 +278,14 @@ def test_numbers_in_a_reporters_entry_no_worker_wrote_are_dropped_or_clamped(mak
     pay, other = made.get("pay", COUNT), made.get("other", BreakerConfig(trip="count", failure_threshold=5))
     assert refusal(other) is None
     key = "breaker:{pay}:reporters"
-    store.hset(key, mapping={"someone": "99999999999999999999999 1 1 1 1 1", " run": "1" + "0" * 30,
-                             "late": f"{clock.now} 0 1 1 1 0 {10**15} {10**15} {10**15}"})
+    store.hset(
+        key,
+        mapping={
+            "someone": "99999999999999999999999 1 1 1 1 1",
+            " run": "1" + "0" * 30,
+            "late": f"{clock.now} 0 1 1 1 0 {10**15} {10**15} {10**15}",
+        },
+    )
     pay.acquire().failure()
     assert made.gate.healthy
     assert store.hget(key, " run") == b"0"
@@ -299,8 +309,14 @@ def test_numbers_in_a_reporters_entry_no_worker_wrote_are_dropped_or_clamped(mak
 def test_a_probe_the_bulkhead_refuses_is_given_back_not_counted_as_failed(make_breakers, clock, store):
     """With max_concurrent_calls, the isolated reporter's probe refused for want of a slot was left
     in its record, so it timed out as a failed probe and isolated it again with the backoff."""
-    config = BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30,
-                           min_reporters=2, max_concurrent_calls=1)
+    config = BreakerConfig(
+        trip="count",
+        failure_threshold=5,
+        window_seconds=10,
+        open_seconds=30,
+        min_reporters=2,
+        max_concurrent_calls=1,
+    )
     a, b = hosts(make_breakers, config, "a", "b")
     for _ in range(5):
         a.acquire().failure()
@@ -348,8 +364,9 @@ def test_batched_successes_sent_late_do_not_end_the_reporters_own_run(make_break
 def _scripts_run(client: Any) -> int:
     """Scripts the server ran (FCALL, EVALSHA, EVAL), from its commandstats."""
     stats = client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items()
-               if k in ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"))
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval")
+    )
 
 
 def test_while_its_probe_is_in_flight_the_reporters_other_workers_refuse_from_memory(

@@ -53,8 +53,11 @@ OPERATOR_STEPS = [
     ("reset", [], [("closed", "closed", "reset", True)]),
     ("force_open", [("closed", "open", "forced_open", True)], [("closed", "open", "forced_open", True)]),
     ("force_open", [], [("open", "open", "forced_open", True)]),
-    ("force_closed", [("open", "closed", "forced_closed", True)],
-     [("open", "closed", "forced_closed", True)]),
+    (
+        "force_closed",
+        [("open", "closed", "forced_closed", True)],
+        [("open", "closed", "forced_closed", True)],
+    ),
     ("clear_force", [], [("closed", "closed", "force_cleared", True)]),
     ("clear_force", [], []),  # not forced: no transition at all
     ("fail", [("closed", "open", "consecutive", False)], []),
@@ -77,9 +80,7 @@ def hear_every_step(breakers: Any, do: Callable[[str], object]) -> None:
         assert all(t.changed for t in changes)
 
 
-def test_on_transition_hears_state_changes_and_on_operator_action_every_operator_action(
-    make_breakers, clock
-):
+def test_on_transition_hears_state_changes_and_on_operator_action_every_operator_action(make_breakers, clock):
     """A pager on on_transition is never paged by a reset of a closed breaker; an
     audit log on on_operator_action hears of every operator action."""
     breakers = make_breakers()

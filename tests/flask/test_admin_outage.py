@@ -33,8 +33,9 @@ def served() -> Iterator[tuple[RedisServer, str, FlaskBreakers]]:
     """A redis-server of its own, and the app on a real HTTP server, its URL."""
     redis_server = RedisServer().start()
     app = Flask(__name__)
-    app.config.update(BREAKER_REDIS_URL=redis_server.url, BREAKER_ADMIN_TOKEN=TOKEN,
-                      BREAKER_KEY_PREFIX="outage")
+    app.config.update(
+        BREAKER_REDIS_URL=redis_server.url, BREAKER_ADMIN_TOKEN=TOKEN, BREAKER_KEY_PREFIX="outage"
+    )
     ext = FlaskBreakers(app, listen=False)
 
     @app.post("/pay")

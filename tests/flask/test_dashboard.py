@@ -69,8 +69,10 @@ def test_every_admin_and_dashboard_endpoint_answers_401_with_the_bearer_challeng
         answer = client.get(path, headers={"Authorization": header})
         assert answer.status_code == 401, header
         assert answer.headers["WWW-Authenticate"].startswith("Bearer")
-    assert 'error="invalid_token"' in client.get(path, headers={"Authorization": "Bearer no"}).headers[
-        "WWW-Authenticate"]
+    assert (
+        'error="invalid_token"'
+        in client.get(path, headers={"Authorization": "Bearer no"}).headers["WWW-Authenticate"]
+    )
     # the Authorization header only: not a query string, not a cookie, not a form
     assert client.get(f"{path}?access_token={TOKEN}").status_code == 401
     client.set_cookie("access_token", TOKEN)
@@ -153,7 +155,9 @@ def test_the_page_holds_no_data_and_loads_only_its_own_files():
     assert "pay" not in body and 'data-base="/_breakers"' in body
     assert re.findall(r"<script[^>]*>", body) == ['<script src="/_breakers/static/dashboard.js" defer>']
     assert re.findall(r'(?:src|href)="([^"]+)"', body) == [
-        "/_breakers/static/dashboard.css", "/_breakers/static/dashboard.js"]
+        "/_breakers/static/dashboard.css",
+        "/_breakers/static/dashboard.js",
+    ]
     assert "default-src 'self'" in page.headers["Content-Security-Policy"]
     assert page.headers["Cache-Control"] == "no-store"
     for name, kind in (("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")):
@@ -161,8 +165,11 @@ def test_the_page_holds_no_data_and_loads_only_its_own_files():
         assert asset.status_code == 200 and asset.content_type.startswith(kind)
         assert "http://" not in asset.get_data(as_text=True).replace("http://www.w3.org/2000/svg", "")
         assert "https://" not in asset.get_data(as_text=True)
-    for path in ("/_breakers/static/../admin.py", "/_breakers/static/%2e%2e/admin.py",
-                 "/_breakers/static/dashboard.html"):
+    for path in (
+        "/_breakers/static/../admin.py",
+        "/_breakers/static/%2e%2e/admin.py",
+        "/_breakers/static/dashboard.html",
+    ):
         assert client.get(path).status_code in (404, 405), path  # 405: only POST NAME/ACTION matches
 
 
@@ -260,7 +267,9 @@ def test_declared_breakers_have_a_tile_before_their_first_call(one_frame):
     answer = app.test_client().get("/_breakers/stream", headers=AUTH)
     ((_, frame),) = events(answer.get_data(as_text=True))
     assert [(b["name"], b["state"], b["calls"]) for b in frame["breakers"]] == [
-        ("inventory", "closed", 0), ("pay", "closed", 0)]
+        ("inventory", "closed", 0),
+        ("pay", "closed", 0),
+    ]
     assert redis_client.keys() == []  # showing them wrote nothing
 
 
@@ -307,7 +316,11 @@ def test_the_path_action_never_folds_slashes_into_another_name():
     assert answer.status_code == 200 and answer.get_json()["name"] == "a//b"
     with app.app_context():
         assert [ext.breaker(n).snapshot()["forced"] for n in ("/a", "a", "a//b", "a/b")] == [
-            None, None, "open", None]
+            None,
+            None,
+            "open",
+            None,
+        ]
 
 
 def test_the_stream_reports_redis_down_and_keeps_the_page_served(one_frame):

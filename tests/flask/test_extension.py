@@ -19,8 +19,13 @@ from tests.support.flask_apps import make_app
 # please retry later" in Chinese (its full-width comma written as an escape for the linter).
 CHINESE_MESSAGE = "支付服务暂时不可用\uff0c请稍后再试"
 # 5 failures in 10 s open it for 10 s: the classic OpenResty lua_shared_dict breaker
-PAY_5_IN_10S = {"trip": "count", "failure_threshold": 5, "window_seconds": 10, "open_seconds": 10,
-                "half_open_successes": 2}
+PAY_5_IN_10S = {
+    "trip": "count",
+    "failure_threshold": 5,
+    "window_seconds": 10,
+    "open_seconds": 10,
+    "half_open_successes": 2,
+}
 
 
 def snapshot(ext, app, name):
@@ -225,8 +230,10 @@ def test_the_decorator_wins_over_a_route_prefix(clock):
         ({"pay": "pay"}, "must start with '/'"),
         ({"/pay": {"fallback": None}}, "needs 'breaker'"),
         ({"/pay": {"breaker": "pay", "colour": "red"}}, "unknown option 'colour'"),
-        ({"/a": {"breaker": "x", "open_seconds": 1}, "/b": {"breaker": "x", "open_seconds": 2}},
-         "configured differently"),
+        (
+            {"/a": {"breaker": "x", "open_seconds": 1}, "/b": {"breaker": "x", "open_seconds": 2}},
+            "configured differently",
+        ),
         ({"/a": 3}, "breaker name, a dict or a RouteSpec"),
         ({"/a": {"breaker": "x", "open_seconds": 0}}, "open_seconds"),
     ],
@@ -404,8 +411,13 @@ def test_refusal_is_json_when_the_client_asks_for_json(clock, headers, json_expe
     assert answer.status_code == 503
     if json_expected:
         body = answer.get_json()
-        assert body == {"error": "service_unavailable", "message": CHINESE_MESSAGE,
-                        "breaker": "pay", "reason": "open", "retry_after": 10}
+        assert body == {
+            "error": "service_unavailable",
+            "message": CHINESE_MESSAGE,
+            "breaker": "pay",
+            "reason": "open",
+            "retry_after": 10,
+        }
     else:
         assert answer.mimetype == "text/plain"
         assert answer.get_data(as_text=True).strip() == CHINESE_MESSAGE

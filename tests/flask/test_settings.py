@@ -39,23 +39,41 @@ def build(config: dict[str, Any] | None = None, **overrides: Any) -> tuple[Flask
     ("config", "error", "says"),
     [
         ({"BREAKER_REDIS_URL": 6379}, TypeError, "BREAKER_REDIS_URL must be a Redis URL str"),
-        ({"BREAKER_REDIS_URL": "localhost:6379"}, ValueError,
-         "BREAKER_REDIS_URL: Redis URL 'localhost:6379' has no scheme"),
+        (
+            {"BREAKER_REDIS_URL": "localhost:6379"},
+            ValueError,
+            "BREAKER_REDIS_URL: Redis URL 'localhost:6379' has no scheme",
+        ),
         ({"BREAKER_REDIS_URL": "redis://h:port/0"}, ValueError, "BREAKER_REDIS_URL: bad port 'port'"),
         ({"BREAKER_KEY_PREFIX": "my shop"}, ValueError, "BREAKER_KEY_PREFIX: invalid key prefix 'my shop'"),
         ({"BREAKER_KEY_PREFIX": 7}, ValueError, "BREAKER_KEY_PREFIX: invalid key prefix 7"),
         ({"BREAKER_DEFAULTS": "count"}, TypeError, "BREAKER_DEFAULTS must be a dict of BreakerConfig fields"),
-        ({"BREAKER_DEFAULTS": {"failure_treshold": 3}}, ValueError,
-         "BREAKER_DEFAULTS: unknown BreakerConfig fields ['failure_treshold']"),
-        ({"BREAKER_DEFAULTS": {"failure_threshold": "3"}}, ValueError,
-         "BREAKER_DEFAULTS: BreakerConfig.failure_threshold must be an integer"),
-        ({"BREAKER_DEFAULTS": {"record_exceptions": KeyError}}, ValueError,
-         "BREAKER_DEFAULTS: BreakerConfig.record_exceptions must be a tuple"),
+        (
+            {"BREAKER_DEFAULTS": {"failure_treshold": 3}},
+            ValueError,
+            "BREAKER_DEFAULTS: unknown BreakerConfig fields ['failure_treshold']",
+        ),
+        (
+            {"BREAKER_DEFAULTS": {"failure_threshold": "3"}},
+            ValueError,
+            "BREAKER_DEFAULTS: BreakerConfig.failure_threshold must be an integer",
+        ),
+        (
+            {"BREAKER_DEFAULTS": {"record_exceptions": KeyError}},
+            ValueError,
+            "BREAKER_DEFAULTS: BreakerConfig.record_exceptions must be a tuple",
+        ),
         ({"BREAKER_ROUTES": ["/pay"]}, TypeError, "BREAKER_ROUTES must map path prefixes"),
-        ({"BREAKER_ROUTES": {"/pay": "my pay"}}, ValueError,
-         "BREAKER_ROUTES['/pay']: invalid breaker name 'my pay'"),
-        ({"BREAKER_ON_STORE_ERROR": "open"}, ValueError,
-         "BREAKER_ON_STORE_ERROR must be one of 'local', 'allow', 'deny' (got 'open')"),
+        (
+            {"BREAKER_ROUTES": {"/pay": "my pay"}},
+            ValueError,
+            "BREAKER_ROUTES['/pay']: invalid breaker name 'my pay'",
+        ),
+        (
+            {"BREAKER_ON_STORE_ERROR": "open"},
+            ValueError,
+            "BREAKER_ON_STORE_ERROR must be one of 'local', 'allow', 'deny' (got 'open')",
+        ),
         ({"BREAKER_ADMIN_TOKEN": 12345}, TypeError, "BREAKER_ADMIN_TOKEN must be a str (got int)"),
         ({"BREAKER_ADMIN_TOKEN": "s3cret\n"}, ValueError, "BREAKER_ADMIN_TOKEN must not begin or end with"),
         ({"BREAKER_DASHBOARD": "yes"}, TypeError, "BREAKER_DASHBOARD must be True or False, not 'yes'"),
@@ -76,8 +94,10 @@ def test_a_wrong_config_value_fails_at_init_naming_its_key(config, error, says) 
         ({"redis_url": "http://x"}, "redis_url: unsupported Redis URL scheme"),
         ({"key_prefix": "my shop"}, "key_prefix: invalid key prefix"),
         ({"on_store_error": "open"}, "on_store_error must be one of"),
-        ({"routes": {"/pay": {"breaker": "pay", "failure_statuses": 502}}},
-         "routes['/pay']: failure_statuses must be a collection of HTTP status codes"),
+        (
+            {"routes": {"/pay": {"breaker": "pay", "failure_statuses": 502}}},
+            "routes['/pay']: failure_statuses must be a collection of HTTP status codes",
+        ),
         ({"admin_token": 1}, "admin_token must be a str"),
         ({"admin_token": "t", "admin_path": "admin"}, "admin_path must be a URL path below '/'"),
         ({"admin_token": "t", "admin_path": "/"}, "admin_path must be a URL path below '/'"),
@@ -89,11 +109,16 @@ def test_a_wrong_constructor_argument_fails_naming_the_argument(overrides, says)
 
 
 def test_the_right_values_of_every_key_are_taken() -> None:
-    app, ext = build({
-        "BREAKER_KEY_PREFIX": "shop.v2", "BREAKER_DEFAULTS": {"failure_threshold": 2},
-        "BREAKER_ROUTES": {"/pay": "pay"}, "BREAKER_ON_STORE_ERROR": "deny",
-        "BREAKER_ADMIN_TOKEN": "s3cret", "BREAKER_DASHBOARD": True,
-    })
+    app, ext = build(
+        {
+            "BREAKER_KEY_PREFIX": "shop.v2",
+            "BREAKER_DEFAULTS": {"failure_threshold": 2},
+            "BREAKER_ROUTES": {"/pay": "pay"},
+            "BREAKER_ON_STORE_ERROR": "deny",
+            "BREAKER_ADMIN_TOKEN": "s3cret",
+            "BREAKER_DASHBOARD": True,
+        }
+    )
     with app.app_context():
         assert ext.breakers.prefix == "shop.v2"
         assert ext.breaker("pay").config.failure_threshold == 2
@@ -112,8 +137,11 @@ def test_the_right_values_of_every_key_are_taken() -> None:
         ("BREAKER_DASBOARD", "did you mean BREAKER_DASHBOARD?"),
         ("BREAKER_ADMIN_TOKN", "did you mean BREAKER_ADMIN_TOKEN?"),
         ("BREAKER_ROUTE", "did you mean BREAKER_ROUTES?"),
-        ("BREAKER_XYZZY", "known: BREAKER_REDIS_URL, BREAKER_KEY_PREFIX, BREAKER_DEFAULTS, BREAKER_ROUTES, "
-                          "BREAKER_ON_STORE_ERROR, BREAKER_ADMIN_TOKEN, BREAKER_DASHBOARD, BREAKER_REPORTER"),
+        (
+            "BREAKER_XYZZY",
+            "known: BREAKER_REDIS_URL, BREAKER_KEY_PREFIX, BREAKER_DEFAULTS, BREAKER_ROUTES, "
+            "BREAKER_ON_STORE_ERROR, BREAKER_ADMIN_TOKEN, BREAKER_DASHBOARD, BREAKER_REPORTER",
+        ),
     ],
 )
 def test_an_unknown_breaker_key_is_a_warning_naming_the_closest_key(caplog, key, hint) -> None:
@@ -128,8 +156,9 @@ def test_an_unknown_breaker_key_is_a_warning_naming_the_closest_key(caplog, key,
 
 def test_known_keys_give_no_warning(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="breaker_redis")
-    _app, ext = build({"BREAKER_KEY_PREFIX": "x", "BREAKER_ON_STORE_ERROR": "allow",
-                       "BREAKER_DEFAULTS": None})
+    _app, ext = build(
+        {"BREAKER_KEY_PREFIX": "x", "BREAKER_ON_STORE_ERROR": "allow", "BREAKER_DEFAULTS": None}
+    )
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     ext.breakers.close()
 

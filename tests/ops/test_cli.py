@@ -174,8 +174,9 @@ def test_show_an_override_and_the_last_transitions(url, prefix, app_breakers, cl
     assert lines["open_seconds"].endswith("IGNORED by the scripts: not a number")
     assert lines["failure_rate"].endswith("live override, clamped to 1, the highest BreakerConfig allows")
     # the config in force: the worker's own (written with the state) and what the overrides change
-    table = {line.split()[0]: line for line in out.splitlines()
-             if line.startswith("  ") and " = " not in line}
+    table = {
+        line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and " = " not in line
+    }
     assert table["failure_threshold"].split(None, 1)[1] == "4         live override (the worker's own: 3)"
     assert table["failure_rate"].split(None, 1)[1] == "1         live override (the worker's own: 0.5)"
     assert table["open_seconds"].split()[1:] == ["30"]  # 'soon' is skipped: the worker's own stays
@@ -273,7 +274,15 @@ def test_the_options_may_follow_the_command(url, prefix):
     # a command's own options and arguments stay where they are, and nothing after --
     args = ["config", "pay", "--unset", "open_seconds", "--url", "u", "--", "--prefix", "p"]
     assert cli.group_options_first(args, cli.main.params) == [
-        "--url", "u", "config", "pay", "--unset", "open_seconds", "--", "--prefix", "p"
+        "--url",
+        "u",
+        "config",
+        "pay",
+        "--unset",
+        "open_seconds",
+        "--",
+        "--prefix",
+        "p",
     ]
 
 
@@ -619,8 +628,10 @@ def test_events_follow_reads_forged_messages_without_failing(url, prefix, app_br
         channel = f"{prefix}:events"
         client.publish(channel, "[" * 100_000 + "]" * 100_000)
         client.publish(channel, '{"name": Infinity, "kind": "transition"}')
-        forged = ('{"name": "pay", "kind": "transition", "from": "closed", "to": "open", "db": 0, '
-                  '"cause": "forged", "epoch": 1e999, "born": Infinity, "open_until": Infinity, "at": NaN}')
+        forged = (
+            '{"name": "pay", "kind": "transition", "from": "closed", "to": "open", "db": 0, '
+            '"cause": "forged", "epoch": 1e999, "born": Infinity, "open_until": Infinity, "at": NaN}'
+        )
         client.publish(channel, forged)
         pay.force_open()
         out, _ = follower.communicate(timeout=10)
@@ -655,8 +666,18 @@ def test_the_console_script_and_the_module_run_from_the_venv():
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith("Usage: breaker-redis [OPTIONS] COMMAND [ARGS]...")
-        for command in ("status", "watch", "show", "open", "close", "auto", "reset", "release", "config",
-                        "events"):
+        for command in (
+            "status",
+            "watch",
+            "show",
+            "open",
+            "close",
+            "auto",
+            "reset",
+            "release",
+            "config",
+            "events",
+        ):
             assert f"\n  {command} " in done.stdout
 
 
@@ -730,8 +751,12 @@ def test_flask_breakers_knows_the_breakers_the_app_declares_before_their_first_c
     BREAKER_ROUTES name, breaker()) but never called, as POST /_breakers/pay/open does;
     `breaker-redis open pay`, which knows no app, still asks for --create."""
     app = Flask(__name__)
-    app.config.update(BREAKER_REDIS_URL=url, BREAKER_KEY_PREFIX=prefix, BREAKER_ROUTES={"/cart": "cart"},
-                      BREAKER_ADMIN_TOKEN="t")
+    app.config.update(
+        BREAKER_REDIS_URL=url,
+        BREAKER_KEY_PREFIX=prefix,
+        BREAKER_ROUTES={"/cart": "cart"},
+        BREAKER_ADMIN_TOKEN="t",
+    )
     extension = FlaskBreakers(app)
 
     @app.post("/pay")

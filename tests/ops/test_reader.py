@@ -24,8 +24,16 @@ PREFIX = "rd"
 CONSECUTIVE = BreakerConfig(trip="consecutive", failure_threshold=3, open_seconds=10)
 COUNT = BreakerConfig(trip="count", failure_threshold=3, window_seconds=60, window_buckets=6, open_seconds=60)
 RATE = BreakerConfig(trip="rate", minimum_calls=4, window_seconds=30, window_buckets=5, slow_call_seconds=0.5)
-SHORT = BreakerConfig(trip="count", failure_threshold=50, window_seconds=1, window_buckets=5,
-                      failure_rate=1 / 3, open_seconds=600, max_concurrent_calls=4, half_open_max_calls=2)
+SHORT = BreakerConfig(
+    trip="count",
+    failure_threshold=50,
+    window_seconds=1,
+    window_buckets=5,
+    failure_rate=1 / 3,
+    open_seconds=600,
+    max_concurrent_calls=4,
+    half_open_max_calls=2,
+)
 CONFIGS = (CONSECUTIVE, COUNT, RATE, SHORT)
 
 
@@ -47,8 +55,9 @@ def per_breaker(client: Any, clock: Clock, names: list[str]) -> list[dict[str, A
         for name in names:
             config = lone.stored_config(name) or lone.window_config(name)
             if config not in made:
-                made[config] = Breakers(client, PREFIX, listen=False, on_store_error="deny", defaults=config,
-                                        clock=clock)
+                made[config] = Breakers(
+                    client, PREFIX, listen=False, on_store_error="deny", defaults=config, clock=clock
+                )
             out.append(made[config].get(name).snapshot())
     finally:
         for breakers in made.values():
@@ -99,16 +108,27 @@ def test_the_bulk_read_equals_each_breakers_own_snapshot(store, clock, monkeypat
             if snapshot["name"] != "overrides-only":
                 assert snapshot == app.get(snapshot["name"]).snapshot()
         states = {(s["state"], s["forced"]) for s in read}
-        assert states >= {("closed", None), ("open", None), ("half_open", None), ("open", "open"),
-                          ("closed", "closed")}
+        assert states >= {
+            ("closed", None),
+            ("open", None),
+            ("half_open", None),
+            ("open", "open"),
+            ("closed", "closed"),
+        }
         by_name = {s["name"]: s for s in read}
         assert by_name["svc-00"]["probes_in_flight"] == 1
         assert by_name["svc-03"]["bulkhead_in_use"] == 1
-        assert by_name["svc-07"]["overrides"] == {"failure_threshold": "9", "open_seconds": "20",
-                                                  "window_seconds": "20"}
+        assert by_name["svc-07"]["overrides"] == {
+            "failure_threshold": "9",
+            "open_seconds": "20",
+            "window_seconds": "20",
+        }
         only = by_name["overrides-only"]  # read with the default config, the override on top
         assert (only["state"], only["config"]["failure_threshold"], only["config"]["window_buckets"]) == (
-            "closed", 4, 10)
+            "closed",
+            4,
+            10,
+        )
         assert by_name["svc-06"]["state"] == "open"  # COUNT, tripped
         assert bulk.snapshots(["svc-05", "svc-01"]) == [by_name["svc-05"], by_name["svc-01"]]
         assert bulk.snapshot("svc-09") == by_name["svc-09"]
@@ -246,9 +266,7 @@ class CountingSends(redis.Connection):
         super().send_packed_command(command, check_health)
 
 
-def test_one_round_trip_per_chunk_once_the_config_texts_are_known(
-    redis_server, clock, monkeypatch
-):
+def test_one_round_trip_per_chunk_once_the_config_texts_are_known(redis_server, clock, monkeypatch):
     pool = redis.ConnectionPool(port=redis_server.port, connection_class=CountingSends)
     client = redis.Redis(connection_pool=pool)
     client.flushall()

@@ -51,8 +51,9 @@ def make_user(redis_server: RedisServer) -> Iterator:
 
 
 def user_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "breaker_redis" and r.levelno >= logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "breaker_redis" and r.levelno >= logging.WARNING
+    ]
 
 
 def test_the_health_script_calls_every_command_the_breaker_scripts_call() -> None:
@@ -77,8 +78,9 @@ def test_the_whole_engine_runs_under_the_least_privilege_user(
         pay, pay_two = one.get("pay", config), two.get("pay", config)
         for breaker in (pay, pay_two):  # both subscribed: the boundary from memory
             breaker.call(lambda: "ok")
-        wait_until(lambda: one.invalidator.healthy and two.invalidator.healthy, timeout=10,
-                   what="both subscriptions")
+        wait_until(
+            lambda: one.invalidator.healthy and two.invalidator.healthy, timeout=10, what="both subscriptions"
+        )
         for _ in range(3):
             with pytest.raises(ZeroDivisionError):
                 pay.call(lambda: 1 / 0)
@@ -142,8 +144,11 @@ def test_a_missing_permission_is_one_error_that_names_it_and_protection_goes_on(
         assert breakers.gate.problem is not None and named in breakers.gate.problem
 
         # the probe (lua/health.lua) is refused the same permission: still the one error
-        wait_until(lambda: breakers.gate._delay > breakers.gate._min_backoff, timeout=10,
-                   what="the store gate's probe to be refused")
+        wait_until(
+            lambda: breakers.gate._delay > breakers.gate._min_backoff,
+            timeout=10,
+            what="the store gate's probe to be refused",
+        )
         assert len(user_errors(caplog)) == 1
         admin = redis_server.client()
         admin.execute_command("ACL", "SETUSER", user, named)
@@ -180,8 +185,10 @@ def test_a_script_line_error_names_the_command_on_that_line() -> None:
     source = script_source("acquire")
     line = next(i for i, text in enumerate(source.splitlines(), 1) if "redis.call('TIME')" in text)
     sha = hashlib.sha1(source.encode()).hexdigest()
-    message = ("The user executing the script can't run this command or subcommand "
-               f"script: {sha}, on @user_script:{line}.")
+    message = (
+        "The user executing the script can't run this command or subcommand "
+        f"script: {sha}, on @user_script:{line}."
+    )
     assert acl.missing_rule(Exception(message)) == "+time"
     assert acl.missing_rule(Exception("WRONGTYPE Operation against a key")) is None
 

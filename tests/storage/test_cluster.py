@@ -263,9 +263,15 @@ def on_master(message: str, name: str) -> str:
 
 
 HOSTILE_SETTINGS = settings(
-    max_examples=8, deadline=None, derandomize=True, database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                           HealthCheck.data_too_large],
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
 )
 HOSTILE_ON_MASTERS = st.lists(st.tuples(st.integers(0, 2), hostile("pay")), min_size=1, max_size=6)
 
@@ -539,12 +545,17 @@ def test_a_dead_master_never_makes_a_call_wait(made, monkeypatch):
         wait_until(every_breaker_called_once, timeout=30, what="every gate to fall back to the local store")
         reached: list[str] = []
         real_run = breakers.gate.remote.run
-        monkeypatch.setattr(breakers.gate.remote, "run",
-                            lambda operation, *args: reached.append(operation) or real_run(operation, *args))
+        monkeypatch.setattr(
+            breakers.gate.remote,
+            "run",
+            lambda operation, *args: reached.append(operation) or real_run(operation, *args),
+        )
         for _ in range(20):
             for pay in pays.values():
                 pay.acquire().failure()
         assert reached == [] and breakers.gate.kind == "local"
+
+
 def dead_probe() -> None:
     raise redis.exceptions.ConnectionError("held off by the test")
 
@@ -783,8 +794,11 @@ def test_a_worker_never_trusts_a_subscription_on_the_demoted_master(side, made, 
         used: list[bool] = []
 
         def moved_to_the_new_master(healthy: Any) -> None:
-            wait_until(lambda: group.promoted(new, slot) and used and healthy(), timeout=20,
-                       what="the worker subscribed again after the failover")
+            wait_until(
+                lambda: group.promoted(new, slot) and used and healthy(),
+                timeout=20,
+                what="the worker subscribed again after the failover",
+            )
             assert shard_numsub(group, new, channel) == 1  # not on the replica it tried first
             wait_until(lambda: shard_numsub(group, old, channel) == 0, what="the replica left")
 
@@ -853,8 +867,11 @@ def test_a_process_that_does_not_listen_follows_a_failover_at_its_first_call(mad
         new = group.replica_of(old)
         group.failover(new)
         wait_until(
-            lambda: group.promoted(new, slot) and shard_numsub(group, new, channel) == 1
-            and worker.invalidator.healthy,
+            lambda: (
+                group.promoted(new, slot)
+                and shard_numsub(group, new, channel) == 1
+                and worker.invalidator.healthy
+            ),
             timeout=20,
             what="the worker subscribed on the promoted replica",
         )

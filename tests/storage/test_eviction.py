@@ -128,7 +128,9 @@ def evict_the_state(server: RedisServer) -> None:
 
 @pytest.mark.parametrize("server", ["allkeys-lru"], indirect=True)
 def test_allkeys_lru_a_worker_that_knew_restores_the_open_state(
-    server: RedisServer, workers: list[Breakers], monkeypatch: pytest.MonkeyPatch,
+    server: RedisServer,
+    workers: list[Breakers],
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="breaker_redis")
@@ -157,7 +159,9 @@ def test_allkeys_lru_a_worker_that_knew_restores_the_open_state(
 
 @pytest.mark.parametrize("server", ["allkeys-lru"], indirect=True)
 def test_allkeys_lru_a_newcomer_first_finds_it_closed_when_its_history_is_gone_too(
-    server: RedisServer, workers: list[Breakers], monkeypatch: pytest.MonkeyPatch,
+    server: RedisServer,
+    workers: list[Breakers],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     trip(workers, server.url)
     evict_the_state(server)
@@ -176,7 +180,9 @@ def test_allkeys_lru_a_newcomer_first_finds_it_closed_when_its_history_is_gone_t
 
 @pytest.mark.parametrize("server", ["noeviction"], indirect=True)
 def test_a_newcomer_restores_the_open_state_from_the_last_transition(
-    server: RedisServer, workers: list[Breakers], caplog: pytest.LogCaptureFixture,
+    server: RedisServer,
+    workers: list[Breakers],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The state hash gone (deleted here as an eviction would take it), the events list
     kept: a worker that knows nothing restores what the last transition says."""
@@ -228,8 +234,9 @@ def test_a_worker_warns_at_start_up_when_the_policy_can_evict_its_keys(
         assert lines == []
     else:
         assert len(lines) == 1 and "noeviction or volatile-*" in lines[0]
-        assert lines[0].startswith("the breakers' Redis: maxmemory-policy allkeys-lru (maxmemory 2.0 MB) can "
-                                   "evict a breaker's state"), lines[0]
+        assert lines[0].startswith(
+            "the breakers' Redis: maxmemory-policy allkeys-lru (maxmemory 2.0 MB) can evict a breaker's state"
+        ), lines[0]
 
 
 # -- what is never restored ----------------------------------------------------------------------
@@ -277,8 +284,17 @@ def test_a_forged_message_restores_nothing(redis_server: RedisServer, clock: Any
         assert admits(pay)
         born = int(admin.hget(STATE, "born"))
         for db, forged_born in ((None, 1), (0, born + 10**6), (0, born - 1)):
-            forged = {"name": "pay", "kind": "transition", "to": "open", "forced": "open",
-                      "born": forged_born, "epoch": forged_born + 1, "arms": 0, "open_until": 0, "at": 0}
+            forged = {
+                "name": "pay",
+                "kind": "transition",
+                "to": "open",
+                "forced": "open",
+                "born": forged_born,
+                "epoch": forged_born + 1,
+                "arms": 0,
+                "open_until": 0,
+                "at": 0,
+            }
             if db is not None:
                 forged["db"] = db
             admin.publish("breaker:notices:0", json.dumps(forged))

@@ -196,8 +196,11 @@ def test_an_asyncio_worker_follows_a_failover_and_decides_from_memory_on_the_new
             _, new, _ = await asyncio.to_thread(group.failover)
             # well before Sentinel demotes the old master (about 10 s), which would close
             # its connections and so move the subscription without the follower
-            await until(lambda: worker.invalidator.healthy and subscribers(new) == 1,
-                        "the subscription on the new master", timeout=6)
+            await until(
+                lambda: worker.invalidator.healthy and subscribers(new) == 1,
+                "the subscription on the new master",
+                timeout=6,
+            )
             tripping = admin.get("async-pay", TRIP_AT_3)
             for _ in range(10):  # the operator's blocking calls in a thread, not on the loop
                 await asyncio.to_thread(tripping.reset)

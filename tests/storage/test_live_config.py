@@ -45,10 +45,23 @@ def in_force(breaker) -> dict:
 
 # A config away from every bound, so that a live value skipped, applied or clamped shows
 AWAY = BreakerConfig(
-    trip="count", failure_threshold=5, failure_rate=0.3, minimum_calls=20, slow_call_seconds=2,
-    slow_call_rate=0.5, window_seconds=10, window_buckets=10, open_seconds=20, open_backoff=2,
-    max_open_seconds=600, half_open_max_calls=2, half_open_successes=2, probe_timeout_seconds=30,
-    max_concurrent_calls=5, mode="observe", min_reporters=2,
+    trip="count",
+    failure_threshold=5,
+    failure_rate=0.3,
+    minimum_calls=20,
+    slow_call_seconds=2,
+    slow_call_rate=0.5,
+    window_seconds=10,
+    window_buckets=10,
+    open_seconds=20,
+    open_backoff=2,
+    max_open_seconds=600,
+    half_open_max_calls=2,
+    half_open_successes=2,
+    probe_timeout_seconds=30,
+    max_concurrent_calls=5,
+    mode="observe",
+    min_reporters=2,
 )
 SKIPPED = object()  # the scripts keep the worker's own value
 
@@ -62,8 +75,12 @@ def probes(rule: LiveField) -> list[tuple[str, object]]:
         return [*((word, word) for word in rule.words if word != own), ("sometimes", SKIPPED)]
     low, high = rule.low, rule.high
     found: list[tuple[str, object]] = [
-        (f"{high * 10:g}", high), ("1e999", high), (f"{high:g}", high),
-        (f"{low:g}", SKIPPED if rule.low_open else low), (f"{low - 1:g}", SKIPPED), ("nan", SKIPPED),
+        (f"{high * 10:g}", high),
+        ("1e999", high),
+        (f"{high:g}", high),
+        (f"{low:g}", SKIPPED if rule.low_open else low),
+        (f"{low - 1:g}", SKIPPED),
+        ("nan", SKIPPED),
     ]
     if rule.integer:
         found.append((f"{low + 1.5:g}", SKIPPED))
@@ -177,8 +194,29 @@ def test_a_huge_window_bucket_count_costs_100_buckets(make_breakers, store, cloc
 # the characters a careless hand might type, and whole values worth trying
 _VALUES = st.one_of(
     st.text(alphabet="0123456789.eE+-", max_size=8),
-    st.sampled_from(["1e999", "-1e999", "inf", "nan", "0x10", " 5", "5 ", "1_0", "", "off", "none",
-                     "consecutive", "rate", "observe", "1e-999", "0.0", "600", "601", "3.0"]),
+    st.sampled_from(
+        [
+            "1e999",
+            "-1e999",
+            "inf",
+            "nan",
+            "0x10",
+            " 5",
+            "5 ",
+            "1_0",
+            "",
+            "off",
+            "none",
+            "consecutive",
+            "rate",
+            "observe",
+            "1e-999",
+            "0.0",
+            "600",
+            "601",
+            "3.0",
+        ]
+    ),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
     st.integers(min_value=-10, max_value=2_000_000).map(str),
 )
@@ -236,8 +274,9 @@ def test_reset_repairs_a_corrupted_counter(make_breakers, store, caplog):
     ("field", "value"),
     [("epoch", "abc"), ("open_until", "soon"), ("consec", "inf"), ("state", "ajar"), ("born", "nan")],
 )
-def test_a_corrupted_state_field_starts_a_fresh_breaker_with_a_newer_epoch(make_breakers, store, caplog,
-                                                                           clock, field, value):
+def test_a_corrupted_state_field_starts_a_fresh_breaker_with_a_newer_epoch(
+    make_breakers, store, caplog, clock, field, value
+):
     """The state is repaired as a fresh breaker with a newer epoch, and what it was is
     restored: from the last transition for a worker that knows nothing, from what it
     knew for one that does (as after an eviction: lua/_lib.lua restore_lost)."""

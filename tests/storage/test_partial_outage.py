@@ -93,8 +93,11 @@ def test_redis_that_answers_ping_but_refuses_scripts_trips_locally_without_flapp
 
             def refuse() -> None:
                 admin.replicaof("127.0.0.1", primary.port)  # a failover's old master turned replica
-                wait_until(lambda: admin.info("replication")["master_link_status"] == "up",
-                           timeout=15, what="replication")
+                wait_until(
+                    lambda: admin.info("replication")["master_link_status"] == "up",
+                    timeout=15,
+                    what="replication",
+                )
 
             def allow() -> None:
                 admin.replicaof("NO", "ONE")

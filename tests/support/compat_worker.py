@@ -41,13 +41,17 @@ def main(argv: list[str]) -> None:
             outcomes.append("ok")
         except Exception as exc:
             outcomes.append(type(exc).__name__)
-    print(json.dumps({
-        "outcomes": outcomes,
-        "state": cb.current_state,
-        "fail_counter": cb.fail_counter,
-        "events": listener.events,
-        "storage": cb._state_storage.name,
-    }))
+    print(
+        json.dumps(
+            {
+                "outcomes": outcomes,
+                "state": cb.current_state,
+                "fail_counter": cb.fail_counter,
+                "events": listener.events,
+                "storage": cb._state_storage.name,
+            }
+        )
+    )
     cb.breakers.close()
 
 

@@ -21,8 +21,11 @@ STATE = "breaker:{pay}:state"
 
 def subscribed(breakers: Breakers) -> Breakers:
     breakers.get("pay", CONFIG).acquire().ignore()  # first use: connects and subscribes
-    wait_until(lambda: breakers.invalidator is not None and breakers.invalidator.healthy, timeout=10,
-               what="the event subscription")
+    wait_until(
+        lambda: breakers.invalidator is not None and breakers.invalidator.healthy,
+        timeout=10,
+        what="the event subscription",
+    )
     return breakers
 
 

@@ -17,16 +17,49 @@ from hypothesis import strategies as st
 
 # Values no script writes where a count, an epoch or a time is due (storage/notices.py).
 INVALID_NUMBERS = [
-    "Infinity", "-Infinity", "NaN", "1e999", "-1e999", "1e308", "2.5", "-1", "-0.5",
-    str(2**53), str(2**63), "9" * 25, "1" * 5000, "true", "false", "null", '"12"', '""', "[]", "{}",
-    '[1,2]', '{"epoch":1}', '"Infinity"',
+    "Infinity",
+    "-Infinity",
+    "NaN",
+    "1e999",
+    "-1e999",
+    "1e308",
+    "2.5",
+    "-1",
+    "-0.5",
+    str(2**53),
+    str(2**63),
+    "9" * 25,
+    "1" * 5000,
+    "true",
+    "false",
+    "null",
+    '"12"',
+    '""',
+    "[]",
+    "{}",
+    "[1,2]",
+    '{"epoch":1}',
+    '"Infinity"',
 ]
 # Values a script may write there (the first: a worker's epochs are far below).
 VALID_NUMBERS = ["0", "1", "17", str(10**15), str(2**53 - 1), "1700000000000.0"]
 # A `db` that is not this worker's database 0: dropped, as a message about another database is.
 FOREIGN_DATABASES = [
-    "1", "7", "1.0", "-1", "Infinity", "NaN", "1e999", '"0"', "true", "false", "2.5", str(2**64), "[0]",
-    '{"db":0}', "1" * 5000,
+    "1",
+    "7",
+    "1.0",
+    "-1",
+    "Infinity",
+    "NaN",
+    "1e999",
+    '"0"',
+    "true",
+    "false",
+    "2.5",
+    str(2**64),
+    "[0]",
+    '{"db":0}',
+    "1" * 5000,
 ]
 WORDS = ["transition", "armed", "isolation", "config", "closed", "open", "half_open", "", "-", "forced_open"]
 
@@ -92,8 +125,11 @@ def dropped(draw: st.DrawFn, name: str) -> str:
         return draw(VALUES.filter(lambda text: not text.startswith("{")))
     if how == "deep":
         return draw(DEEP)
-    fields = {"kind": _quoted("transition"), "born": draw(st.sampled_from(INVALID_NUMBERS + VALID_NUMBERS)),
-              "epoch": draw(st.sampled_from(INVALID_NUMBERS + VALID_NUMBERS))}
+    fields = {
+        "kind": _quoted("transition"),
+        "born": draw(st.sampled_from(INVALID_NUMBERS + VALID_NUMBERS)),
+        "epoch": draw(st.sampled_from(INVALID_NUMBERS + VALID_NUMBERS)),
+    }
     if how == "bad name":
         not_a_string = VALUES.filter(lambda value: value[:1] != '"')
         fields["name"] = draw(st.one_of(st.sampled_from(INVALID_NUMBERS), not_a_string))

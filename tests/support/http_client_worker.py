@@ -66,8 +66,9 @@ def main() -> int:
     return 0
 
 
-async def run_async(spec: dict[str, Any], config: BreakerConfig, urls: list[str], calls: int,
-                    start_at: float | None) -> list[str]:
+async def run_async(
+    spec: dict[str, Any], config: BreakerConfig, urls: list[str], calls: int, start_at: float | None
+) -> list[str]:
     import httpx
 
     from breaker_redis.asyncio import Breakers as AsyncBreakers
@@ -97,8 +98,17 @@ def _groups(breakers: Any, spec: dict[str, Any], config: BreakerConfig) -> dict[
     from breaker_redis.groups import AsyncBreakerGroup, BreakerGroup
 
     kind = AsyncBreakerGroup if spec["kind"] == "httpx_async" else BreakerGroup
-    return {"groups": [kind(breakers, group["name"], group["members"],
-                            max_open_fraction=group["max_open_fraction"], config=config)]}
+    return {
+        "groups": [
+            kind(
+                breakers,
+                group["name"],
+                group["members"],
+                max_open_fraction=group["max_open_fraction"],
+                config=config,
+            )
+        ]
+    }
 
 
 def _wait(start_at: float | None) -> None:

@@ -22,8 +22,9 @@ class LocalUpstream:
         self.server = Server(("127.0.0.1", 0), make_handler(self.upstream))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.name = host_name(self.url)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def control(self, **body: Any) -> None:
@@ -94,9 +95,17 @@ class RawUpstream:
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
-    def answer(self, status: int = 200, headers: list[tuple[bytes, bytes]] | None = None,
-               body: bytes = b"", *, length: int | None = None, chunked: bool = False,
-               then: str = "close", once: bool = False) -> None:
+    def answer(
+        self,
+        status: int = 200,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        body: bytes = b"",
+        *,
+        length: int | None = None,
+        chunked: bool = False,
+        then: str = "close",
+        once: bool = False,
+    ) -> None:
         assert then in ("close", "stall", "reset"), then
         head = [f"HTTP/1.1 {status} X".encode(), *(name + b": " + value for name, value in headers or [])]
         if chunked:

@@ -108,8 +108,9 @@ class BreakerModel:
 
     def _trip(self, now: int, after_half_open: bool) -> None:
         if after_half_open:  # backoff from the last period, capped, plus up to 10 % jitter
-            base = min(math.floor(max(self.last_open_ms, self.open_ms) * self.config.open_backoff),
-                       self.max_open_ms)
+            base = min(
+                math.floor(max(self.last_open_ms, self.open_ms) * self.config.open_backoff), self.max_open_ms
+            )
             spread = ((now % 997) * 31 + self.epoch * 17) % 100  # the epoch before the transition
             duration = base + base * spread // 1000
         else:  # the first trip: exactly open_seconds

@@ -80,7 +80,9 @@ def serve(
     "trusted" (what it knows would decide its next call)."""
     clock = [now_ms]
     breakers = Breakers.from_url(
-        url, batch_successes=batch_successes, reporter=reporter,
+        url,
+        batch_successes=batch_successes,
+        reporter=reporter,
         clock=None if now_ms is None else (lambda: int(clock[0] or 0)),
     )
     made: list[str] = []  # the states this process's calls moved the breaker to (on_transition)
@@ -201,8 +203,9 @@ async def _serve_asyncio(
     conn.send("stopped")
 
 
-def steady(url: str, name: str, config: BreakerConfig, failure_rate: float, seconds: float,
-           barrier: Any) -> tuple[int, int, int]:
+def steady(
+    url: str, name: str, config: BreakerConfig, failure_rate: float, seconds: float, barrier: Any
+) -> tuple[int, int, int]:
     """Calls for ``seconds``, the i-th failing when floor((i + 1) * rate) > floor(i * rate):
     every prefix of this worker's calls fails at most ``failure_rate`` of the time.
     Returns (calls, failures, refused); close() sends what is batched.

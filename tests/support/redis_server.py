@@ -72,8 +72,11 @@ class RedisServer:
 
     def _launch(self) -> bool:
         process = self.process = subprocess.Popen(
-            [*redis_server_argv(self.binary, self.port, str(self.dir)), *self.extra,
-             *shlex.split(os.environ.get(ARGS_VARIABLE, ""))],
+            [
+                *redis_server_argv(self.binary, self.port, str(self.dir)),
+                *self.extra,
+                *shlex.split(os.environ.get(ARGS_VARIABLE, "")),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

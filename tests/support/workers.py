@@ -77,16 +77,18 @@ def counting(workers: list[Any]) -> list[dict[str, int]]:
             real_run = runner.run
             if inspect.iscoroutinefunction(real_run):
 
-                async def counted_async(operation: str, *args: Any, count: dict[str, int] = count,
-                                        real_run: Any = real_run) -> Any:
+                async def counted_async(
+                    operation: str, *args: Any, count: dict[str, int] = count, real_run: Any = real_run
+                ) -> Any:
                     count[operation] = count.get(operation, 0) + 1
                     return await real_run(operation, *args)
 
                 runner.run = counted_async
             else:
 
-                def counted(operation: str, *args: Any, count: dict[str, int] = count,
-                            real_run: Any = real_run) -> Any:
+                def counted(
+                    operation: str, *args: Any, count: dict[str, int] = count, real_run: Any = real_run
+                ) -> Any:
                     count[operation] = count.get(operation, 0) + 1
                     return real_run(operation, *args)
 

@@ -225,8 +225,18 @@ def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, conn
     subscribed(workers)
     assert admits(a) and admits(b)
     before = [c["acquire"] for c in counts]
-    forged = {"name": "pay", "kind": "transition", "from": "closed", "to": "open", "epoch": 10**15,
-              "arms": 10**6, "open_until": 10**15, "forced": "open", "cause": "forged", "at": 0}
+    forged = {
+        "name": "pay",
+        "kind": "transition",
+        "from": "closed",
+        "to": "open",
+        "epoch": 10**15,
+        "arms": 10**6,
+        "open_until": 10**15,
+        "forced": "open",
+        "cause": "forged",
+        "at": 0,
+    }
     connect().publish("breaker:notices:0", json.dumps(forged))
     connect().publish("breaker:notices:0", "not json at all")
     for _ in range(20):
@@ -246,8 +256,20 @@ def test_a_notice_on_the_legacy_channel_counts_only_without_a_token(workers, con
     subscribed(workers)
     assert admits(a) and admits(b)
     before = [c["acquire"] for c in counts]
-    notice = {"name": "pay", "kind": "transition", "from": "closed", "to": "open", "epoch": 10**15,
-              "arms": 0, "born": 1, "open_until": 10**15, "forced": "", "cause": "trip", "at": 0, "db": 0}
+    notice = {
+        "name": "pay",
+        "kind": "transition",
+        "from": "closed",
+        "to": "open",
+        "epoch": 10**15,
+        "arms": 0,
+        "born": 1,
+        "open_until": 10**15,
+        "forced": "",
+        "cause": "trip",
+        "at": 0,
+        "db": 0,
+    }
     if token:
         notice["ack"] = token
     connect().publish("breaker:events", json.dumps(notice))
@@ -256,9 +278,17 @@ def test_a_notice_on_the_legacy_channel_counts_only_without_a_token(workers, con
     assert spent(counts, before) == [asks, asks]
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(messages=st.lists(hostile("pay"), min_size=1, max_size=6))
 def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_the_subscription(
     workers, connect, caplog, messages
@@ -294,10 +324,21 @@ def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_the_subscrip
     a.reset()
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.one_of(hostile("pay").map(lambda case: case[0]), st.binary(max_size=64), st.text(max_size=64),
-                      st.sampled_from([None, 12, b"\xff\xfe", "{", "[]", "null"])))
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    data=st.one_of(
+        hostile("pay").map(lambda case: case[0]),
+        st.binary(max_size=64),
+        st.text(max_size=64),
+        st.sampled_from([None, 12, b"\xff\xfe", "{", "[]", "null"]),
+    )
+)
 def test_the_one_reader_of_messages_never_raises_and_keeps_only_what_a_script_writes(data):
     """storage/notices.py parse_notice, alone: for any data a subscription can hand it, a
     Notice or None, never an exception; every number it keeps is an integer 0 to 2^53 - 1

@@ -13,6 +13,7 @@ from tests.support.workers import RATE, TRIP_AT_3, TRIP_AT_5, snapshot
 
 pytestmark = pytest.mark.multiprocess
 
+
 @pytest.fixture(params=["real", "embedded"])
 def url(request: pytest.FixtureRequest) -> str:
     return emptied_server_url(request)

@@ -216,8 +216,9 @@ def test_dashboard_shows_a_trip_within_2_s_and_reset_closes_every_worker(
         WebDriverWait(browser, 2).until(lambda d: tile_state(d, "pay") == "open")
         assert badge_colour(browser, "pay") == OPEN_RGB
         pay_tile = tile(browser, "pay")
-        WebDriverWait(browser, 5).until(lambda d: "next probe in" in pay_tile.find_element(
-            By.CSS_SELECTOR, ".countdown").text)
+        WebDriverWait(browser, 5).until(
+            lambda d: "next probe in" in pay_tile.find_element(By.CSS_SELECTOR, ".countdown").text
+        )
         assert "closed → open" in pay_tile.find_element(By.CSS_SELECTOR, ".transitions").text
         every_worker(s, 503)
         # the next frame measures the refusals: a line on the sparkline (kept for 5 minutes)

@@ -22,12 +22,20 @@ def test_the_demo_tells_its_story_and_passes_its_checks():
     env = {key: value for key, value in os.environ.items() if key != "BREAKER_REDIS_URL"}
     done = subprocess.run(
         [sys.executable, "-m", "demo_app", "--redis", "server", "--open-seconds", "2"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert output.count("[ok]") == 7 and "[FAIL]" not in output, output[-3000:]
     history = output.split("transitions, from its history in Redis:", 1)[-1]
     transitions = re.findall(r"^\s*[\d.]+s\s+(\w+) -> (\w+)\s+\((\w+)\)$", history, re.MULTILINE)
-    assert transitions == [("closed", "open", "count"), ("open", "half_open", "open_elapsed"),
-                           ("half_open", "closed", "probes_succeeded")], output[-3000:]
+    assert transitions == [
+        ("closed", "open", "count"),
+        ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded"),
+    ], output[-3000:]

@@ -92,10 +92,17 @@ PYTHON = [block for block in ALL if block.language == "python"]
 
 def test_the_blocks_are_found():
     """Every doc is read, and a Python block cannot hide behind another fence."""
-    assert {block.doc.name for block in PYTHON} >= {"README.md", "asgi.md", "asyncio.md", "flask.md",
-                                                    "pybreaker-migration.md", "wsgi.md"}
-    hidden = [block.id for block in ALL
-              if block.language.lower().startswith("py") and block.language != "python"]
+    assert {block.doc.name for block in PYTHON} >= {
+        "README.md",
+        "asgi.md",
+        "asyncio.md",
+        "flask.md",
+        "pybreaker-migration.md",
+        "wsgi.md",
+    }
+    hidden = [
+        block.id for block in ALL if block.language.lower().startswith("py") and block.language != "python"
+    ]
     assert hidden == []
 
 
@@ -129,7 +136,11 @@ def test_block_runs(block: Block, redis_for_docs: RedisServer, upstream_url: str
     env.update(BREAKER_REDIS_URL=url, UPSTREAM_URL=upstream_url)
     done = subprocess.run(
         [sys.executable, str(RUNNER), str(script), str(report)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
     shown = f"{block.id}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
     assert (done.returncode, done.stderr) == (0, ""), shown
@@ -141,8 +152,11 @@ def test_block_runs(block: Block, redis_for_docs: RedisServer, upstream_url: str
         assert len(answers) == CALLS
         first, _ = answers[0]
         assert first < 500, f"{block.id} {route}: {answers}"
-        wrong = [(status, breaker) for status, breaker in answers
-                 if status >= 500 and status != 502 and not (status == 503 and breaker)]
+        wrong = [
+            (status, breaker)
+            for status, breaker in answers
+            if status >= 500 and status != 502 and not (status == 503 and breaker)
+        ]
         assert wrong == [], f"{block.id} {route}: {answers}"
     if re.search(r"^(app|application)\s*=", block.text, re.MULTILINE):
         assert result["answers"], f"{block.id}: an app with no route was driven: {result}"

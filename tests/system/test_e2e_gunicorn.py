@@ -80,8 +80,12 @@ def walk_through(s: Stack) -> None:
             refusing.add(response.headers["X-Worker-Pid"])
         return len(refusing) >= WORKERS
 
-    wait_until(every_worker_refuses, timeout=OPEN_SECONDS * 0.6, interval=0.01,
-               what="every worker to refuse while open")
+    wait_until(
+        every_worker_refuses,
+        timeout=OPEN_SECONDS * 0.6,
+        interval=0.01,
+        what="every worker to refuse while open",
+    )
     metrics = scrape(s)  # read from Redis by whichever worker answers: the same for all
     assert pay_states(metrics) == [0, 1, 0]
     assert metrics[("breaker_redis_trips_total", "pay", "")] == 1
@@ -100,12 +104,16 @@ def walk_through(s: Stack) -> None:
     # (600 ms) a machine at load average 24 answered the 15 over more than that, the
     # probe's success let a second probe through and closed the breaker: 7 x 200.
     s.control(path="/pay", fail_rate=0.0, latency_ms=60_000)
-    wait_until(lambda: s.redis_now_ms() >= open_until + 100, timeout=OPEN_SECONDS + 5,
-               what="the open period to end")
+    wait_until(
+        lambda: s.redis_now_ms() >= open_until + 100, timeout=OPEN_SECONDS + 5, what="the open period to end"
+    )
     with ThreadPoolExecutor(max_workers=1) as sender:  # s.pool's 16 threads send the burst
         pending = sender.submit(s.burst, [("/pay", "POST")] * 16)
-        wait_until(lambda: s.statuses[503] >= refused_before + 15 or pending.done(), timeout=60,
-                   what="15 of the 16 requests to be refused")
+        wait_until(
+            lambda: s.statuses[503] >= refused_before + 15 or pending.done(),
+            timeout=60,
+            what="15 of the 16 requests to be refused",
+        )
         s.control(path="/pay", latency_ms=0)  # the probe's upstream call returns now
         answers = pending.result(timeout=60)
     statuses = Counter(a.status_code for a in answers)
@@ -113,7 +121,9 @@ def walk_through(s: Stack) -> None:
     assert s.hits() == 6
     assert s.upstream_stats()["max_concurrency"]["/pay"] == 1
     assert {a.headers.get("X-Breaker-Reason") for a in answers if a.status_code == 503} <= {
-        "half_open_full", "open"}
+        "half_open_full",
+        "open",
+    }
     assert s.state()[0] == "half_open"
 
     # -- the second success closes it, on every worker --------------------------------
@@ -134,8 +144,11 @@ def walk_through(s: Stack) -> None:
     assert pay_states(metrics) == [1, 0, 0]
     assert metrics[("breaker_redis_trips_total", "pay", "")] == 1
     assert metrics[("breaker_redis_retry_after_seconds", "pay", "")] == 0
-    assert s.transitions() == [("closed", "open", "count"), ("open", "half_open", "open_elapsed"),
-                               ("half_open", "closed", "probes_succeeded")]
+    assert s.transitions() == [
+        ("closed", "open", "count"),
+        ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded"),
+    ]
     assert s.statuses[500] == 0, s.statuses
     assert set(s.statuses) <= {200, 502, 503}, s.statuses
 
@@ -175,8 +188,12 @@ def test_cart_degrades_to_the_last_good_cart_shared_by_all_workers(redis_server,
                 sources.add(response.headers["X-Worker-Pid"])
             return len(sources) >= WORKERS
 
-        wait_until(every_worker_serves_the_cache, timeout=30, interval=0.01,
-                   what="every worker to serve the cached cart")
+        wait_until(
+            every_worker_serves_the_cache,
+            timeout=30,
+            interval=0.01,
+            what="every worker to serve the cached cart",
+        )
         cart_state = f"{s.prefix}:{{cart}}:state"
         wait_until(lambda: s.redis.hget(cart_state, "state") == b"open", timeout=10, what="cart to open")
         hits = s.upstream_stats()["hits"]["/cart"]

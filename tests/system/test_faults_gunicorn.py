@@ -86,8 +86,14 @@ class Shop:
         response = requests.request(method, self.url + path, timeout=timeout)
         ns = response.json().get("ns") if path == "/timed" and response.status_code == 200 else None
         headers = response.headers
-        answer = Answer(time.monotonic(), path, response.status_code, headers.get("X-Worker-Pid", "?"),
-                        headers.get("X-Breaker-Store", "?"), ns)
+        answer = Answer(
+            time.monotonic(),
+            path,
+            response.status_code,
+            headers.get("X-Worker-Pid", "?"),
+            headers.get("X-Breaker-Store", "?"),
+            ns,
+        )
         with self.lock:
             self.answers.append(answer)
         return answer
@@ -236,8 +242,11 @@ def test_redis_down_under_traffic(upstream_url, fault):
         warm(shop)
         with Traffic(shop):
             healthy_from = time.monotonic()
-            wait_until(lambda: len([a for a in shop.answers if a.at > healthy_from and a.ns]) >= 100,
-                       timeout=60, what="100 timed calls on Redis")
+            wait_until(
+                lambda: len([a for a in shop.answers if a.at > healthy_from and a.ns]) >= 100,
+                timeout=60,
+                what="100 timed calls on Redis",
+            )
             assert shop.redis.process is not None
             # -- the fault ------------------------------------------------------------
             down_at = time.monotonic()
@@ -247,22 +256,27 @@ def test_redis_down_under_traffic(upstream_url, fault):
                 shop.redis.process = None
             else:
                 os.kill(shop.redis.process.pid, signal.SIGSTOP)
-            switched = shop.until_every_worker("/timed", lambda a: a.store == "local",
-                                               "every worker on its local breaker", timeout=30)
+            switched = shop.until_every_worker(
+                "/timed", lambda a: a.store == "local", "every worker on its local breaker", timeout=30
+            )
             # -- an upstream failing during the outage trips each local breaker -------
             upstream_calls = shop.trip_everywhere("local")
             assert upstream_calls == WORKERS * THRESHOLD, upstream_calls
             local_from = time.monotonic()
-            wait_until(lambda: len([a for a in shop.answers if a.at > local_from and a.ns]) >= 100,
-                       timeout=60, what="100 timed calls on the local breakers")
+            wait_until(
+                lambda: len([a for a in shop.answers if a.at > local_from and a.ns]) >= 100,
+                timeout=60,
+                what="100 timed calls on the local breakers",
+            )
             # -- Redis returns ----------------------------------------------------------
             if fault == "sigkill":
                 shop.redis.start()  # same port, empty
             else:
                 os.kill(shop.redis.process.pid, signal.SIGCONT)
             returned_at = time.monotonic()
-            back = shop.until_every_worker("/timed", lambda a: a.store == "redis",
-                                           "every worker back on Redis", timeout=5)
+            back = shop.until_every_worker(
+                "/timed", lambda a: a.store == "redis", "every worker back on Redis", timeout=5
+            )
             back_at = time.monotonic()
         # -- shared again: one trip on Redis for all workers ------------------------------
         assert shop.state().get("state", "closed") == "closed"  # the local trips stay local
@@ -279,10 +293,12 @@ def test_redis_down_under_traffic(upstream_url, fault):
         "breaker_median_us_on_redis": median_us(healthy),
         "breaker_median_us_while_redis_is_down": median_us(local),
         "calls_while_down": len([a for a in shop.answers if down_at <= a.at <= back_at]),
-        "status_while_down": dict(Counter(
-            f"{a.path} {a.status}" for a in shop.answers if down_at <= a.at <= back_at)),
-        "slowest_call_while_down_ms": round(max(
-            a.ns for a in shop.answers if a.ns and down_at <= a.at <= back_at) / 1e6, 1),
+        "status_while_down": dict(
+            Counter(f"{a.path} {a.status}" for a in shop.answers if down_at <= a.at <= back_at)
+        ),
+        "slowest_call_while_down_ms": round(
+            max(a.ns for a in shop.answers if a.ns and down_at <= a.at <= back_at) / 1e6, 1
+        ),
         "seconds_until_every_worker_was_local": round(switched, 2),
         "upstream_calls_to_trip_4_local_breakers": upstream_calls,
         "seconds_back_on_redis_after_its_return": round(back, 2),
@@ -307,21 +323,30 @@ def test_redis_restarted_empty_under_traffic(upstream_url):
             shop.redis.stop()
             shop.redis.start()
             refused = shop.until_every_worker(
-                "/pay", lambda a: a.status == 503 and a.store == "redis",
-                "every worker to refuse /pay on the restarted Redis", timeout=10)
+                "/pay",
+                lambda a: a.status == 503 and a.store == "redis",
+                "every worker to refuse /pay on the restarted Redis",
+                timeout=10,
+            )
         after = shop.state()
         assert after["state"] == "open" and after["open_until"] == before["open_until"], (before, after)
         assert int(after["epoch"]) > int(before["epoch"]), (before, after)  # never backwards
         assert shop.client().hget(f"{shop.prefix}:{{pay}}:stats", "state_lost") == b"1"
-        admitted = [a for a in shop.answers if a.path == "/pay" and a.at > restarted_at
-                    and a.store == "redis" and a.status != 503]
+        admitted = [
+            a
+            for a in shop.answers
+            if a.path == "/pay" and a.at > restarted_at and a.store == "redis" and a.status != 503
+        ]
         assert admitted == []  # on the restarted Redis, never admitted while it was open
         assert shop.worker_pids() == pids
-    report("restart_empty", {
-        "seconds_until_every_worker_refuses_on_the_restarted_redis": round(refused, 2),
-        "seconds_from_restart": round(time.monotonic() - restarted_at, 2),
-        "local_answers": len([a for a in shop.answers if a.store == "local"]),
-    })
+    report(
+        "restart_empty",
+        {
+            "seconds_until_every_worker_refuses_on_the_restarted_redis": round(refused, 2),
+            "seconds_from_restart": round(time.monotonic() - restarted_at, 2),
+            "local_answers": len([a for a in shop.answers if a.store == "local"]),
+        },
+    )
 
 
 def more_answers_than(shop: Shop, seen: int):
@@ -347,8 +372,14 @@ def test_script_flush_under_traffic(upstream_url):
 
 def test_a_worker_killed_while_it_holds_the_probe(upstream_url):
     probe_timeout = 2.0
-    with running_shop(upstream_url, "--timeout", "60", FAULT_OPEN_SECONDS="1",
-                      FAULT_PROBE_TIMEOUT=str(probe_timeout), FAULT_UPSTREAM_TIMEOUT="30") as shop:
+    with running_shop(
+        upstream_url,
+        "--timeout",
+        "60",
+        FAULT_OPEN_SECONDS="1",
+        FAULT_PROBE_TIMEOUT=str(probe_timeout),
+        FAULT_UPSTREAM_TIMEOUT="30",
+    ) as shop:
         warm(shop)
         assert shop.trip_everywhere("redis") == THRESHOLD
         admin = shop.client()
@@ -374,7 +405,7 @@ def test_a_worker_killed_while_it_holds_the_probe(upstream_url):
         holder = wait_until(probe_held, timeout=10, what="a worker to hold the probe")
         hung = sent[-1]
         assert shop.state()["state"] == "half_open"
-        (_, expiry), = admin.zrange(leases, 0, -1, withscores=True)
+        ((_, expiry),) = admin.zrange(leases, 0, -1, withscores=True)
         assert {a.status for a in shop.burst("/pay", 6)} == {503}  # the lease is held: nobody else probes
         killed_at_ms = redis_ms()
         os.kill(int(holder), signal.SIGKILL)
@@ -399,9 +430,12 @@ def test_a_worker_killed_while_it_holds_the_probe(upstream_url):
         wait_until(lambda: redis_ms() > reopened_until, timeout=10, what="the second open period")
         shop.until_every_worker("/pay", lambda a: a.status == 200, "every worker to admit /pay", timeout=15)
         assert shop.state()["state"] == "closed"
-    report("dead_probe", {
-        "probe_timeout_seconds": probe_timeout,
-        "cause": last["cause"],
-        "ms_from_kill_to_leaving_half_open": left_ms,
-        "ms_lease_expiry_minus_kill": int(expiry) - killed_at_ms,
-    })
+    report(
+        "dead_probe",
+        {
+            "probe_timeout_seconds": probe_timeout,
+            "cause": last["cause"],
+            "ms_from_kill_to_leaving_half_open": left_ms,
+            "ms_lease_expiry_minus_kill": int(expiry) - killed_at_ms,
+        },
+    )

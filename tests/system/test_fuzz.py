@@ -134,9 +134,7 @@ def name_problems(name: object) -> list[list[str]]:
     return problems
 
 
-_NAME_CHAR = st.characters(
-    exclude_categories=("Cc", "Cf", "Cs", "Zs", "Zl", "Zp"), exclude_characters="{}"
-)
+_NAME_CHAR = st.characters(exclude_categories=("Cc", "Cf", "Cs", "Zs", "Zl", "Zp"), exclude_characters="{}")
 _ODD_NAMES = [
     "pay",
     "a:b",
@@ -190,9 +188,7 @@ def _small(highest: int) -> st.SearchStrategy[int]:
 
 
 def _seconds(highest: float) -> st.SearchStrategy[float]:
-    return st.one_of(
-        st.sampled_from([0.001, 1.0, 30.0, highest]), st.floats(0, highest, exclude_min=True)
-    )
+    return st.one_of(st.sampled_from([0.001, 1.0, 30.0, highest]), st.floats(0, highest, exclude_min=True))
 
 
 _RATE = st.one_of(st.sampled_from([0.5, 1.0]), st.floats(0, 1, exclude_min=True))
@@ -232,8 +228,10 @@ def config_kwargs(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def config_code(kw: dict[str, Any]) -> str:
-    args = [f"{k}=({', '.join(t.__name__ for t in v)},)" if k.endswith("_exceptions") else f"{k}={v!r}"
-            for k, v in kw.items()]
+    args = [
+        f"{k}=({', '.join(t.__name__ for t in v)},)" if k.endswith("_exceptions") else f"{k}={v!r}"
+        for k, v in kw.items()
+    ]
     return f"BreakerConfig({', '.join(args)})"
 
 
@@ -246,12 +244,53 @@ SPECS = st.lists(NAMES, min_size=1, max_size=3, unique=True).flatmap(
 GARBAGE: st.SearchStrategy[str | bytes] = st.one_of(
     st.sampled_from(
         [
-            "1e999", "-1e999", "nan", "-nan", "inf", "-inf", "-0", "0", "0x10", " 3", "3 ", "", "1_0",
-            "1e-999", "4.9e-324", "1e308", "-1e308", "9" * 400, "-" + "9" * 400,
-            "9223372036854775807", "9223372036854775808", "-9223372036854775809", "0.5", "1.5",
-            "600", "601", "86400", "86401", "none", "off", "closed", "open", "half_open",
-            "consecutive", "count", "rate", "enforce", "observe", "\u00ff", "\u65e5\u672c", "\x00",
-            "1\x002", "{}", "[]", '{"a":1}', "true", "null",
+            "1e999",
+            "-1e999",
+            "nan",
+            "-nan",
+            "inf",
+            "-inf",
+            "-0",
+            "0",
+            "0x10",
+            " 3",
+            "3 ",
+            "",
+            "1_0",
+            "1e-999",
+            "4.9e-324",
+            "1e308",
+            "-1e308",
+            "9" * 400,
+            "-" + "9" * 400,
+            "9223372036854775807",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "0.5",
+            "1.5",
+            "600",
+            "601",
+            "86400",
+            "86401",
+            "none",
+            "off",
+            "closed",
+            "open",
+            "half_open",
+            "consecutive",
+            "count",
+            "rate",
+            "enforce",
+            "observe",
+            "\u00ff",
+            "\u65e5\u672c",
+            "\x00",
+            "1\x002",
+            "{}",
+            "[]",
+            '{"a":1}',
+            "true",
+            "null",
         ]
     ),
     st.text(alphabet="0123456789.eE+-x ", max_size=12),
@@ -299,11 +338,32 @@ class Bucket:
     k: int
 
 
-STATE_FIELDS = ("state", "epoch", "open_until", "forced", "consec", "open_ms", "ho_ok", "seq", "ttl_at",
-                "born", "armed", "arms")
+STATE_FIELDS = (
+    "state",
+    "epoch",
+    "open_until",
+    "forced",
+    "consec",
+    "open_ms",
+    "ho_ok",
+    "seq",
+    "ttl_at",
+    "born",
+    "armed",
+    "arms",
+)
 WINDOW_FIELDS = ("head", "bms", "nb", "sat", "tc", "tf", "ts")
-STATS_FIELDS = ("calls", "successes", "failures", "ignored", "slow", "rejected", "would_reject", "trips",
-                "stale")
+STATS_FIELDS = (
+    "calls",
+    "successes",
+    "failures",
+    "ignored",
+    "slow",
+    "rejected",
+    "would_reject",
+    "trips",
+    "stale",
+)
 ODD_FIELDS = ("", "x", "failure_threshold ", "__index", "\u00e9")
 HASH_FIELDS: dict[str, st.SearchStrategy[str | Bucket]] = {
     "state": st.sampled_from(STATE_FIELDS + ODD_FIELDS),
@@ -322,8 +382,13 @@ LEASE_MEMBERS = st.one_of(
     GARBAGE,
 )
 # lines forged into the events list: garbage, well formed, numbers no worker wrote
-EVENT_LINES_SWEPT = ("garbage", "1 closed open count 1 1 -", "99999999999999999999 a b c 1e999 nan x",
-                     "1 2 3 4 5 6 7 8", "")
+EVENT_LINES_SWEPT = (
+    "garbage",
+    "1 closed open count 1 1 -",
+    "99999999999999999999 a b c 1e999 nan x",
+    "1 2 3 4 5 6 7 8",
+    "",
+)
 EVENT_LINES = st.one_of(st.sampled_from(EVENT_LINES_SWEPT), GARBAGE)
 
 # -- the examples' steps -------------------------------------------------------------------------
@@ -355,9 +420,11 @@ def sh(arg: bytes) -> str:
         return text
     if text is not None and all(ch.isprintable() for ch in text):
         return "'" + text.replace("'", "'\\''") + "'"
-    return "$'" + "".join(
-        chr(b) if 0x20 <= b < 0x7F and b not in (0x27, 0x5C) else f"\\x{b:02x}" for b in arg
-    ) + "'"
+    return (
+        "$'"
+        + "".join(chr(b) if 0x20 <= b < 0x7F and b not in (0x27, 0x5C) else f"\\x{b:02x}" for b in arg)
+        + "'"
+    )
 
 
 def execute(client: Any, *args: object) -> Any:
@@ -375,8 +442,9 @@ class Run:
     """One example: a Breakers on the fuzz client with a test clock, and an admin connection
     that writes the corruptions and notes them as redis-cli commands."""
 
-    def __init__(self, env: FuzzRedis, prefix: str, specs: list[tuple[str, dict[str, Any]]],
-                 say: Callable[[str], None]) -> None:
+    def __init__(
+        self, env: FuzzRedis, prefix: str, specs: list[tuple[str, dict[str, Any]]], say: Callable[[str], None]
+    ) -> None:
         self.env, self.prefix = env, prefix
         self.clock = Clock()
         self.names = [name for name, _ in specs]
@@ -384,8 +452,10 @@ class Run:
         self.lua = [json.loads(c.to_lua()) for c in self.configs]
         say(f"# redis-cli means: redis-cli -p {env.port}; every example starts with FLUSHALL")
         say(f"clock = Clock({self.clock.now})  # tests/conftest.py")
-        say(f"breakers = Breakers(redis.Redis(port={env.port}), {prefix!r}, clock=clock, listen=False, "
-            f"reporter={REPORTER!r})")
+        say(
+            f"breakers = Breakers(redis.Redis(port={env.port}), {prefix!r}, clock=clock, listen=False, "
+            f"reporter={REPORTER!r})"
+        )
         self.breakers = Breakers(env.client, prefix, clock=self.clock, listen=False, reporter=REPORTER)
         self.breaker = []
         for n, ((name, kw), config) in enumerate(zip(specs, self.configs, strict=True)):
@@ -596,8 +666,13 @@ class AdvanceBy(Step):
 
     def run(self, run: Run) -> str:
         c = run.lua[run.index(self.i)]
-        basis = {"window": c["bucket_ms"] * c["buckets"], "bucket": c["bucket_ms"], "open": c["open_ms"],
-                 "max_open": c["max_open_ms"], "probe": c["probe_ms"]}[self.basis]
+        basis = {
+            "window": c["bucket_ms"] * c["buckets"],
+            "bucket": c["bucket_ms"],
+            "open": c["open_ms"],
+            "max_open": c["max_open_ms"],
+            "probe": c["probe_ms"],
+        }[self.basis]
         ms = round(basis * self.factor)
         run.clock.advance(ms)
         return f"clock.advance({ms})  # {self.factor} x b{run.index(self.i)}'s {self.basis}"
@@ -756,8 +831,9 @@ MS = st.one_of(
 FACTORS = st.one_of(st.sampled_from([0.5, 0.75, 0.9, 0.99, 0.999, 1.0, 1.001, 2.0]), st.floats(0, 3))
 CONFIG_VALUES = st.one_of(
     st.none(),
-    st.sampled_from(["1", "2", "0.5", "10", "600", "86400", "observe", "enforce", "count", "rate",
-                     "consecutive", "off"]),
+    st.sampled_from(
+        ["1", "2", "0.5", "10", "600", "86400", "observe", "enforce", "count", "rate", "consecutive", "off"]
+    ),
     st.integers(1, 5).map(str),
 )
 API_STEPS: st.SearchStrategy[Step] = st.one_of(
@@ -772,34 +848,42 @@ API_STEPS: st.SearchStrategy[Step] = st.one_of(
 )
 TIME_STEPS: st.SearchStrategy[Step] = st.one_of(
     st.builds(Advance, MS),
-    st.builds(AdvanceBy, _I, st.sampled_from(["window", "window", "bucket", "open", "max_open", "probe"]),
-              FACTORS),
+    st.builds(
+        AdvanceBy, _I, st.sampled_from(["window", "window", "bucket", "open", "max_open", "probe"]), FACTORS
+    ),
 )
 
 
 def _corrupt(key: str, *specific: st.SearchStrategy[Step]) -> st.SearchStrategy[Step]:
     """Corruptions of one key: mostly its own kinds; or the key replaced by another type, or deleted."""
-    gone = st.one_of(st.builds(Retype, _I, st.just(key), st.sampled_from(KINDS)),
-                     st.builds(Delete, _I, st.just(key)))
+    gone = st.one_of(
+        st.builds(Retype, _I, st.just(key), st.sampled_from(KINDS)), st.builds(Delete, _I, st.just(key))
+    )
     return st.sampled_from([*specific, *specific, *specific, gone]).flatmap(lambda chosen: chosen)
 
 
 def _scramble(fields: Sequence[str | Bucket]) -> st.SearchStrategy[tuple[tuple[str | Bucket, Any], ...]]:
     """Each field kept (mostly), deleted (None) or set, on its own: one step may break any combination."""
     action = st.tuples(st.integers(0, 7), VALUES)  # 0-5: keep, 6: delete, 7: set
-    return st.tuples(*[action for _ in fields]).map(lambda actions: tuple(
-        (field, None if how == 6 else value)
-        for field, (how, value) in zip(fields, actions, strict=True) if how > 5
-    ))
+    return st.tuples(*[action for _ in fields]).map(
+        lambda actions: tuple(
+            (field, None if how == 6 else value)
+            for field, (how, value) in zip(fields, actions, strict=True)
+            if how > 5
+        )
+    )
 
 
 def _hash(key: str) -> st.SearchStrategy[Step]:
     known: list[str | Bucket] = [*DEL_FIELDS[key]]
     if key == "window":
         known += [Bucket(0), Bucket(1), Bucket(2)]
-    return _corrupt(key, st.builds(HashSet, _I, st.just(key), HASH_FIELDS[key], VALUES),
-                    st.builds(HashDel, _I, st.just(key), st.sampled_from(DEL_FIELDS[key])),
-                    st.builds(HashEdits, _I, st.just(key), _scramble(known)))
+    return _corrupt(
+        key,
+        st.builds(HashSet, _I, st.just(key), HASH_FIELDS[key], VALUES),
+        st.builds(HashDel, _I, st.just(key), st.sampled_from(DEL_FIELDS[key])),
+        st.builds(HashEdits, _I, st.just(key), _scramble(known)),
+    )
 
 
 # every key of a breaker gets an equal share (the live config twice), then the global keys
@@ -870,9 +954,14 @@ class LogRecords(logging.Handler):
         self.records.append(record)
 
 
-def run_example(env: FuzzRedis, prefix: str, specs: list[tuple[str, dict[str, Any]]],
-                steps: Sequence[Step], monitor: MonitorTap | None = None,
-                say: Callable[[str], None] = note) -> None:
+def run_example(
+    env: FuzzRedis,
+    prefix: str,
+    specs: list[tuple[str, dict[str, Any]]],
+    steps: Sequence[Step],
+    monitor: MonitorTap | None = None,
+    say: Callable[[str], None] = note,
+) -> None:
     """Play the example and check it; a run with a slow command is played again (see SLOW_REPLAYS).
 
     With ``monitor``, only the keys are judged: a step that raises is noted and the example goes
@@ -888,19 +977,33 @@ def run_example(env: FuzzRedis, prefix: str, specs: list[tuple[str, dict[str, An
     if all(runs):
         report = "\n".join(f"run {n + 1}:\n" + "\n".join(slow) for n, slow in enumerate(runs))
         reference = max(references)
-        beyond = [max(_duration(line) for line in slow) / (REFERENCE_FACTOR * ref)
-                  for slow, ref in zip(runs, references, strict=True)]
+        beyond = [
+            max(_duration(line) for line in slow) / (REFERENCE_FACTOR * ref)
+            for slow, ref in zip(runs, references, strict=True)
+        ]
         if min(beyond) > 1:
-            raise AssertionError(f"commands slower than {SLOW_US} us in every run of this example, and "
-                                 f"slower than {REFERENCE_FACTOR}x the reference workload measured after "
-                                 f"each ({', '.join(map(str, references))} us):\n{report}")
-        warnings.warn(SlowOnce(f"commands slower than {SLOW_US} us in every run, but within "
-                               f"{REFERENCE_FACTOR}x the reference workload measured meanwhile "
-                               f"({reference} us: the machine is slow now): {runs[-1]}"), stacklevel=1)
+            raise AssertionError(
+                f"commands slower than {SLOW_US} us in every run of this example, and "
+                f"slower than {REFERENCE_FACTOR}x the reference workload measured after "
+                f"each ({', '.join(map(str, references))} us):\n{report}"
+            )
+        warnings.warn(
+            SlowOnce(
+                f"commands slower than {SLOW_US} us in every run, but within "
+                f"{REFERENCE_FACTOR}x the reference workload measured meanwhile "
+                f"({reference} us: the machine is slow now): {runs[-1]}"
+            ),
+            stacklevel=1,
+        )
         return
     if runs[0]:
-        warnings.warn(SlowOnce(f"a command was slower than {SLOW_US} us once, not again in a replay "
-                               f"(the machine was busy?): {runs[0]}"), stacklevel=1)
+        warnings.warn(
+            SlowOnce(
+                f"a command was slower than {SLOW_US} us once, not again in a replay "
+                f"(the machine was busy?): {runs[0]}"
+            ),
+            stacklevel=1,
+        )
 
 
 class SlowOnce(UserWarning):
@@ -911,8 +1014,14 @@ def _quiet(_: str) -> None:
     pass
 
 
-def _play(env: FuzzRedis, prefix: str, specs: list[tuple[str, dict[str, Any]]], steps: Sequence[Step],
-          monitor: MonitorTap | None, say: Callable[[str], None]) -> list[str]:
+def _play(
+    env: FuzzRedis,
+    prefix: str,
+    specs: list[tuple[str, dict[str, Any]]],
+    steps: Sequence[Step],
+    monitor: MonitorTap | None,
+    say: Callable[[str], None],
+) -> list[str]:
     """One run of an example from an empty Redis: every check but the slow log's, which it returns
     (the commands slower than SLOW_US, described)."""
     admin = env.admin
@@ -936,8 +1045,10 @@ def _play(env: FuzzRedis, prefix: str, specs: list[tuple[str, dict[str, Any]]], 
                     continue
                 if isinstance(exc, Leak):
                     raise
-                raise Leak(f"step {number} {step!r} raised {type(exc).__name__}: {exc} (only BreakerOpen "
-                           "or the protected call's own exception may reach the caller)") from exc
+                raise Leak(
+                    f"step {number} {step!r} raised {type(exc).__name__}: {exc} (only BreakerOpen "
+                    "or the protected call's own exception may reach the caller)"
+                ) from exc
             for record in records.records[seen:]:
                 say(f"#   logged: {record.getMessage()}")
             if monitor is None:
@@ -963,8 +1074,10 @@ def _assert_on_redis(run: Run, records: list[logging.LogRecord], number: int, st
     assert not errors, f"step {number} {step!r} logged errors: {errors}"
     if not run.breakers.gate.healthy:
         said = [r.getMessage() for r in records]
-        raise AssertionError(f"after step {number} {step!r} the breakers left Redis for the local store "
-                             f"(a script failed): {said}")
+        raise AssertionError(
+            f"after step {number} {step!r} the breakers left Redis for the local store "
+            f"(a script failed): {said}"
+        )
 
 
 # The 1 ms bound is for a quiet machine. On a slow one (a busy 2-core machine, a noisy virtual
@@ -992,8 +1105,11 @@ def _reference_us(env: FuzzRedis) -> int:
         admin.slowlog_reset()
         for _ in range(7):
             admin.eval(_REFERENCE, 1, "reference:{fuzz}")
-        durations = sorted(int(entry["duration"]) for entry in admin.slowlog_get(128)
-                           if bytes(entry["command"]).upper().startswith(b"EVAL"))
+        durations = sorted(
+            int(entry["duration"])
+            for entry in admin.slowlog_get(128)
+            if bytes(entry["command"]).upper().startswith(b"EVAL")
+        )
     finally:
         admin.config_set("slowlog-log-slower-than", SLOW_US)
         admin.slowlog_reset()
@@ -1095,14 +1211,60 @@ class MonitorTap:
         return "<MONITOR>"
 
 
-_FIRST_KEY = {b"HMGET", b"HGETALL", b"HSET", b"HDEL", b"HINCRBY", b"HGET", b"HLEN", b"HKEYS", b"PEXPIRE",
-              b"LPUSH", b"LTRIM", b"LRANGE", b"LINDEX", b"LLEN",
-              b"EXPIRE", b"PTTL", b"ZADD", b"ZREM", b"ZRANGE", b"ZRANGEBYSCORE", b"ZREMRANGEBYSCORE",
-              b"ZSCORE", b"ZCARD", b"XADD", b"XRANGE", b"XREVRANGE", b"XLEN", b"SET", b"GET", b"SADD",
-              b"SMEMBERS", b"RPUSH", b"TYPE", b"PERSIST", b"SRANDMEMBER", b"SREM"}
+_FIRST_KEY = {
+    b"HMGET",
+    b"HGETALL",
+    b"HSET",
+    b"HDEL",
+    b"HINCRBY",
+    b"HGET",
+    b"HLEN",
+    b"HKEYS",
+    b"PEXPIRE",
+    b"LPUSH",
+    b"LTRIM",
+    b"LRANGE",
+    b"LINDEX",
+    b"LLEN",
+    b"EXPIRE",
+    b"PTTL",
+    b"ZADD",
+    b"ZREM",
+    b"ZRANGE",
+    b"ZRANGEBYSCORE",
+    b"ZREMRANGEBYSCORE",
+    b"ZSCORE",
+    b"ZCARD",
+    b"XADD",
+    b"XRANGE",
+    b"XREVRANGE",
+    b"XLEN",
+    b"SET",
+    b"GET",
+    b"SADD",
+    b"SMEMBERS",
+    b"RPUSH",
+    b"TYPE",
+    b"PERSIST",
+    b"SRANDMEMBER",
+    b"SREM",
+}
 _ALL_KEYS = {b"DEL", b"UNLINK", b"EXISTS"}
-_NO_KEYS = {b"TIME", b"PING", b"ECHO", b"PUBLISH", b"FLUSHALL", b"SCAN", b"HELLO", b"CLIENT", b"SELECT",
-            b"INFO", b"SCRIPT", b"COMMAND", b"FUNCTION"}
+_NO_KEYS = {
+    b"TIME",
+    b"PING",
+    b"ECHO",
+    b"PUBLISH",
+    b"FLUSHALL",
+    b"SCAN",
+    b"HELLO",
+    b"CLIENT",
+    b"SELECT",
+    b"INFO",
+    b"SCRIPT",
+    b"COMMAND",
+    b"FUNCTION",
+}
 _SCRIPTS = {b"EVAL", b"EVALSHA", b"FCALL"}  # name or body or sha, numkeys, keys, ARGV
 # lua/sweep.lua as FCALL, EVALSHA and EVAL name it
 _SWEEP_SCRIPTS = {
@@ -1128,8 +1290,13 @@ def command_keys(args: list[bytes], admin: redis.Redis) -> list[bytes]:
         return []
 
 
-def check_commands(lines: list[tuple[str, list[bytes]]], prefix: str, names: Sequence[str],
-                   admin: redis.Redis, script_first: bool) -> list[str]:
+def check_commands(
+    lines: list[tuple[str, list[bytes]]],
+    prefix: str,
+    names: Sequence[str],
+    admin: redis.Redis,
+    script_first: bool,
+) -> list[str]:
     """Every script declares the seven keys of the name it is given and touches only those; every
     other command touches only the keys of the names in use and the global keys."""
     allowed = allowed_keys(prefix, names)
@@ -1241,8 +1408,11 @@ def monitor(fuzz_redis: FuzzRedis) -> Iterator[MonitorTap]:
 @fuzz_settings(100)
 @given(prefix=PREFIXES, specs=SPECS, steps=STEPS)
 def test_scripts_touch_only_the_keys_of_their_own_name(
-    fuzz_redis: FuzzRedis, monitor: MonitorTap, prefix: str, specs: list[tuple[str, dict[str, Any]]],
-    steps: list[Step]
+    fuzz_redis: FuzzRedis,
+    monitor: MonitorTap,
+    prefix: str,
+    specs: list[tuple[str, dict[str, Any]]],
+    steps: list[Step],
 ) -> None:
     """The same kind of examples, watched with MONITOR. Only the keys are judged here: the calls and
     the slow log are the test above's (MONITOR slows Redis down a little)."""
@@ -1267,8 +1437,19 @@ SWEEP_VALUES: dict[str, tuple[str | bytes | None, ...]] = {
     "window": (None, "abc", "inf", "-1", "1.5", "9" * 25, b"\xff"),
     "stats": (None, "abc", "1.5", "9" * 25),  # HINCRBY refuses the last three differently
     "config": ("abc", "1e999", "-1", "0.5", ""),
-    "reporters": (None, "abc", "inf", "-1", "1.5", "9" * 25, b"\xff", "", "1 2", "1  2 3 4 5 6",
-                  "1 2 3 4 5 6 "),
+    "reporters": (
+        None,
+        "abc",
+        "inf",
+        "-1",
+        "1.5",
+        "9" * 25,
+        b"\xff",
+        "",
+        "1 2",
+        "1  2 3 4 5 6",
+        "1 2 3 4 5 6 ",
+    ),
 }
 # the reporters hash's fields: the examples' own reporter, another one, the shared run's number,
 # the count of records
@@ -1277,19 +1458,39 @@ REPORTER_FIELDS = (REPORTER, "someone", " run", " n")
 REPORTER_NUMBERS = ("9" * 23, str(10**15), "0", "-1")
 _F, _S = "failure", "success"
 PROLOGUES: dict[str, tuple[dict[str, Any], list[Step]]] = {
-    "closed": ({"failure_threshold": 2, "open_seconds": 1.0, "half_open_successes": 2},
-               [Call(0, _S, 0, False), Call(0, _F, 0, False)]),
-    "open": ({"failure_threshold": 2, "open_seconds": 1.0, "half_open_successes": 2},
-             [Call(0, _F, 0, False), Call(0, _F, 0, False)]),
-    "half_open": ({"failure_threshold": 2, "open_seconds": 1.0, "half_open_successes": 2},
-                  [Call(0, _F, 0, False), Call(0, _F, 0, False), AdvanceBy(0, "open", 1.001), Acquire(0)]),
-    "bulkhead": ({"trip": "rate", "minimum_calls": 2, "slow_call_seconds": 0.001, "max_concurrent_calls": 2,
-                  "mode": "observe"},
-                 [Call(0, _S, 5, False), Acquire(0), Call(0, _F, 0, False)]),
+    "closed": (
+        {"failure_threshold": 2, "open_seconds": 1.0, "half_open_successes": 2},
+        [Call(0, _S, 0, False), Call(0, _F, 0, False)],
+    ),
+    "open": (
+        {"failure_threshold": 2, "open_seconds": 1.0, "half_open_successes": 2},
+        [Call(0, _F, 0, False), Call(0, _F, 0, False)],
+    ),
+    "half_open": (
+        {"failure_threshold": 2, "open_seconds": 1.0, "half_open_successes": 2},
+        [Call(0, _F, 0, False), Call(0, _F, 0, False), AdvanceBy(0, "open", 1.001), Acquire(0)],
+    ),
+    "bulkhead": (
+        {
+            "trip": "rate",
+            "minimum_calls": 2,
+            "slow_call_seconds": 0.001,
+            "max_concurrent_calls": 2,
+            "mode": "observe",
+        },
+        [Call(0, _S, 5, False), Acquire(0), Call(0, _F, 0, False)],
+    ),
 }
 EPILOGUE: list[Step] = [
-    Call(0, _F, 3, False), Settle(0, _S, 0), Snapshot(0), AdvanceBy(0, "max_open", 1.1), Call(0, _S, 0, True),
-    Admin(0, "force_open"), Admin(0, "reset"), Configure(0, "failure_threshold", "3"), Call(0, _F, 0, False),
+    Call(0, _F, 3, False),
+    Settle(0, _S, 0),
+    Snapshot(0),
+    AdvanceBy(0, "max_open", 1.1),
+    Call(0, _S, 0, True),
+    Admin(0, "force_open"),
+    Admin(0, "reset"),
+    Configure(0, "failure_threshold", "3"),
+    Call(0, _F, 0, False),
     Snapshot(0),
 ]
 
@@ -1338,15 +1539,20 @@ def test_every_field_of_every_key_broken_one_at_a_time(fuzz_redis: FuzzRedis, ke
         for corruption in sweep_corruptions(key):
             lines: list[str] = []
             try:
-                run_example(fuzz_redis, "breaker", [("pay", kw)], [*steps, corruption, *EPILOGUE],
-                            say=lines.append)
+                run_example(
+                    fuzz_redis, "breaker", [("pay", kw)], [*steps, corruption, *EPILOGUE], say=lines.append
+                )
             except Exception as exc:
                 kind = re.sub(r"'[^']*'|\b\d+\b", "_", f"{type(exc).__name__}: {exc}".split("\n")[0])[:160]
                 failures.setdefault(kind, []).append(f"{prologue}: {corruption!r}")
-                first.setdefault(kind, f"{type(exc).__name__}: {exc}\n  prologue {prologue!r}:\n    "
-                                       + "\n    ".join(lines))
-    report = [f"{len(cases)} corruptions fail with {kind}\n  e.g. {first[kind]}\n  all: {'; '.join(cases)}"
-              for kind, cases in failures.items()]
+                first.setdefault(
+                    kind,
+                    f"{type(exc).__name__}: {exc}\n  prologue {prologue!r}:\n    " + "\n    ".join(lines),
+                )
+    report = [
+        f"{len(cases)} corruptions fail with {kind}\n  e.g. {first[kind]}\n  all: {'; '.join(cases)}"
+        for kind, cases in failures.items()
+    ]
     if failures:  # raised, not asserted: pytest would print the dict again
         raise AssertionError(f"corruptions of {key!r} that break a call:\n\n" + "\n\n".join(report))
 
@@ -1365,8 +1571,9 @@ MAX_BUCKETS = int(BOUNDS["window_buckets"][2])
 
 @pytest.mark.parametrize("slide", [1, 2, 33, 66, 67, 98, 99])  # buckets that slide out at once
 @pytest.mark.parametrize("window_seconds", [100.0, 0.1])  # buckets of 1 s, and of 1 ms
-def test_the_largest_window_slide_the_bounds_allow(fuzz_redis: FuzzRedis, window_seconds: float,
-                                                   slide: int) -> None:
+def test_the_largest_window_slide_the_bounds_allow(
+    fuzz_redis: FuzzRedis, window_seconds: float, slide: int
+) -> None:
     fill: list[Step] = []
     for _ in range(MAX_BUCKETS):  # a failure in every bucket of the window
         fill += [Call(0, _F, 0, False), AdvanceBy(0, "bucket", 1)]
@@ -1375,10 +1582,25 @@ def test_the_largest_window_slide_the_bounds_allow(fuzz_redis: FuzzRedis, window
         run_example(
             fuzz_redis,
             "breaker",
-            [("pay", {"trip": "count", "failure_threshold": 1_000_000, "window_seconds": window_seconds,
-                      "window_buckets": MAX_BUCKETS})],
-            [*fill, AdvanceBy(0, "bucket", slide - 1), Snapshot(0), Snapshot(0), Call(0, _S, 0, False),
-             Snapshot(0)],
+            [
+                (
+                    "pay",
+                    {
+                        "trip": "count",
+                        "failure_threshold": 1_000_000,
+                        "window_seconds": window_seconds,
+                        "window_buckets": MAX_BUCKETS,
+                    },
+                )
+            ],
+            [
+                *fill,
+                AdvanceBy(0, "bucket", slide - 1),
+                Snapshot(0),
+                Snapshot(0),
+                Call(0, _S, 0, False),
+                Snapshot(0),
+            ],
             say=lines.append,
         )
     except AssertionError as exc:
@@ -1473,18 +1695,36 @@ def test_nothing_read_from_redis_is_unpickled_or_evaluated() -> None:
 
 
 def test_the_static_scans_find_what_they_look_for() -> None:
-    bad_python = "\n".join([
-        "import pickle", "import marshal as m", "from shelve import open", "eval(x)", "exec(x)",
-        "f = eval", "builtins.eval(x)", "yaml.load(s)", "import yaml as y", "y.unsafe_load(s)",
-        "from yaml import load", "__import__('pickle')", "getattr(builtins, 'exec')",
-    ])
+    bad_python = "\n".join(
+        [
+            "import pickle",
+            "import marshal as m",
+            "from shelve import open",
+            "eval(x)",
+            "exec(x)",
+            "f = eval",
+            "builtins.eval(x)",
+            "yaml.load(s)",
+            "import yaml as y",
+            "y.unsafe_load(s)",
+            "from yaml import load",
+            "__import__('pickle')",
+            "getattr(builtins, 'exec')",
+        ]
+    )
     lines = sorted(int(hit.split(":")[1]) for hit in unsafe_python(bad_python, "bad.py"))
     assert lines == [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13]  # line 9, import yaml as y, is fine
     fine_python = "client.eval(script, 1, key)\nre.compile('x')\nyaml.safe_load(s)\njson.loads(s)\n"
     assert unsafe_python(fine_python, "fine.py") == []
     bad_lua = "loadstring(ARGV[1])()\nlocal f = load(x)\ndofile('x')\nlocal g = _G['load' .. 'string']\n"
     assert [hit.split(": ")[1] for hit in unsafe_lua(bad_lua, "bad.lua")] == [
-        "loadstring", "load", "dofile", "_G"]
-    fine_lua = ("local s = load_state() -- loadstring(x) in a comment\nlocal t = 'load(x)'\n"
-                "--[[ dofile ]] local u = cjson.decode(ARGV[5])\nlocal v = [[load(]]\n")
+        "loadstring",
+        "load",
+        "dofile",
+        "_G",
+    ]
+    fine_lua = (
+        "local s = load_state() -- loadstring(x) in a comment\nlocal t = 'load(x)'\n"
+        "--[[ dofile ]] local u = cjson.decode(ARGV[5])\nlocal v = [[load(]]\n"
+    )
     assert unsafe_lua(fine_lua, "fine.lua") == []

@@ -263,15 +263,20 @@ def _package(tmp_path: Path, files: Mapping[str, str]) -> Path:
 
 
 def test_a_cycle_through_a_function_or_type_checking_import_is_found(tmp_path: Path) -> None:
-    package = _package(tmp_path, {
-        "low.py": "def f():\n    from breaker_redis.high import g\n",
-        "high.py": "from breaker_redis.low import f\n",
-        "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from breaker_redis.b import B\n",
-        "b.py": "import breaker_redis.a\n",
-        "pkg/__init__.py": "from breaker_redis.pkg.sub import x\n",
-        "pkg/sub.py": "from breaker_redis.pkg import other\n",
-        "pkg/other.py": "",
-    })
+    package = _package(
+        tmp_path,
+        {
+            "low.py": "def f():\n    from breaker_redis.high import g\n",
+            "high.py": "from breaker_redis.low import f\n",
+            "a.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from breaker_redis.b import B\n"
+            ),
+            "b.py": "import breaker_redis.a\n",
+            "pkg/__init__.py": "from breaker_redis.pkg.sub import x\n",
+            "pkg/sub.py": "from breaker_redis.pkg import other\n",
+            "pkg/other.py": "",
+        },
+    )
     graph = imports(package)
     assert cycles(graph) == [
         ["breaker_redis.a", "breaker_redis.b"],
@@ -279,7 +284,9 @@ def test_a_cycle_through_a_function_or_type_checking_import_is_found(tmp_path: P
         ["breaker_redis.pkg", "breaker_redis.pkg.sub"],
     ]
     assert loop(graph, ["breaker_redis.low", "breaker_redis.high"]) == [
-        "breaker_redis.high", "breaker_redis.low", "breaker_redis.high"
+        "breaker_redis.high",
+        "breaker_redis.low",
+        "breaker_redis.high",
     ]
 
 

@@ -199,8 +199,9 @@ def trip_and_refuse(m: Mixed, tripper: Side) -> dict[str, Any]:
         refused[side.name] += 1
         retry_after.add(seconds)
 
-    pids = m.every_worker("/pay", refuses, "every worker of both apps to refuse /pay",
-                          timeout=OPEN_SECONDS * 0.6)
+    pids = m.every_worker(
+        "/pay", refuses, "every worker of both apps to refuse /pay", timeout=OPEN_SECONDS * 0.6
+    )
     every_worker_seconds = time.monotonic() - tripped_at
     # the same refusal, as JSON, from both frameworks (and from the FastAPI dependency)
     documents = {}
@@ -233,8 +234,9 @@ def recover(m: Mixed) -> dict[str, Any]:
     """After the open period: one probe through each app closes it; then every worker admits."""
     _, open_until = m.state()
     m.control(path="/pay", fail_rate=0.0)
-    wait_until(lambda: m.redis_now_ms() >= open_until + 100, timeout=OPEN_SECONDS + 5,
-               what="the open period to end")
+    wait_until(
+        lambda: m.redis_now_ms() >= open_until + 100, timeout=OPEN_SECONDS + 5, what="the open period to end"
+    )
     m.reset_upstream()
     refused_while_probing: Counter[str] = Counter()
 
@@ -259,8 +261,12 @@ def recover(m: Mixed) -> dict[str, Any]:
         assert response.status_code == 200, (side.name, response.status_code, response.text)
 
     m.every_worker("/pay", admitted, "every worker of both apps to admit /pay again", timeout=30)
-    return {"probes": {"fastapi": 1, "flask": 1}, "upstream_calls": 2, "state": m.state()[0],
-            "refused_as_still_open_just_after_open_until": dict(refused_while_probing)}
+    return {
+        "probes": {"fastapi": 1, "flask": 1},
+        "upstream_calls": 2,
+        "state": m.state()[0],
+        "refused_as_still_open_just_after_open_until": dict(refused_while_probing),
+    }
 
 
 def test_fastapi_and_flask_workers_share_one_breaker(redis_server: Any, upstream_url: str) -> None:
@@ -270,8 +276,11 @@ def test_fastapi_and_flask_workers_share_one_breaker(redis_server: Any, upstream
             "fastapi": "gunicorn -k uvicorn.workers.UvicornWorker -w 4 tests.support.fastapi_app:app",
             "flask": "gunicorn -w 4 demo_app.app:app (sync workers)",
         },
-        "breaker": {"name": "pay", "prefix": m.prefix,
-                    "config": {**settings.pay_config(), "open_seconds": OPEN_SECONDS}},
+        "breaker": {
+            "name": "pay",
+            "prefix": m.prefix,
+            "config": {**settings.pay_config(), "open_seconds": OPEN_SECONDS},
+        },
     }
     logs: dict[str, str] = {}
     try:

@@ -40,6 +40,7 @@ def target(request):
         group = request.getfixturevalue("cluster")
         group.flushall()
         client = client_from_url(group.url).connected()
+
         def owner(name: str):
             return group.node(group.owner(key_slot(f"{{{name}}}".encode())))
 

@@ -97,9 +97,24 @@ def test_no_log_message_repeats_the_loggers_name():
 # only breaker_redis/storage/internals.py reaches them, behind its version checks.
 INTERNALS_MODULE = "breaker_redis/storage/internals.py"
 INTERNAL_ATTRIBUTES = {
-    "_sock", "_selector", "_writer", "_reader", "_buffer", "_connections", "_free", "_client_info",
-    "_killed", "_client_class", "_lua_modules", "_server", "_connect", "_normalize_keys",
-    "encoder", "shard_channels", "sentinels", "send_packed_command",
+    "_sock",
+    "_selector",
+    "_writer",
+    "_reader",
+    "_buffer",
+    "_connections",
+    "_free",
+    "_client_info",
+    "_killed",
+    "_client_class",
+    "_lua_modules",
+    "_server",
+    "_connect",
+    "_normalize_keys",
+    "encoder",
+    "shard_channels",
+    "sentinels",
+    "send_packed_command",
 }
 THIRD_PARTY = ("redis", "fakeredis")
 

@@ -73,14 +73,18 @@ def test_the_pay_walkthrough(pay_stack: Stack):
     # The payment service recovers; after the open period one probe at a time, 2 successes close it.
     s.control(path="/pay", fail_rate=0.0)
     _, open_until = s.state()
-    wait_until(lambda: s.redis_now_ms() >= open_until + 50, timeout=OPEN_SECONDS + 5,
-               what="the open period to end")
+    wait_until(
+        lambda: s.redis_now_ms() >= open_until + 50, timeout=OPEN_SECONDS + 5, what="the open period to end"
+    )
     assert s.pay().status_code == 200
     assert s.state()[0] == "half_open"
     assert s.pay().status_code == 200
     assert s.state()[0] == "closed"
     for _ in range(5):
         assert s.pay().status_code == 200
-    assert s.transitions() == [("closed", "open", "count"), ("open", "half_open", "open_elapsed"),
-                               ("half_open", "closed", "probes_succeeded")]
+    assert s.transitions() == [
+        ("closed", "open", "count"),
+        ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded"),
+    ]
     assert s.statuses[500] == 0

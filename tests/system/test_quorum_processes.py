@@ -37,8 +37,9 @@ STEP_MS = 500  # one round: every process makes one call
 
 
 def count_rule(min_reporters: int) -> BreakerConfig:
-    return BreakerConfig(trip="count", failure_threshold=5, window_seconds=10, open_seconds=30,
-                         min_reporters=min_reporters)
+    return BreakerConfig(
+        trip="count", failure_threshold=5, window_seconds=10, open_seconds=30, min_reporters=min_reporters
+    )
 
 
 @pytest.fixture(params=["real", "embedded"])
@@ -91,8 +92,14 @@ def test_a_sick_host_is_isolated_and_the_others_are_never_refused(team, url):
     workers = hosts(team, config)
     seen = rounds(workers, {"a": "failure", "b": "success", "c": "success"}, 20, T0)
     # a: 2 calls in each of rounds 1 and 2, then the 5th failure in round 3; every call after is refused
-    assert seen == {"a_admitted": 5, "a_refused": 35, "b_admitted": 40, "b_refused": 0,
-                    "c_admitted": 40, "c_refused": 0}
+    assert seen == {
+        "a_admitted": 5,
+        "a_refused": 35,
+        "b_admitted": 40,
+        "b_refused": 0,
+        "c_admitted": 40,
+        "c_refused": 0,
+    }
     snap = snapshot(url, "pay", config, T0 + 9_500)
     assert (snap["state"], snap["trips"], snap["isolated"], snap["isolations"]) == ("closed", 0, ["a"], 1)
     assert (snap["failures"], snap["window_failures"]) == (5, 5)  # (b's and c's successes may be batched)
@@ -108,16 +115,27 @@ def test_with_min_reporters_1_the_sick_host_trips_the_breaker_for_everyone(team,
     workers = hosts(team, config)
     seen = rounds(workers, {"a": "failure", "b": "success", "c": "success"}, 4, T0)
     # the 5th failure (round 3, a's first process) trips: a's second process, b and c refused from then on
-    assert seen == {"a_admitted": 5, "a_refused": 3, "b_admitted": 4, "b_refused": 4,
-                    "c_admitted": 4, "c_refused": 4}
+    assert seen == {
+        "a_admitted": 5,
+        "a_refused": 3,
+        "b_admitted": 4,
+        "b_refused": 4,
+        "c_admitted": 4,
+        "c_refused": 4,
+    }
     snap = snapshot(url, "pay", config, T0 + 21_000)
     assert (snap["state"], snap["trips"], snap["isolated"]) == ("open", 1, [])
 
 
-@pytest.mark.parametrize(("min_reporters", "order", "calls"), [
-    (1, "abc", 5), (2, "abc", 5),  # every host failing at once, interleaved
-    (1, "aaaaabc", 5), (2, "aaaaabc", 6),  # a's failures first: a is isolated, b's 1st trips
-])
+@pytest.mark.parametrize(
+    ("min_reporters", "order", "calls"),
+    [
+        (1, "abc", 5),
+        (2, "abc", 5),  # every host failing at once, interleaved
+        (1, "aaaaabc", 5),
+        (2, "aaaaabc", 6),  # a's failures first: a is isolated, b's 1st trips
+    ],
+)
 def test_a_true_outage_trips_for_everyone(team, url, min_reporters, order, calls):
     """Every reporter failing: upstream calls made until every process refuses (the
     figures of the README's "One sick host")."""

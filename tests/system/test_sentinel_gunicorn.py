@@ -488,8 +488,10 @@ def run_failover(
     assert shop.hits() == 5
     tripped = numbers(old_master, state_key, "epoch", "open_until")
     wait_until(
-        lambda: numbers(new_master, state_key, "epoch", "open_until") == tripped
-        and new_master.hget(state_key, "state") == b"open",
+        lambda: (
+            numbers(new_master, state_key, "epoch", "open_until") == tripped
+            and new_master.hget(state_key, "state") == b"open"
+        ),
         timeout=10,
         what="the replica to have the trip",
     )
@@ -532,7 +534,7 @@ def run_failover(
     channel = f"{prefix}:notices:0"  # the workers' channel
 
     def subscribed_on_new() -> float | None:
-        (_, count), = new_master.pubsub_numsub(channel)
+        ((_, count),) = new_master.pubsub_numsub(channel)
         return time.time() if int(count) >= WORKERS else None
 
     # the workers' event subscriptions follow too (Invalidator.resubscribe)

@@ -47,9 +47,12 @@ def start_django(redis_server, upstream_url: str, extra_args: list[str]) -> tupl
         redis_server.url,
         upstream_url,
         extra_args=["-w", str(WORKERS), "--timeout", str(HANG_LIMIT_SECONDS + 30), *extra_args],
-        env={"BREAKER_KEY_PREFIX": prefix, "DJANGO_PAY_OPEN_SECONDS": str(OPEN_SECONDS),
-             "DJANGO_UPSTREAM_TIMEOUT": str(HANG_LIMIT_SECONDS),
-             "DJANGO_SETTINGS_MODULE": "tests.support.django_app.settings"},
+        env={
+            "BREAKER_KEY_PREFIX": prefix,
+            "DJANGO_PAY_OPEN_SECONDS": str(OPEN_SECONDS),
+            "DJANGO_UPSTREAM_TIMEOUT": str(HANG_LIMIT_SECONDS),
+            "DJANGO_SETTINGS_MODULE": "tests.support.django_app.settings",
+        },
         app="tests.support.django_app.wsgi:application",
         ready_path="/products",
     )
@@ -65,8 +68,13 @@ def check_refusal(response: requests.Response, as_json: bool) -> None:
     assert int(response.headers["Content-Length"]) == len(response.content)
     if as_json:
         assert response.headers["Content-Type"] == "application/json"
-        assert response.json() == {"error": "service_unavailable", "message": FRIENDLY.strip(),
-                                   "breaker": "pay", "reason": "open", "retry_after": retry_after}
+        assert response.json() == {
+            "error": "service_unavailable",
+            "message": FRIENDLY.strip(),
+            "breaker": "pay",
+            "reason": "open",
+            "retry_after": retry_after,
+        }
     else:
         assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
         assert response.text == FRIENDLY
@@ -146,19 +154,26 @@ def exactly_n_probes(s: Stack, open_until: int) -> None:
     exact whatever the machine's speed.
     """
     s.control(path="/pay", fail_rate=0.0, hang=True)
-    wait_until(lambda: s.redis_now_ms() >= open_until + 50, timeout=OPEN_SECONDS + 10,
-               what="the open period to end (Redis clock)")
+    wait_until(
+        lambda: s.redis_now_ms() >= open_until + 50,
+        timeout=OPEN_SECONDS + 10,
+        what="the open period to end (Redis clock)",
+    )
     futures = [s.pool.submit(patient_pay, s) for _ in range(16)]
-    wait_until(lambda: sum(f.done() for f in futures) >= 16 - PROBES, timeout=PROBE_WAIT_SECONDS,
-               what=f"{16 - PROBES} requests to be refused while {PROBES} probes hang")
+    wait_until(
+        lambda: sum(f.done() for f in futures) >= 16 - PROBES,
+        timeout=PROBE_WAIT_SECONDS,
+        what=f"{16 - PROBES} requests to be refused while {PROBES} probes hang",
+    )
     in_flight = s.upstream_stats()["in_flight"].get("/pay", 0)
     assert in_flight == PROBES, in_flight
     early = [f.result() for f in futures if f.done()]
     assert len(early) == 16 - PROBES
     assert {r.status_code for r in early} == {503}
     assert {r.headers["X-Breaker-Reason"] for r in early} <= {"half_open_full", "open"}
-    assert all(r.headers["Retry-After"] == "1" for r in early if r.headers["X-Breaker-Reason"] ==
-               "half_open_full")
+    assert all(
+        r.headers["Retry-After"] == "1" for r in early if r.headers["X-Breaker-Reason"] == "half_open_full"
+    )
     assert s.state()[0] == "half_open"
     s.control(path="/pay", hang=False)  # releases the hung probes: both succeed
     statuses = Counter(f.result(timeout=HANG_LIMIT_SECONDS).status_code for f in futures)
@@ -192,8 +207,11 @@ def test_django_behind_the_middleware_shares_one_breaker(redis_server, upstream_
         every_worker_refuses(s, open_until)
         exactly_n_probes(s, open_until)
         every_worker_admits(s)
-        assert s.transitions() == [("closed", "open", "consecutive"), ("open", "half_open", "open_elapsed"),
-                                   ("half_open", "closed", "probes_succeeded")]
+        assert s.transitions() == [
+            ("closed", "open", "consecutive"),
+            ("open", "half_open", "open_elapsed"),
+            ("half_open", "closed", "probes_succeeded"),
+        ]
         reader = Reader(s.redis, s.prefix, owns_client=False)
         snapshot = reader.snapshot("pay")
         assert (snapshot["state"], snapshot["trips"], snapshot["failures"]) == ("closed", 1, THRESHOLD)

@@ -209,8 +209,9 @@ class HttpxClient(RequestsClient):
     def __init__(self, breakers: Any, proxy: str | None = None, **options: Any) -> None:
         Client.__init__(self, breakers, **options)
         transport_options = options if proxy is None else {**options, "proxy": proxy}
-        self.client = httpx.Client(transport=BreakerTransport(breakers, **transport_options),
-                                   follow_redirects=True)
+        self.client = httpx.Client(
+            transport=BreakerTransport(breakers, **transport_options), follow_redirects=True
+        )
 
     def get(self, url: str, timeout: float = 5.0) -> int:
         return self.client.get(url, timeout=timeout).status_code
@@ -243,8 +244,9 @@ class AsyncHttpxClient(Client):
         super().__init__(breakers, **options)
         self.loop = asyncio.new_event_loop()
         transport_options = options if proxy is None else {**options, "proxy": proxy}
-        self.client = httpx.AsyncClient(transport=AsyncBreakerTransport(breakers, **transport_options),
-                                        follow_redirects=True)
+        self.client = httpx.AsyncClient(
+            transport=AsyncBreakerTransport(breakers, **transport_options), follow_redirects=True
+        )
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -330,8 +332,9 @@ class Pending:
         self.run = run
         self.answer: list[Any] = []
         if run is None:
-            self.thread: threading.Thread | None = threading.Thread(target=self._call, args=(call,),
-                                                                    daemon=True)
+            self.thread: threading.Thread | None = threading.Thread(
+                target=self._call, args=(call,), daemon=True
+            )
             self.thread.start()
             self.task = None
         else:
@@ -379,10 +382,16 @@ class Pending:
         return self.run(done())
 
 
-CLIENTS: dict[str, type[Client]] = {"requests": RequestsClient, "httpx": HttpxClient,
-                                    "httpx_async": AsyncHttpxClient}
-REFUSALS: dict[str, type[BaseException]] = {"requests": RequestsRefused, "httpx": HttpxRefused,
-                                            "httpx_async": HttpxRefused}
+CLIENTS: dict[str, type[Client]] = {
+    "requests": RequestsClient,
+    "httpx": HttpxClient,
+    "httpx_async": AsyncHttpxClient,
+}
+REFUSALS: dict[str, type[BaseException]] = {
+    "requests": RequestsRefused,
+    "httpx": HttpxRefused,
+    "httpx_async": HttpxRefused,
+}
 
 
 @pytest.fixture(scope="module")
@@ -411,8 +420,14 @@ def make_client(request, redis_server, clock) -> Iterator[Callable[..., Client]]
     a prefix of its own) on the session's redis-server."""
     made: list[Client] = []
 
-    def make(kind: str, *, breakers_options: dict[str, Any] | None = None, url: str | None = None,
-             group: dict[str, Any] | None = None, **options: Any) -> Client:
+    def make(
+        kind: str,
+        *,
+        breakers_options: dict[str, Any] | None = None,
+        url: str | None = None,
+        group: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Client:
         prefix = f"http{next(_prefixes)}"
         settings = {"clock": clock, "listen": False, **(breakers_options or {})}
         if kind == "httpx_async":
@@ -468,16 +483,24 @@ def test_five_failures_open_the_hosts_breaker_and_a_probe_closes_it(
     assert Counter(x.reason for x in answers if isinstance(x, BreakerOpen)) == {"half_open_full": 3}
     assert a.hits() == 6
     assert client.snapshot(a.name)["state"] == "closed"
-    assert transitions(redis_server.client(), client, a.name) == [("closed", "open", "consecutive"),
-                                           ("open", "half_open", "open_elapsed"),
-                                           ("half_open", "closed", "probes_succeeded")]
+    assert transitions(redis_server.client(), client, a.name) == [
+        ("closed", "open", "consecutive"),
+        ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded"),
+    ]
     a.control(latency_ms=0)
     assert client.get(a.url + "/pay") == 200 and a.hits() == 7
 
 
 def run_worker(spec: dict[str, Any]) -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "tests.support.http_client_worker", json.dumps(spec)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.http_client_worker", json.dumps(spec)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
@@ -488,13 +511,21 @@ def test_two_processes_with_their_own_clients_share_the_hosts_breaker(
     kind: str, make_client, a: LocalUpstream, redis_server
 ):
     # real time and a subscription: this process decides from memory, and hears of the trip
-    client = make_client(kind, breakers_options={"clock": None, "listen": True},
-                         config=BreakerConfig(failure_threshold=5, open_seconds=30))
+    client = make_client(
+        kind,
+        breakers_options={"clock": None, "listen": True},
+        config=BreakerConfig(failure_threshold=5, open_seconds=30),
+    )
     assert client.get(a.url + "/pay") == 200
     a.control(fail_rate=1.0)
-    spec = {"kind": kind, "redis": redis_server.url, "prefix": client.breakers.prefix,
-            "urls": [a.url + "/pay"], "calls": 7,
-            "config": {"failure_threshold": 5, "open_seconds": 30}}
+    spec = {
+        "kind": kind,
+        "redis": redis_server.url,
+        "prefix": client.breakers.prefix,
+        "urls": [a.url + "/pay"],
+        "calls": 7,
+        "config": {"failure_threshold": 5, "open_seconds": 30},
+    }
     assert run_worker(spec) == ["500"] * 5 + [f"refused:{a.name}"] * 2
     assert a.hits() == 6
     with pytest.raises(BreakerOpen) as refused:
@@ -557,8 +588,9 @@ def test_retry_after_is_capped_by_max_open_seconds_and_can_be_ignored(
     with pytest.raises(BreakerOpen) as refused:
         capped.get(a.url + "/pay")
     assert refused.value.retry_after == 60.0
-    ignoring = make_client(kind, config=BreakerConfig(failure_threshold=1, open_seconds=10),
-                           honor_retry_after=False)
+    ignoring = make_client(
+        kind, config=BreakerConfig(failure_threshold=1, open_seconds=10), honor_retry_after=False
+    )
     b.control(fail_rate=1.0, fail_status=503, retry_after="Wed, 21 Oct 2099 07:28:00 GMT")
     assert ignoring.get(b.url + "/pay") == 503
     with pytest.raises(BreakerOpen) as refused:
@@ -594,7 +626,11 @@ MALFORMED_RETRY_AFTER = [
     b"Wed, 21 Oct 2099 99999999999999999999:28:00 GMT",  # an hour past a C long: OverflowError
     b"Wed, 21 Oct 2099 07:28:00 +99999999999999999999",  # a zone past a C int
     b"Wed, 31 Feb 2099 07:28:00 GMT",
-    b"-1", b"1e3", b"0x10", b" ", b"\xff\xfe",
+    b"-1",
+    b"1e3",
+    b"0x10",
+    b" ",
+    b"\xff\xfe",
 ]
 
 
@@ -616,18 +652,32 @@ _HEADER_NAMES = st.sampled_from([b"Retry-After", b"retry-after", b"RETRY-AFTER",
 # a header value: any bytes but CR and LF (which would end it and frame another header)
 _HEADER_VALUES = st.one_of(
     st.binary(max_size=60).map(lambda value: value.replace(b"\r", b"").replace(b"\n", b"")),
-    st.text(max_size=40).map(lambda value: value.encode("utf-8", "surrogatepass")
-                             .replace(b"\r", b"").replace(b"\n", b"")),
+    st.text(max_size=40).map(
+        lambda value: value.encode("utf-8", "surrogatepass").replace(b"\r", b"").replace(b"\n", b"")
+    ),
     st.integers(-(10**30), 10**30).map(lambda n: str(n).encode()),
-    st.builds(lambda day, year, hour, zone: f"Wed, {day} Oct {year} {hour}:28:00 {zone}".encode(),
-              st.integers(-99, 10**12), st.integers(-(10**6), 10**25), st.integers(-(10**3), 10**22),
-              st.sampled_from(["GMT", "-0000", "+2359", "+99999999999999999999", "UT", "XYZ", ""])),
+    st.builds(
+        lambda day, year, hour, zone: f"Wed, {day} Oct {year} {hour}:28:00 {zone}".encode(),
+        st.integers(-99, 10**12),
+        st.integers(-(10**6), 10**25),
+        st.integers(-(10**3), 10**22),
+        st.sampled_from(["GMT", "-0000", "+2359", "+99999999999999999999", "UT", "XYZ", ""]),
+    ),
 )
 
 
 @settings(max_examples=500, deadline=None, database=None)
-@given(value=st.one_of(st.none(), st.text(), st.binary(), _HEADER_VALUES, st.integers(), st.floats(),
-                       st.text(alphabet=st.characters(categories=["Nd", "No", "Nl"]), min_size=1)))
+@given(
+    value=st.one_of(
+        st.none(),
+        st.text(),
+        st.binary(),
+        _HEADER_VALUES,
+        st.integers(),
+        st.floats(),
+        st.text(alphabet=st.characters(categories=["Nd", "No", "Nl"]), min_size=1),
+    )
+)
 def test_any_retry_after_is_read_without_raising(value: Any):
     """Property: parsed_header never raises; what it reads is a wait in (0, a day], and
     only ASCII digits (or an HTTP date) read as one."""
@@ -643,11 +693,20 @@ def test_any_retry_after_is_read_without_raising(value: Any):
 def test_retry_after_reads_what_http_allows():
     now = 1_700_000_000.0  # 2023-11-14 22:13:20 GMT
     assert [retry_after_seconds(v, now) for v in ["120", " 7\t", "0", "99999999999999999999999"]] == [
-        120.0, 7.0, None, 86400.0]
+        120.0,
+        7.0,
+        None,
+        86400.0,
+    ]
     # an IMF-fixdate, the obsolete RFC 850 and asctime forms (asctime has no zone: GMT)
-    assert [retry_after_seconds(v, now) for v in ["Tue, 14 Nov 2023 22:15:20 GMT",
-                                                 "Tuesday, 14-Nov-23 22:15:20 GMT",
-                                                 "Tue Nov 14 22:15:20 2023"]] == [120.0, 120.0, 120.0]
+    assert [
+        retry_after_seconds(v, now)
+        for v in [
+            "Tue, 14 Nov 2023 22:15:20 GMT",
+            "Tuesday, 14-Nov-23 22:15:20 GMT",
+            "Tue Nov 14 22:15:20 2023",
+        ]
+    ] == [120.0, 120.0, 120.0]
     assert retry_after_seconds("Tue, 14 Nov 2023 22:13:19 GMT", now) is None  # in the past
 
 
@@ -683,9 +742,12 @@ def test_hostile_headers_on_a_failing_response_never_cost_the_caller_its_respons
 # What each client raises when a body fails mid-read: the upstream stalls past the read
 # timeout, or closes the connection before the Content-Length it announced.
 BODY_ERRORS = {
-    ("requests", "stall"): "ConnectionError", ("requests", "close"): "ChunkedEncodingError",
-    ("httpx", "stall"): "ReadTimeout", ("httpx", "close"): "RemoteProtocolError",
-    ("httpx_async", "stall"): "ReadTimeout", ("httpx_async", "close"): "RemoteProtocolError",
+    ("requests", "stall"): "ConnectionError",
+    ("requests", "close"): "ChunkedEncodingError",
+    ("httpx", "stall"): "ReadTimeout",
+    ("httpx", "close"): "RemoteProtocolError",
+    ("httpx_async", "stall"): "ReadTimeout",
+    ("httpx_async", "close"): "RemoteProtocolError",
 }
 
 
@@ -708,7 +770,7 @@ def test_a_body_that_fails_mid_read_is_a_failure(kind: str, ending: str, make_cl
 def chunked(body: bytes, pieces: int) -> bytes:
     """body in Transfer-Encoding: chunked framing, in at most ``pieces`` chunks."""
     size = max(1, -(-len(body) // pieces))
-    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    parts = [body[i : i + size] for i in range(0, len(body), size)]
     return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
 
 
@@ -722,9 +784,13 @@ def test_any_body_cut_anywhere_is_counted_as_the_caller_saw_it(kind: str, make_c
     outcomes: Counter[str] = Counter()
 
     @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(body=st.binary(max_size=200), pieces=st.integers(1, 4),
-           framing=st.sampled_from(["length", "chunked"]), cut=st.one_of(st.none(), st.integers(0, 400)),
-           how=st.sampled_from(["get", "read", "close"]))
+    @given(
+        body=st.binary(max_size=200),
+        pieces=st.integers(1, 4),
+        framing=st.sampled_from(["length", "chunked"]),
+        cut=st.one_of(st.none(), st.integers(0, 400)),
+        how=st.sampled_from(["get", "read", "close"]),
+    )
     def check(body: bytes, pieces: int, framing: str, cut: int | None, how: str) -> None:
         wire = chunked(body, pieces) if framing == "chunked" else body
         sent = wire if cut is None else wire[:cut]
@@ -793,8 +859,10 @@ def test_a_streamed_response_settles_when_its_body_is_read_to_the_end_or_closed(
     client.close_stream(broken)
     assert counted(client, raw.name) == ("closed", 2, 6, 0)
     assert transitions(redis_server.client(), client, raw.name) == [
-        ("closed", "open", "consecutive"), ("open", "half_open", "open_elapsed"),
-        ("half_open", "closed", "probes_succeeded")]
+        ("closed", "open", "consecutive"),
+        ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded"),
+    ]
     for response in unread:
         client.close_stream(response)
     assert counted(client, raw.name) == ("closed", 2, 6, 0)  # settled once, at their status
@@ -880,8 +948,11 @@ def test_any_host_a_client_accepts_is_protected_under_a_valid_name(kind: str, ma
 
 
 @settings(max_examples=1000, deadline=None, database=None)
-@given(host=st.text(max_size=300), port=st.sampled_from(["", ":0", ":1", ":443", ":65535", ":99999", ":x"]),
-       scheme=st.sampled_from(["http", "https", "HTTP", "ws", "gopher"]))
+@given(
+    host=st.text(max_size=300),
+    port=st.sampled_from(["", ":0", ":1", ":443", ":65535", ":99999", ":x"]),
+    scheme=st.sampled_from(["http", "https", "HTTP", "ws", "gopher"]),
+)
 def test_request_name_is_always_a_valid_breaker_name(host: str, scheme: str, port: str):
     """Property: whatever a URL holds, its request's breaker name is valid, the same
     every time, and a host that is a valid name as it is keeps ``host:port``."""
@@ -933,8 +1004,10 @@ def test_a_request_waiting_for_a_pooled_connection_holds_no_probe_slot(
         client.close_stream(held)  # the connection comes back: the waiting call asks, and goes on
     assert waiting.result() == 200
     assert transitions(redis_server.client(), client, a.name) == [
-        ("closed", "open", "consecutive"), ("open", "half_open", "open_elapsed"),
-        ("half_open", "closed", "probes_succeeded")]
+        ("closed", "open", "consecutive"),
+        ("open", "half_open", "open_elapsed"),
+        ("half_open", "closed", "probes_succeeded"),
+    ]
     assert counted(client, a.name) == ("closed", 3, 5, 0)  # the stream, the probe, the waiting call
 
 
@@ -956,8 +1029,12 @@ def test_a_naming_rule_and_per_breaker_configs(kind: str, make_client, a: LocalU
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_classifier_and_status_lists(kind: str, make_client, a: LocalUpstream):
-    client = make_client(kind, failure_statuses={502}, ignore_statuses={503},
-                         classify=lambda response: "failure" if response.status_code == 418 else None)
+    client = make_client(
+        kind,
+        failure_statuses={502},
+        ignore_statuses={503},
+        classify=lambda response: "failure" if response.status_code == 418 else None,
+    )
     for status in (500, 503, 418, 502):
         a.control(fail_rate=1.0, fail_status=status)
         assert client.get(a.url + "/pay") == status
@@ -966,8 +1043,9 @@ def test_a_classifier_and_status_lists(kind: str, make_client, a: LocalUpstream)
 
 
 def test_the_adapter_passes_its_own_arguments_through(make_client, a: LocalUpstream):
-    client = make_client("requests", max_retries=Retry(total=2, status_forcelist=[503], backoff_factor=0),
-                         pool_maxsize=3)
+    client = make_client(
+        "requests", max_retries=Retry(total=2, status_forcelist=[503], backoff_factor=0), pool_maxsize=3
+    )
     adapter = client.session.get_adapter(a.url)  # type: ignore[attr-defined]
     assert adapter._pool_maxsize == 3
     a.control(fail_rate=1.0, fail_status=503)
@@ -990,54 +1068,124 @@ def test_bad_options_are_errors_naming_them(redis_server):
     breakers = Breakers.from_url(redis_server.url, "badopts", listen=False)
     async_breakers = AsyncBreakers.from_url(redis_server.url, "badopts", listen=False)
     cases: list[tuple[Callable[[], Any], type[Exception], str]] = [
-        (lambda: BreakerAdapter(breakers, failure_statuses=502), TypeError,
-         "BreakerAdapter: failure_statuses must be a collection of HTTP status codes"),
-        (lambda: BreakerAdapter(breakers, ignore_statuses=[700]), ValueError,
-         "BreakerAdapter: ignore_statuses holds 700"),
+        (
+            lambda: BreakerAdapter(breakers, failure_statuses=502),
+            TypeError,
+            "BreakerAdapter: failure_statuses must be a collection of HTTP status codes",
+        ),
+        (
+            lambda: BreakerAdapter(breakers, ignore_statuses=[700]),
+            ValueError,
+            "BreakerAdapter: ignore_statuses holds 700",
+        ),
         (lambda: BreakerAdapter(breakers, name=42), TypeError, "BreakerAdapter: name must be"),
-        (lambda: BreakerAdapter(breakers, name="a b"), ValueError,
-         "BreakerAdapter: name: invalid breaker name"),
-        (lambda: BreakerAdapter(breakers, configs={"http://x:1": {"failure_threshold": 0}}), ValueError,
-         "BreakerAdapter: configs['http://x:1']: BreakerConfig.failure_threshold"),
-        (lambda: BreakerAdapter(breakers, configs={"pay": 3}), TypeError,
-         "configs['pay']: give a BreakerConfig"),
-        (lambda: BreakerAdapter(breakers, classify="5xx"), TypeError,
-         "BreakerAdapter: classify must be callable"),
-        (lambda: BreakerAdapter(async_breakers), TypeError,
-         "BreakerAdapter: breakers must be a breaker_redis.Breakers"),
-        (lambda: AsyncBreakerTransport(breakers), TypeError,
-         "AsyncBreakerTransport: breakers must be a breaker_redis.asyncio.Breakers"),
-        (lambda: BreakerTransport(breakers, httpx.HTTPTransport(), retries=2), TypeError,
-         "BreakerTransport: give a transport or its options, not both (got retries)"),
+        (
+            lambda: BreakerAdapter(breakers, name="a b"),
+            ValueError,
+            "BreakerAdapter: name: invalid breaker name",
+        ),
+        (
+            lambda: BreakerAdapter(breakers, configs={"http://x:1": {"failure_threshold": 0}}),
+            ValueError,
+            "BreakerAdapter: configs['http://x:1']: BreakerConfig.failure_threshold",
+        ),
+        (
+            lambda: BreakerAdapter(breakers, configs={"pay": 3}),
+            TypeError,
+            "configs['pay']: give a BreakerConfig",
+        ),
+        (
+            lambda: BreakerAdapter(breakers, classify="5xx"),
+            TypeError,
+            "BreakerAdapter: classify must be callable",
+        ),
+        (
+            lambda: BreakerAdapter(async_breakers),
+            TypeError,
+            "BreakerAdapter: breakers must be a breaker_redis.Breakers",
+        ),
+        (
+            lambda: AsyncBreakerTransport(breakers),
+            TypeError,
+            "AsyncBreakerTransport: breakers must be a breaker_redis.asyncio.Breakers",
+        ),
+        (
+            lambda: BreakerTransport(breakers, httpx.HTTPTransport(), retries=2),
+            TypeError,
+            "BreakerTransport: give a transport or its options, not both (got retries)",
+        ),
     ]
     other = Breakers.from_url(redis_server.url, "other", listen=False)
     breakers.get("10.0.0.9:80", BreakerConfig(failure_threshold=3))
     cases += [
-        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.1", "http://10.0.0.2"], max_open_fraction=0),
-         ValueError, "BreakerGroup 'pool': max_open_fraction must be > 0 and <= 1 (got 0)"),
-        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.1", "10.0.0.1:80"]), ValueError,
-         "BreakerGroup 'pool': member '10.0.0.1:80' is given twice"),
-        (lambda: BreakerGroup(breakers, "pool", "http://10.0.0.1"), TypeError,
-         "BreakerGroup 'pool': members must be a list"),
-        (lambda: BreakerGroup(breakers, "pool", []), ValueError,
-         "BreakerGroup 'pool': needs at least one member"),
-        (lambda: BreakerGroup(breakers, "p{x}", ["http://10.0.0.1"]), ValueError,
-         "BreakerGroup: invalid breaker name 'p{x}'"),
-        (lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.9"]), ValueError,
-         "BreakerGroup 'pool': member '10.0.0.9:80': breaker '10.0.0.9:80' already exists with another"),
-        (lambda: BreakerGroup(async_breakers, "pool", ["http://10.0.0.1"]), TypeError,
-         "BreakerGroup: breakers must be a breaker_redis.Breakers"),
-        (lambda: BreakerAdapter(other, groups=[BreakerGroup(breakers, "a", ["http://10.0.0.3"])]), ValueError,
-         "BreakerAdapter: group 'a' is built on other Breakers"),
-        (lambda: BreakerAdapter(breakers, configs={"http://10.0.0.4": {"failure_threshold": 2}},
-                                groups=[BreakerGroup(breakers, "b", ["http://10.0.0.4"])]), ValueError,
-         "BreakerAdapter: '10.0.0.4:80' has a config in configs and in group 'b'"),
-        (lambda: BreakerGroup(breakers, "c", ["http://10.0.0.4"]), ValueError,
-         "BreakerGroup 'c': member '10.0.0.4:80' is already in group 'b'"),
-        (lambda: BreakerGroup(breakers, "b", ["http://10.0.0.4"]), ValueError,
-         "BreakerGroup 'b': member '10.0.0.4:80' is already in group 'b'"),
-        (lambda: AsyncBreakerTransport(async_breakers, groups=[BreakerGroup(breakers, "d", ["10.0.0.5:1"])]),
-         TypeError, "AsyncBreakerTransport: groups must hold AsyncBreakerGroups"),
+        (
+            lambda: BreakerGroup(
+                breakers, "pool", ["http://10.0.0.1", "http://10.0.0.2"], max_open_fraction=0
+            ),
+            ValueError,
+            "BreakerGroup 'pool': max_open_fraction must be > 0 and <= 1 (got 0)",
+        ),
+        (
+            lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.1", "10.0.0.1:80"]),
+            ValueError,
+            "BreakerGroup 'pool': member '10.0.0.1:80' is given twice",
+        ),
+        (
+            lambda: BreakerGroup(breakers, "pool", "http://10.0.0.1"),
+            TypeError,
+            "BreakerGroup 'pool': members must be a list",
+        ),
+        (
+            lambda: BreakerGroup(breakers, "pool", []),
+            ValueError,
+            "BreakerGroup 'pool': needs at least one member",
+        ),
+        (
+            lambda: BreakerGroup(breakers, "p{x}", ["http://10.0.0.1"]),
+            ValueError,
+            "BreakerGroup: invalid breaker name 'p{x}'",
+        ),
+        (
+            lambda: BreakerGroup(breakers, "pool", ["http://10.0.0.9"]),
+            ValueError,
+            "BreakerGroup 'pool': member '10.0.0.9:80': breaker '10.0.0.9:80' already exists with another",
+        ),
+        (
+            lambda: BreakerGroup(async_breakers, "pool", ["http://10.0.0.1"]),
+            TypeError,
+            "BreakerGroup: breakers must be a breaker_redis.Breakers",
+        ),
+        (
+            lambda: BreakerAdapter(other, groups=[BreakerGroup(breakers, "a", ["http://10.0.0.3"])]),
+            ValueError,
+            "BreakerAdapter: group 'a' is built on other Breakers",
+        ),
+        (
+            lambda: BreakerAdapter(
+                breakers,
+                configs={"http://10.0.0.4": {"failure_threshold": 2}},
+                groups=[BreakerGroup(breakers, "b", ["http://10.0.0.4"])],
+            ),
+            ValueError,
+            "BreakerAdapter: '10.0.0.4:80' has a config in configs and in group 'b'",
+        ),
+        (
+            lambda: BreakerGroup(breakers, "c", ["http://10.0.0.4"]),
+            ValueError,
+            "BreakerGroup 'c': member '10.0.0.4:80' is already in group 'b'",
+        ),
+        (
+            lambda: BreakerGroup(breakers, "b", ["http://10.0.0.4"]),
+            ValueError,
+            "BreakerGroup 'b': member '10.0.0.4:80' is already in group 'b'",
+        ),
+        (
+            lambda: AsyncBreakerTransport(
+                async_breakers, groups=[BreakerGroup(breakers, "d", ["10.0.0.5:1"])]
+            ),
+            TypeError,
+            "AsyncBreakerTransport: groups must hold AsyncBreakerGroups",
+        ),
     ]
     for build, error, message in cases:
         with pytest.raises(error) as raised:
@@ -1098,8 +1246,11 @@ def test_a_pool_opens_at_most_its_share_of_replicas_and_another_opens_when_one_r
 def test_a_pool_on_redis_cluster_decides_across_slots(make_client, pool: list[LocalUpstream], clock, cluster):
     cluster.flushall()
     member_slots = {key_slot(f"{{{replica.name}}}".encode()) for replica in pool}
-    name = next(f"inventory{i}" for i in itertools.count() if key_slot(f"{{inventory{i}}}".encode())
-                not in member_slots)  # the group's hash in a slot no member's keys are in
+    name = next(
+        f"inventory{i}"
+        for i in itertools.count()
+        if key_slot(f"{{inventory{i}}}".encode()) not in member_slots
+    )  # the group's hash in a slot no member's keys are in
     client = make_client("requests", url=cluster.url, group={**pool_group(pool), "name": name})
     pool_story(client, pool, clock)
 
@@ -1171,33 +1322,51 @@ def test_eight_processes_racing_never_open_more_than_the_pools_share(
     # do: 8 free-running processes on a busy 2-core machine can stall a reply past
     # the default 0.25 s, and a worker in its local store prints that on stderr
     url = redis_server.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
-    spec = {"kind": kind, "redis": url, "prefix": prefix,
-            "urls": [replica.url + "/stock" for replica in pool], "calls": 40,
-            "config": {"failure_threshold": 5, "open_seconds": 60},
-            "group": pool_group(pool), "start_at": time.time() + 3}
-    children = [subprocess.Popen([sys.executable, "-m", "tests.support.http_client_worker", json.dumps(spec)],
-                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for _ in range(8)]
+    spec = {
+        "kind": kind,
+        "redis": url,
+        "prefix": prefix,
+        "urls": [replica.url + "/stock" for replica in pool],
+        "calls": 40,
+        "config": {"failure_threshold": 5, "open_seconds": 60},
+        "group": pool_group(pool),
+        "start_at": time.time() + 3,
+    }
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.support.http_client_worker", json.dumps(spec)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
     outputs = [child.communicate(timeout=120) for child in children]
     for child, (_, err) in zip(children, outputs, strict=True):
         assert child.returncode == 0 and err == "", outputs
     answers = [answer for out, _ in outputs for answer in json.loads(out)]
     redis = redis_server.client()
-    opened = [replica.name for replica in pool
-              if redis.lrange(f"{prefix}:{{{replica.name}}}:events", 0, -1)]
+    opened = [replica.name for replica in pool if redis.lrange(f"{prefix}:{{{replica.name}}}:events", 0, -1)]
     # nothing recovers here, so a member that ever opened is open still: never more than 2 at once
     assert len(opened) == 2, opened
-    assert [redis.hget(f"{prefix}:{{{replica.name}}}:state", "state").decode() for replica in pool
-            if replica.name in opened] == ["open", "open"]
+    assert [
+        redis.hget(f"{prefix}:{{{replica.name}}}:state", "state").decode()
+        for replica in pool
+        if replica.name in opened
+    ] == ["open", "open"]
     held_back = [replica for replica in pool if replica.name not in opened]
     for replica in held_back:  # every call to a held-back replica reached it
         assert replica.hits("/stock") == 8 * 40 // 4
         assert f"refused:{replica.name}" not in answers
-    holders = sorted(key.decode()[2:] for key in redis.hkeys(f"{prefix}:group:{{inventory}}")
-                     if key.startswith(b"h:"))
+    holders = sorted(
+        key.decode()[2:] for key in redis.hkeys(f"{prefix}:group:{{inventory}}") if key.startswith(b"h:")
+    )
     assert holders == sorted(opened)
-    print(f"8 processes x 40 calls over 4 failing replicas, max_open_fraction=0.5: opened {opened}, "
-          f"held back {[r.name for r in held_back]} ({Counter(answers)})")
+    print(
+        f"8 processes x 40 calls over 4 failing replicas, max_open_fraction=0.5: opened {opened}, "
+        f"held back {[r.name for r in held_back]} ({Counter(answers)})"
+    )
 
 
 def test_a_pool_shows_in_status_the_metrics_and_the_dashboard(
@@ -1227,19 +1396,28 @@ def test_a_pool_shows_in_status_the_metrics_and_the_dashboard(
     assert shown.exit_code == 0, shown.output
     assert shown.output.splitlines()[-1] == (
         f"group inventory: 2 of 4 members open (at most 2, max_open_fraction 0.5): {r0}, {r1}; "
-        f"{held} trips held back at the cap")
-    as_json = CliRunner().invoke(cli.main, ["--url", redis_server.url, "--prefix", prefix,
-                                            "status", "--json"])
+        f"{held} trips held back at the cap"
+    )
+    as_json = CliRunner().invoke(
+        cli.main, ["--url", redis_server.url, "--prefix", prefix, "status", "--json"]
+    )
     assert {s["name"]: s.get("group") for s in json.loads(as_json.output)} == dict.fromkeys(
-        (r0, r1, r2, r3), "inventory")
+        (r0, r1, r2, r3), "inventory"
+    )
 
     scraped = exposition(redis_server.client(), prefix).decode()
-    found = {s.name: (s.labels["group"], s.value) for family in text_string_to_metric_families(scraped)
-             for s in family.samples if s.name.startswith("breaker_redis_group")}
-    assert found == {"breaker_redis_group_members": ("inventory", 4),
-                     "breaker_redis_group_max_open": ("inventory", 2),
-                     "breaker_redis_group_open": ("inventory", 2),
-                     "breaker_redis_group_held_back_total": ("inventory", held)}
+    found = {
+        s.name: (s.labels["group"], s.value)
+        for family in text_string_to_metric_families(scraped)
+        for s in family.samples
+        if s.name.startswith("breaker_redis_group")
+    }
+    assert found == {
+        "breaker_redis_group_members": ("inventory", 4),
+        "breaker_redis_group_max_open": ("inventory", 2),
+        "breaker_redis_group_open": ("inventory", 2),
+        "breaker_redis_group_held_back_total": ("inventory", held),
+    }
 
     monkeypatch.setattr(dashboard_module, "STREAM_SECONDS", 0)  # the stream ends after one frame
     app = Flask(__name__)
@@ -1249,5 +1427,9 @@ def test_a_pool_shows_in_status_the_metrics_and_the_dashboard(
     ((_, frame),) = events(answer.get_data(as_text=True))
     (group,) = frame["groups"]
     assert (group["name"], group["open"], group["holders"], group["cap"]) == (
-        "inventory", [r0, r1], [r0, r1], 2)
+        "inventory",
+        [r0, r1],
+        [r0, r1],
+        2,
+    )
     assert group["states"] == {r0: "open", r1: "open", r2: "closed", r3: "closed"}

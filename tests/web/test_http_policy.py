@@ -60,8 +60,14 @@ def test_past_its_cap_the_log_forgets_every_pair_at_once(caplog: pytest.LogCaptu
         warnings.warn("a", "breaker %r")  # still remembered: quiet
         warnings.warn("e", "breaker %r")  # the fifth: the four are forgotten, e is remembered
         warnings.warn("a", "breaker %r")  # forgotten: logged again
-    assert logged(caplog) == ["breaker 'a'", "breaker 'b'", "breaker 'c'", "breaker 'd'", "breaker 'e'",
-                              "breaker 'a'"]
+    assert logged(caplog) == [
+        "breaker 'a'",
+        "breaker 'b'",
+        "breaker 'c'",
+        "breaker 'd'",
+        "breaker 'e'",
+        "breaker 'a'",
+    ]
 
 
 def test_an_exception_is_ignored_when_a_breaker_refused_else_judged_by_the_config() -> None:

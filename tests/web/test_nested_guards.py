@@ -47,8 +47,14 @@ class Upstream:
 
 
 def counts(snapshot: dict[str, Any]) -> tuple[Any, ...]:
-    return (snapshot["state"], snapshot["calls"], snapshot["successes"], snapshot["failures"],
-            snapshot["ignored"], snapshot["rejected"])
+    return (
+        snapshot["state"],
+        snapshot["calls"],
+        snapshot["successes"],
+        snapshot["failures"],
+        snapshot["ignored"],
+        snapshot["rejected"],
+    )
 
 
 # -- ASGI: the middleware and the FastAPI dependency -----------------------------------------
@@ -84,8 +90,12 @@ def fastapi_app(breakers: Breakers, upstream: Upstream, layers: str) -> Any:
 
 async def _asgi_scenario(port: int, layers: str, mode: str) -> None:
     clock = Clock()
-    breakers = Breakers(redis.asyncio.Redis(host="127.0.0.1", port=port), f"nested{next(_prefixes)}",
-                        clock=clock, defaults=CONFIG)
+    breakers = Breakers(
+        redis.asyncio.Redis(host="127.0.0.1", port=port),
+        f"nested{next(_prefixes)}",
+        clock=clock,
+        defaults=CONFIG,
+    )
     upstream = Upstream()
     app = fastapi_app(breakers, upstream, layers)
     transport = httpx.ASGITransport(app=app)
@@ -116,8 +126,13 @@ async def _asgi_scenario(port: int, layers: str, mode: str) -> None:
 @pytest.mark.parametrize(
     ("layers", "mode"),
     # dep+dep only raises: a returned response's status is hidden from every dependency
-    [("mw+dep", "return"), ("mw+dep", "raise"), ("dep+dep", "raise"),
-     ("mw+mw", "return"), ("mw+mw", "raise")],
+    [
+        ("mw+dep", "return"),
+        ("mw+dep", "raise"),
+        ("dep+dep", "raise"),
+        ("mw+mw", "return"),
+        ("mw+mw", "raise"),
+    ],
 )
 def test_asgi_one_breaker_twice_is_one_permit_per_request(redis_server, layers: str, mode: str) -> None:
     """A 502 returned or raised trips after exactly failure_threshold requests; the
@@ -128,8 +143,12 @@ def test_asgi_one_breaker_twice_is_one_permit_per_request(redis_server, layers: 
 def test_asgi_different_breakers_on_one_route_stay_independent(redis_server) -> None:
     async def scenario() -> None:
         clock = Clock()
-        breakers = Breakers(redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port),
-                            f"nested{next(_prefixes)}", clock=clock, defaults=CONFIG)
+        breakers = Breakers(
+            redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port),
+            f"nested{next(_prefixes)}",
+            clock=clock,
+            defaults=CONFIG,
+        )
         upstream = Upstream()
         app = fastapi_app(breakers, upstream, "mw+dep:other")
         try:

@@ -63,9 +63,27 @@ def test_a_route_table_answers_as_the_prefix_scan_for_every_path():
 
 ROUTES = {"/pay": "pay", "/café": "cafe", "/\u0100x/": "wide", "/static/": "static"}
 WSGI_PATHS = [
-    "", "/", "pay", "/pay", "//pay", "///pay/x", "/pay/", "/payment", "/pa", "/static", "/staticx",
-    "/static/a.css", "/caf\xc3\xa9", "/caf\xc3\xa9/menu", "/café", "/caf\xc3", "/\u0100x", "/\u0100x/y",
-    "/\xc4\x80x", "/other", "/p\u00e4y",
+    "",
+    "/",
+    "pay",
+    "/pay",
+    "//pay",
+    "///pay/x",
+    "/pay/",
+    "/payment",
+    "/pa",
+    "/static",
+    "/staticx",
+    "/static/a.css",
+    "/caf\xc3\xa9",
+    "/caf\xc3\xa9/menu",
+    "/café",
+    "/caf\xc3",
+    "/\u0100x",
+    "/\u0100x/y",
+    "/\xc4\x80x",
+    "/other",
+    "/p\u00e4y",
 ]
 
 
@@ -94,14 +112,39 @@ def test_the_wsgi_middleware_guards_exactly_the_paths_route_for_names():
         if refused:
             guarded.add(path)
     assert guarded == {
-        "pay", "/pay", "//pay", "///pay/x", "/pay/", "/static", "/static/a.css",
-        "/caf\xc3\xa9", "/caf\xc3\xa9/menu", "/\u0100x", "/\u0100x/y", "/\xc4\x80x",
+        "pay",
+        "/pay",
+        "//pay",
+        "///pay/x",
+        "/pay/",
+        "/static",
+        "/static/a.css",
+        "/caf\xc3\xa9",
+        "/caf\xc3\xa9/menu",
+        "/\u0100x",
+        "/\u0100x/y",
+        "/\xc4\x80x",
     }
 
 
 ASGI_SCOPES = [
-    {"path": p} for p in ("", "/", "pay", "/pay", "//pay", "/pay/x", "/payment", "/café", "/café/menu",
-                          "/caf", "/\u0100x/y", "/static", "/staticx", "/other")
+    {"path": p}
+    for p in (
+        "",
+        "/",
+        "pay",
+        "/pay",
+        "//pay",
+        "/pay/x",
+        "/payment",
+        "/café",
+        "/café/menu",
+        "/caf",
+        "/\u0100x/y",
+        "/static",
+        "/staticx",
+        "/other",
+    )
 ] + [
     {"path": "/app/pay", "root_path": "/app"},
     {"path": "/pay", "root_path": "/app"},
@@ -143,8 +186,17 @@ def test_the_asgi_middleware_guards_exactly_the_paths_route_for_names():
         return guarded
 
     assert asyncio.run(main()) == {
-        "-|pay", "-|/pay", "-|//pay", "-|/pay/x", "-|/café", "-|/café/menu", "-|/\u0100x/y", "-|/static",
-        "/app|/app/pay", "/app|/pay", "|/pay",
+        "-|pay",
+        "-|/pay",
+        "-|//pay",
+        "-|/pay/x",
+        "-|/café",
+        "-|/café/menu",
+        "-|/\u0100x/y",
+        "-|/static",
+        "/app|/app/pay",
+        "/app|/pay",
+        "|/pay",
     }
 
 

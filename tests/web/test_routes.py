@@ -51,8 +51,10 @@ CONFIG_OPTIONS = [
     ({"failure_threshold": "5"}, "failure_threshold", "must be an integer"),
     ({"open_seconds": 0}, "open_seconds", "must be > 0"),
 ]
-NAMES = [({"breaker": "my pay"}, "invalid breaker name 'my pay'", "' ' (U+0020"),
-         ({"breaker": ""}, "invalid breaker name ''", "must not be empty")]
+NAMES = [
+    ({"breaker": "my pay"}, "invalid breaker name 'my pay'", "' ' (U+0020"),
+    ({"breaker": ""}, "invalid breaker name ''", "must not be empty"),
+]
 ALL = ROUTE_OPTIONS + CONFIG_OPTIONS + NAMES
 GUARD_OPTIONS = {"failure_statuses", "ignore_statuses", "classify", "message"}
 
@@ -117,9 +119,17 @@ def test_good_options_are_kept_as_given() -> None:
 
     from breaker_redis.web.routes import make_spec
 
-    spec = make_spec("pay", {"failure_statuses": range(500, 504), "ignore_statuses": [HTTPStatus.CONFLICT],
-                             "fallback_on_failure": False, "message": "Resting.", "fallback": {"ok": False},
-                             "classify": lambda info: None})
+    spec = make_spec(
+        "pay",
+        {
+            "failure_statuses": range(500, 504),
+            "ignore_statuses": [HTTPStatus.CONFLICT],
+            "fallback_on_failure": False,
+            "message": "Resting.",
+            "fallback": {"ok": False},
+            "classify": lambda info: None,
+        },
+    )
     assert spec.failure_statuses == frozenset({500, 501, 502, 503})
     assert spec.ignore_statuses == frozenset({409})
     assert (spec.fallback_on_failure, spec.message) == (False, "Resting.")

@@ -58,9 +58,7 @@ async def settled_when_awaited(cb: _Calls, permit: Permit, awaitable: Awaitable[
     return result
 
 
-def call_tornado(
-    cb: _Calls, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
+def call_tornado(cb: _Calls, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """CircuitBreaker.call_async: admitted (or refused) at once, as pybreaker's
     tornado coroutine is; the call and its record run as an asyncio task, which
     tornado's runner awaits."""

@@ -178,7 +178,6 @@ class CircuitBreaker(_Tracking):
             raise _error(message, refused.reason, refused.retry_after)
         return permit
 
-
     def _settle(self, permit: Permit, exc: BaseException | None = None) -> None:
         """Record a call's outcome (exc: what it raised, None for a return) and tell
         the listeners, all in the calling thread (a coroutine's: off the event loop,
@@ -209,7 +208,6 @@ class CircuitBreaker(_Tracking):
         if outcome == "success" and permit.probe:
             _fail_counter_op(binding, "set", 0)  # pybreaker: a success resets the failure count
         return transitions
-
 
     def _tell(self, outcome: str, exc: BaseException | None, transitions: list[Transition]) -> None:
         """The listeners hear of a recorded outcome in pybreaker's order; then the

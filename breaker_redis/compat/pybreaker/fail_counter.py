@@ -35,8 +35,7 @@ def _fail_counter_op(binding: _Binding, op: str, value: int = 0) -> None:
             breakers.client.incr(key)
             breakers.client.pexpire(key, ttl)
     except Exception as exc:  # a lost count must not fail the call
-        log.debug("fail_counter of %r not kept (%s)", binding.breaker.name,
-                  exc)
+        log.debug("fail_counter of %r not kept (%s)", binding.breaker.name, exc)
 
 
 def _read_fail_counter(binding: _Binding) -> int:

@@ -21,11 +21,18 @@ class _Reconfigurable(Protocol):
 
     def _reconfigure(self) -> None: ...
 
+
 # BreakerConfig fields set from pybreaker's own arguments; the other fields may
 # be given as keyword arguments (CircuitBreaker(..., probe_timeout_seconds=5)).
 _MAPPED = frozenset(
-    {"failure_threshold", "open_seconds", "half_open_successes", "record_exceptions", "ignore_exceptions",
-     "predicate"}
+    {
+        "failure_threshold",
+        "open_seconds",
+        "half_open_successes",
+        "record_exceptions",
+        "ignore_exceptions",
+        "predicate",
+    }
 )
 _OPTIONS = frozenset(config_field_names()) - _MAPPED
 # pybreaker's semantics where BreakerConfig's defaults differ; options override them.

@@ -63,6 +63,7 @@ class CircuitOpenState(_NamedState):
 class CircuitHalfOpenState(_NamedState):
     state_name = STATE_HALF_OPEN
 
+
 def _check_state(state: str) -> str:
     if state not in (STATE_CLOSED, STATE_OPEN, STATE_HALF_OPEN):
         valid = f"{STATE_CLOSED}, {STATE_OPEN}, {STATE_HALF_OPEN}"

@@ -109,8 +109,14 @@ class CircuitRedisStorage(CircuitBreakerStorage):
     Redis (pybreaker's SETNX).
     """
 
-    __slots__ = ("_breakers", "_cluster_mode", "_fallback_circuit_state", "_initial", "_namespace_name",
-                 "_redis")
+    __slots__ = (
+        "_breakers",
+        "_cluster_mode",
+        "_fallback_circuit_state",
+        "_initial",
+        "_namespace_name",
+        "_redis",
+    )
 
     def __init__(
         self,

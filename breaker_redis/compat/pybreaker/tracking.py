@@ -85,8 +85,7 @@ class _Tracking:
             if op is not None:
                 _run_op(binding, op)
         except (redis.exceptions.RedisError, OSError) as exc:  # as pybreaker, start anyway
-            log.warning("breaker %r not put in its initial state (%s: %s)",
-                        name, type(exc).__name__, exc)
+            log.warning("breaker %r not put in its initial state (%s: %s)", name, type(exc).__name__, exc)
         state, epoch = self._read_state(binding)
         self._seen_epoch = max(epoch, 0)
         self._state = self._create_new_state(state)

@@ -19,10 +19,18 @@ def event_line(notice: Notice, target: Target, verbose: bool) -> str | None:
     """A pub/sub message, read by storage/notices.py parse_notice, as a line (None: not shown)."""
     kind, name, at = notice.kind, notice.name, notice.at
     if kind == "transition":
-        return transition_line({
-            "at": at, "name": name, "from": notice.came_from, "to": notice.to, "cause": notice.cause,
-            "epoch": notice.epoch, "forced": notice.forced, "open_until": notice.open_until,
-        })
+        return transition_line(
+            {
+                "at": at,
+                "name": name,
+                "from": notice.came_from,
+                "to": notice.to,
+                "cause": notice.cause,
+                "epoch": notice.epoch,
+                "forced": notice.forced,
+                "open_until": notice.open_until,
+            }
+        )
     if kind == "config":
         overrides = target.overrides(name)
         return f"{clock_text(at)}  {name}  config written: {overrides_text(overrides)}"
@@ -31,8 +39,13 @@ def event_line(notice: Notice, target: Target, verbose: bool) -> str | None:
             return None
         return f"{clock_text(at)}  {name}  armed: every outcome is sent at once"
     fields: dict[str, Any] = {
-        "arms": notice.arms, "born": notice.born, "cause": notice.cause, "db": notice.database,
-        "epoch": notice.epoch, "reporter": notice.reporter, **dict(notice.details),
+        "arms": notice.arms,
+        "born": notice.born,
+        "cause": notice.cause,
+        "db": notice.database,
+        "epoch": notice.epoch,
+        "reporter": notice.reporter,
+        **dict(notice.details),
     }
     rest = {key: value for key, value in fields.items() if value is not None}
     return f"{clock_text(at)}  {name}  {kind} {json.dumps(rest, sort_keys=True)}"

@@ -67,9 +67,11 @@ def group_line(group: Mapping[str, Any]) -> str:
     """One breaker group (breaker_redis/groups.py): how many members are open of how
     many may be, which, and how many trips it held back at that cap."""
     opened = ", ".join(group["open"]) or "none"
-    return (f"group {group['name']}: {len(group['open'])} of {len(group['members'])} members open "
-            f"(at most {group['cap']}, max_open_fraction {group['max_open_fraction']:g}): {opened}; "
-            f"{group['held']} trips held back at the cap")
+    return (
+        f"group {group['name']}: {len(group['open'])} of {len(group['members'])} members open "
+        f"(at most {group['cap']}, max_open_fraction {group['max_open_fraction']:g}): {opened}; "
+        f"{group['held']} trips held back at the cap"
+    )
 
 
 def transition_line(event: Mapping[str, Any]) -> str:

@@ -35,5 +35,10 @@ def check_keys(up: Checkup) -> Lines:
         if acl.missing_rule(exc, up.prefix) is None:
             raise
         return [(OK, f"{line}; memory per breaker not measured: user {up.who} may not run MEMORY USAGE")]
-    return [(OK, f"{line}; about {size(total / len(sample))} per breaker (MEMORY USAGE of the keys of "
-             f"{len(sample)})")]
+    return [
+        (
+            OK,
+            f"{line}; about {size(total / len(sample))} per breaker (MEMORY USAGE of the keys of "
+            f"{len(sample)})",
+        )
+    ]

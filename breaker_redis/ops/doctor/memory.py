@@ -18,9 +18,14 @@ def check_memory(up: Checkup) -> Lines:
     for server in up.servers:
         where = f"{server.label}: " if len(up.servers) > 1 else ""
         if "maxmemory_policy" not in server.info:
-            lines.append((SKIP, f"{where}user {up.who} may not run INFO, so the maxmemory-policy is unknown "
-                          "(the workers skip their start-up check too); check it as an admin: "
-                          "redis-cli INFO memory | grep maxmemory"))
+            lines.append(
+                (
+                    SKIP,
+                    f"{where}user {up.who} may not run INFO, so the maxmemory-policy is unknown "
+                    "(the workers skip their start-up check too); check it as an admin: "
+                    "redis-cli INFO memory | grep maxmemory",
+                )
+            )
             continue
         policy = text(server.info["maxmemory_policy"])
         maxmemory = int(server.info.get("maxmemory", 0))
@@ -36,12 +41,18 @@ def check_memory(up: Checkup) -> Lines:
             share = int(server.info.get("used_memory", 0)) / maxmemory
             line = f"{where}maxmemory-policy {policy}, maxmemory {size(maxmemory)}, {share:.0%} used"
             if share > FULL_SHARE:
-                lines.append((WARN, f"{line}: when it is full Redis refuses the breakers' writes (each "
-                              "worker then decides alone, by on_store_error); raise maxmemory or free "
-                              "memory"))
+                lines.append(
+                    (
+                        WARN,
+                        f"{line}: when it is full Redis refuses the breakers' writes (each "
+                        "worker then decides alone, by on_store_error); raise maxmemory or free "
+                        "memory",
+                    )
+                )
             elif policy == "noeviction":
                 lines.append((OK, f"{line}: nothing is evicted"))
             else:
-                lines.append((OK, f"{line}: it evicts only keys with a TTL, and the breakers' keys carry "
-                              "none"))
+                lines.append(
+                    (OK, f"{line}: it evicts only keys with a TTL, and the breakers' keys carry none")
+                )
     return lines

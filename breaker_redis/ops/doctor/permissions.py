@@ -171,26 +171,52 @@ def check_permissions(up: Checkup) -> Lines:
     lines: Lines = []
     for rule, commands in refused.items():
         if rule:
-            lines.append((PROBLEM, f"user {up.who} may not use {_RULE_KINDS[rule[0]]} {rule[1:]} (refused: "
-                          f"{_names(commands)}): add it with ACL SETUSER {user} {rule}"))
+            lines.append(
+                (
+                    PROBLEM,
+                    f"user {up.who} may not use {_RULE_KINDS[rule[0]]} {rule[1:]} (refused: "
+                    f"{_names(commands)}): add it with ACL SETUSER {user} {rule}",
+                )
+            )
         else:
-            lines.append((PROBLEM, f"user {up.who} lacks a permission ({_names(commands)} refused): grant "
-                          "the least-privilege line below"))
+            lines.append(
+                (
+                    PROBLEM,
+                    f"user {up.who} lacks a permission ({_names(commands)} refused): grant "
+                    "the least-privilege line below",
+                )
+            )
     for error, commands in failed.items():
-        lines.append((PROBLEM, f"{_names(commands)} failed ({error}): breaker_redis sends these, so every "
-                      "worker meets the same error"))
+        lines.append(
+            (
+                PROBLEM,
+                f"{_names(commands)} failed ({error}): breaker_redis sends these, so every "
+                "worker meets the same error",
+            )
+        )
     if optional:
-        why = "; ".join(dict.fromkeys(
-            FUNCTIONS_COST if c in acl.FUNCTION_COMMANDS else acl.OPTIONAL[c] for c in optional))
+        why = "; ".join(
+            dict.fromkeys(FUNCTIONS_COST if c in acl.FUNCTION_COMMANDS else acl.OPTIONAL[c] for c in optional)
+        )
         grant = " ".join(f"+{c}" for c in optional)
-        lines.append((NOTE, f"user {up.who} may not run {_names(optional)}: {why}; ACL SETUSER {user} "
-                      f"{grant} allows it"))
+        lines.append(
+            (
+                NOTE,
+                f"user {up.who} may not run {_names(optional)}: {why}; ACL SETUSER {user} {grant} allows it",
+            )
+        )
     if replica:
         lines.append((NOTE, "the write commands were not tried on a replica"))
     if not refused and not failed:
         what = f"the {len(acl.required_commands(up.functions)) - len(optional)} commands breaker_redis sends"
         if replica:
             what = f"the {tried - len(optional)} read commands breaker_redis sends"
-        lines.insert(0, (OK, f"user {up.who}: {what} are allowed, on the keys {up.prefix}:* and the "
-                         f"channels {up.scripts.workers_channel} and {up.scripts.channel}"))
+        lines.insert(
+            0,
+            (
+                OK,
+                f"user {up.who}: {what} are allowed, on the keys {up.prefix}:* and the "
+                f"channels {up.scripts.workers_channel} and {up.scripts.channel}",
+            ),
+        )
     return lines

@@ -43,8 +43,10 @@ def check_ordering(up: Checkup) -> Lines:
     each master to a subscriber there (the workers' sharded channels: sharded.py)."""
     if up.cluster is None:
         channel = f"{up.prefix}:doctor"  # in the prefix's channel pattern; no worker listens to it
-        return [(status, line.replace(MIGRATING, "")) for status, line in
-                _ordering(up, up.client, channel, sharded=False)]
+        return [
+            (status, line.replace(MIGRATING, ""))
+            for status, line in _ordering(up, up.client, channel, sharded=False)
+        ]
     lines: Lines = []
     for server in up.servers:
         found = _ordering(up, server.client, _channel_served_by(up, server.label), sharded=True)
@@ -85,21 +87,36 @@ def _ordering(up: Checkup, client: Any, channel: str, *, sharded: bool) -> Lines
             client.ping()  # the publisher's next reply
             in_time = readable(0)
             if not _received(pubsub, payload, kind):
-                return [(PROBLEM, f"a message published on {channel} did not reach its subscriber "
-                         f"within {MESSAGE_WAIT:g} s: workers would miss changes; "
-                         "look for a proxy in the way that drops pub/sub messages")]
+                return [
+                    (
+                        PROBLEM,
+                        f"a message published on {channel} did not reach its subscriber "
+                        f"within {MESSAGE_WAIT:g} s: workers would miss changes; "
+                        "look for a proxy in the way that drops pub/sub messages",
+                    )
+                ]
             rounds += 1
             late += not in_time
     finally:
         pubsub.close()
     if late:
         threads = " (this server runs I/O threads)" if _io_threads(up) else ""
-        return [(OK, f"{late} of {rounds} messages reached the subscriber after the publisher's next reply "
-                 f"was answered{threads}; not relied on: every change waits for the workers' "
-                 f"acknowledgements{MIGRATING}")]
-    return [(OK, f"{rounds} of {rounds} messages were in the subscriber's socket when the publisher's next "
-             f"reply was answered; not relied on: every change waits for the workers' "
-             f"acknowledgements{MIGRATING}")]
+        return [
+            (
+                OK,
+                f"{late} of {rounds} messages reached the subscriber after the publisher's next reply "
+                f"was answered{threads}; not relied on: every change waits for the workers' "
+                f"acknowledgements{MIGRATING}",
+            )
+        ]
+    return [
+        (
+            OK,
+            f"{rounds} of {rounds} messages were in the subscriber's socket when the publisher's next "
+            f"reply was answered; not relied on: every change waits for the workers' "
+            f"acknowledgements{MIGRATING}",
+        )
+    ]
 
 
 def _received(pubsub: Any, payload: str, kind: str) -> bool:
@@ -130,6 +147,11 @@ def check_latency(up: Checkup) -> Lines:
     to = f" to {up.servers[0].label}" if up.cluster is not None else ""
     line = f"{len(times)} PINGs{to}: median {median:.2f} ms, p99 {p99:.2f} ms"
     if median > LATENCY_WARN_MS:
-        return [(WARN, f"{line}: above {LATENCY_WARN_MS:g} ms, and every armed outcome waits one round "
-                 "trip, every change a few; run Redis closer to the workers")]
+        return [
+            (
+                WARN,
+                f"{line}: above {LATENCY_WARN_MS:g} ms, and every armed outcome waits one round "
+                "trip, every change a few; run Redis closer to the workers",
+            )
+        ]
     return [(OK, line)]
