@@ -216,13 +216,28 @@ class Slots:
         migrating master, whose subscribers did not hear the change (see the module's
         docstring), and one round trip to it after. Nothing otherwise: the change's own
         notice is acknowledged (storage/acks.py)."""
+        run_sync(self._barrier(key, channel, name, blocking, self.target))
+
+    async def _barrier(
+        self,
+        key: str,
+        channel: str,
+        name: str,
+        io: Callable[..., Awaitable[Any]],
+        target_of: Callable[[str], Any],
+    ) -> None:
+        """barrier()'s sequence, written once (engine/steps.py's way): ``io`` and
+        ``target_of`` (the client of key's master) are each side's."""
         if not self.moving(self.slot(key)):
             return
-        with self.following():
-            target = self.target(key)
+        try:
+            target = target_of(key)
             with contextlib.suppress(_HINT_REFUSED):
-                target.execute_command("SPUBLISH", channel, _moving_hint(name))
-            target.ping()
+                await io(target.execute_command, "SPUBLISH", channel, _moving_hint(name))
+            await io(target.execute_command, "PING")
+        except _NO_ANSWER:
+            await self._rereading(io)
+            raise
 
     # -- the asyncio client -----------------------------------------------------------
 
@@ -257,14 +272,13 @@ class Slots:
 
     async def abarrier(self, key: str, channel: str, name: str) -> None:
         """barrier() for the asyncio client."""
-        if not self.moving(self.slot(key)):
-            return
-        async with self.afollowing():
-            node = self.owner(self.slot(key))
-            target = self.client if node is None else node
-            with contextlib.suppress(_HINT_REFUSED):
-                await target.execute_command("SPUBLISH", channel, _moving_hint(name))
-            await target.execute_command("PING")
+        await self._barrier(key, channel, name, awaited, self._async_target)
+
+    def _async_target(self, key: str) -> Any:
+        """target() for the asyncio client: its node of key's master (the cluster client
+        while the map is unknown)."""
+        node = self.owner(self.slot(key))
+        return self.client if node is None else node
 
 
 def _moving_hint(name: str) -> str:
