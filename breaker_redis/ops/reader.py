@@ -28,10 +28,10 @@ import redis
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.engine.breakers import DEFAULT_TTL_SECONDS, Breakers
 from breaker_redis.engine.snapshot import Snapshot, snapshot_of
-from breaker_redis.groups import config_from_lua, group_status
 from breaker_redis.storage.args import GroupReadArgs, ReadArgs
 from breaker_redis.storage.keys import KEY_SUFFIXES, breaker_keys
 from breaker_redis.storage.scripts import ScriptRunner, text
+from breaker_redis.web.group_config import config_from_lua, group_status
 
 EVENTS_KEPT = 10  # transitions kept per breaker (lua/includes/events.lua EVENTS_KEPT)
 EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
