@@ -33,7 +33,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from breaker_redis.base.background import process_hooks
 from breaker_redis.base.blocking import awaited, blocking, run_sync
@@ -44,7 +44,16 @@ from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.args import GroupReadArgs, MemberArgs, group_args
 from breaker_redis.storage.scripts import text
 from breaker_redis.storage.store import StoreUnavailable
-from breaker_redis.web.group_config import MemberConfig, cap_of, config_digest, group_status, member_config
+from breaker_redis.web.group_config import (
+    MemberConfig,
+    cap_of,
+    config_digest,
+    fraction_of,
+    group_status,
+    member_config,
+    member_of,
+    members_of,
+)
 from breaker_redis.web.hosts import member_name
 from breaker_redis.web.http_policy import Warnings
 
@@ -60,6 +69,14 @@ Step = tuple[str, ...]
 
 
 _READ_GROUP = ["", "", *GroupReadArgs().argv()]  # ARGV 5-6 (not a group's), then read
+
+
+class _Asked(NamedTuple):
+    """group.lua ask's answer: granted or not, the grant's token, the holders when refused."""
+
+    granted: bool
+    token: str
+    holders: list[tuple[str, str]]
 
 
 class _Group:
@@ -90,31 +107,13 @@ class _Group:
             self.name = validate_name(name)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{type(self).__name__}: {exc}") from None
-        if isinstance(members, str) or not isinstance(members, Iterable):
-            why = "must be a list of host URLs or breaker names"
-            raise TypeError(f"{where}: members {why} (got {members!r})")
-        names: list[str] = []
-        for member in members:
-            try:
-                found = member_name(member) if isinstance(member, str) else validate_name(member)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"{where}: member {member!r}: {exc}") from None
-            if found in names:
-                raise ValueError(f"{where}: member {found!r} is given twice")
-            names.append(found)
-        if not names:
-            raise ValueError(f"{where}: needs at least one member")
-        if (
-            isinstance(max_open_fraction, bool)
-            or not isinstance(max_open_fraction, (int, float))
-            or not 0 < max_open_fraction <= 1
-        ):
-            raise ValueError(f"{where}: max_open_fraction must be > 0 and <= 1 (got {max_open_fraction!r})")
+        names = members_of(where, members)
+        fraction = fraction_of(where, max_open_fraction)
         if config is not None and not isinstance(config, BreakerConfig):
             raise TypeError(f"{where}: config must be a BreakerConfig (got {config!r})")
         self.breakers: Any = breakers
-        self.members = tuple(names)
-        self.max_open_fraction = float(max_open_fraction)
+        self.members = names
+        self.max_open_fraction = fraction
         self.cap = cap_of(self.max_open_fraction, len(names))
         self.config = member_config(config or breakers.defaults, self.name)
         self._breakers: dict[str, Any] = {}
@@ -190,32 +189,14 @@ class _Group:
     def _asking(self, name: str) -> Generator[Step, Any, None]:
         """A trip of member ``name`` was held back: ask the group for a grant; refused at the
         cap, reclaim what no longer needs one (at most every RECLAIM_MS); granted, trip it."""
-        answer = yield ("group", "ask", name, str(self.cap))
-        if answer is None:
-            return
-        granted, token, holders = _asked(answer)
-        if not granted and self._reclaim_due():
-            newest = yield self._join_step()  # this config seen now; the newest one's members
-            listed = set(text(newest[0]).split()) if newest else None
-            freed = False
-            for holder, held in holders:
-                if holder == name:
-                    continue
-                if listed is None or holder in listed:
-                    reply = yield ("member", holder, "revoke", held, "")  # closed, forced or idle only
-                else:  # the newest config does not list it: closed, and its grant taken back
-                    reply = yield ("member", holder, "release", held, "not_listed")
-                if reply is not None and reply.allowed and reply.lease:
-                    freed = (yield ("group", "release", holder, reply.lease)) == 1 or freed
-            if freed:
-                answer = yield ("group", "ask", name, str(self.cap))
-                if answer is None:
-                    return
-                granted, token, _ = _asked(answer)
+        asked = yield from self._ask(name)
+        reclaim = asked is not None and not asked.granted and self._reclaim_due()
+        if asked is not None and reclaim and (yield from self._reclaim(name, asked.holders)):
+            asked = yield from self._ask(name)
         for _attempt in range(2):
-            if not granted:
+            if asked is None or not asked.granted:
                 return
-            reply = yield ("member", name, "grant", token, "")
+            reply = yield ("member", name, "grant", asked.token, "")
             if reply is None or reply.allowed or not reply.lease:
                 return
             # not kept: not needed any more (the group forgets it), or a token revoked before
@@ -223,10 +204,32 @@ class _Group:
             yield ("group", "release", name, reply.lease)
             if reply.reason != "revoked":
                 return
-            answer = yield ("group", "ask", name, str(self.cap))
-            if answer is None:
-                return
-            granted, token, _ = _asked(answer)
+            asked = yield from self._ask(name)
+
+    def _ask(self, name: str) -> Generator[Step, Any, _Asked | None]:
+        """group.lua ask for member ``name``; None when Redis did not answer."""
+        answer = yield ("group", "ask", name, str(self.cap))
+        if answer is None:
+            return None
+        rest = [text(x) for x in answer[2:]]
+        return _Asked(int(answer[0]) == 1, text(answer[1]), list(zip(rest[::2], rest[1::2], strict=True)))
+
+    def _reclaim(self, name: str, holders: list[tuple[str, str]]) -> Generator[Step, Any, bool]:
+        """Take back the grants of the holders (but ``name``) that no longer need one;
+        whether any was."""
+        newest = yield self._join_step()  # this config seen now; the newest one's members
+        listed = set(text(newest[0]).split()) if newest else None
+        freed = False
+        for holder, held in holders:
+            if holder == name:
+                continue
+            if listed is None or holder in listed:
+                reply = yield ("member", holder, "revoke", held, "")  # closed, forced or idle only
+            else:  # the newest config does not list it: closed, and its grant taken back
+                reply = yield ("member", holder, "release", held, "not_listed")
+            if reply is not None and reply.allowed and reply.lease:
+                freed = (yield ("group", "release", holder, reply.lease)) == 1 or freed
+        return freed
 
     async def _drive(self, steps: Generator[Step, Any, None]) -> None:
         """Run ``steps``, each one's I/O by ``_run``, each answer sent back. Never raises:
@@ -300,13 +303,6 @@ class _Group:
         return MemberArgs(*step[2:]).argv()  # ARGV 7-9 (a breaker adds its config and floor)
 
 
-def _asked(answer: Any) -> tuple[bool, str, list[tuple[str, str]]]:
-    """group.lua ask's answer: (granted, token, the holders when refused)."""
-    granted = int(answer[0]) == 1
-    rest = [text(x) for x in answer[2:]]
-    return granted, text(answer[1]), list(zip(rest[::2], rest[1::2], strict=True))
-
-
 class BreakerGroup(_Group):
     """A pool of replica hosts of one service, at most ``max_open_fraction`` of
     them open at once, for every worker that shares the Redis and key prefix.
@@ -360,14 +356,6 @@ class AsyncBreakerGroup(_Group):
         return await self._read_status()
 
 
-def _member(group: str, member: str) -> str:
-    """A member's breaker name, from a host URL or a breaker name (ValueError naming the group)."""
-    try:
-        return member_name(member) if isinstance(member, str) else validate_name(member)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"breaker group {group!r}: member {member!r}: {exc}") from None
-
-
 def release_grant(breakers: Any, group: str, member: str) -> bool:
     """Give ``member``'s grant in ``group`` back by hand, without building the group (the
     CLI's ``breaker-redis release GROUP MEMBER``): on a ``breaker_redis.Breakers``, as
@@ -380,7 +368,7 @@ def release_grant(breakers: Any, group: str, member: str) -> bool:
 
 async def _release(breakers: Any, io: Callable[..., Any], group: str, member: str) -> bool:
     """release_grant and AsyncBreakerGroup.release, written once (``io``: base/blocking.py)."""
-    name = _member(group, member)
+    name = member_of(f"breaker group {group!r}", member)
     clock = breakers.clock_ms()
     raw = await io(breakers.gate.run_remote, "member", name, clock, ["", "", "release", "", "released"])
     reply = Reply.decode(raw)

@@ -1,6 +1,7 @@
-"""What a breaker group is, apart from any worker's I/O: its members' config
-(which names the group, for the scripts), its cap, the digest that names a
-config in lua/group.lua, and its status as readers show it.
+"""What a breaker group is, apart from any worker's I/O: its members and
+fraction (checked), its members' config (which names the group, for the
+scripts), its cap, the digest that names a config in lua/group.lua, and its
+status as readers show it.
 
 groups.py's workers act on a group; the ops readers (the CLI, the metrics, the
 dashboard) only read one and learn a member's config from Redis: both need
@@ -25,13 +26,26 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from breaker_redis.base.config import BreakerConfig
+from breaker_redis.base.names import validate_name
 from breaker_redis.storage.scripts import text
+from breaker_redis.web.hosts import member_name
 
-__all__ = ["MemberConfig", "cap_of", "config_digest", "config_from_lua", "group_status", "member_config"]
+__all__ = [
+    "MemberConfig",
+    "cap_of",
+    "config_digest",
+    "config_from_lua",
+    "fraction_of",
+    "group_status",
+    "member_config",
+    "member_of",
+    "members_of",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,37 @@ def config_from_lua(raw: str | bytes) -> BreakerConfig:
     config = BreakerConfig.from_lua(raw)
     group = json.loads(raw).get("group")
     return member_config(config, group) if isinstance(group, str) and group else config
+
+
+def member_of(where: str, member: Any) -> str:
+    """A member's breaker name, from a host URL or a breaker name (the error names ``where``)."""
+    try:
+        return member_name(member) if isinstance(member, str) else validate_name(member)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: member {member!r}: {exc}") from None
+
+
+def members_of(where: str, members: Any) -> tuple[str, ...]:
+    """A group's members as breaker names: at least one, none given twice."""
+    if isinstance(members, str) or not isinstance(members, Iterable):
+        why = "must be a list of host URLs or breaker names"
+        raise TypeError(f"{where}: members {why} (got {members!r})")
+    names: list[str] = []
+    for member in members:
+        found = member_of(where, member)
+        if found in names:
+            raise ValueError(f"{where}: member {found!r} is given twice")
+        names.append(found)
+    if not names:
+        raise ValueError(f"{where}: needs at least one member")
+    return tuple(names)
+
+
+def fraction_of(where: str, value: Any) -> float:
+    """A group's max_open_fraction, checked: > 0 and <= 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{where}: max_open_fraction must be > 0 and <= 1 (got {value!r})")
+    return float(value)
 
 
 def cap_of(fraction: float, size: int) -> int:
