@@ -70,8 +70,8 @@ import redis  # noqa: E402
 
 from breaker_redis import Breaker, BreakerConfig, BreakerOpen, Breakers  # noqa: E402
 from breaker_redis.storage.keys import KEY_SUFFIXES, breaker_keys  # noqa: E402
-from breaker_redis.storage.scripts import OPERATIONS, script_source  # noqa: E402
-from breaker_redis.storage.scripts import library as functions_library  # noqa: E402
+from breaker_redis.storage.lua_source import OPERATIONS, script_source  # noqa: E402
+from breaker_redis.storage.lua_source import library as functions_library  # noqa: E402
 from demo_app.stack import redis_server_argv  # noqa: E402
 
 ITERATIONS = 5000  # calls per timing repeat

@@ -7,21 +7,12 @@ A bad deploy that makes every replica fail must not eject them all: with
 called (and keep counting), so the app still reaches the service, and when
 an open replica recovers another may open.
 
-The decision is Redis's, like every other (docs/http-clients.md, "Pools of
-replicas", says why it takes two steps): a member's breaker opens only while
-it holds one of the group's grants (lua/includes/grants.lua ``group_holds_back``);
-lua/group.lua hands grants out in the group's own slot, never more than the
-cap at a time, and forgets one only after it was revoked in the member's
-slot, which happens only as the member closes (or is closed for it). So on a
-single Redis and on Redis Cluster alike, the members that are open hold
-grants the group lists, and the group lists at most the cap.
-
-A grant is tied to the open state it was granted for: a member that closes
+What a group is (its members' config, its cap, its status, why Redis
+decides) is web/group_config.py's; this module is what a worker does. A
+grant is tied to the open state it was granted for: a member that closes
 (its probes succeeded, an operator's reset, force_closed or clear_force)
 gives it back in its own slot as it closes, and the reply says so
-(``released:<token>``), for the group to forget it. The group's members and
-cap are those of the newest config that joined it (group.lua), so a deploy
-that changes the member list wins over the workers of the previous one.
+(``released:<token>``), for the group to forget it.
 
 What a worker does (``settle``, after each request through a member): a
 reply of a member's script that held a trip back asks the group for a grant
@@ -39,18 +30,13 @@ release``) gives a grant back by hand.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import json
-import logging
-import math
 import os
 import threading
-from collections.abc import Coroutine, Generator, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Generator, Iterable
+from typing import Any, NamedTuple
 
 from breaker_redis.base.background import process_hooks
+from breaker_redis.base.blocking import awaited, blocking, run_sync
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.names import validate_name
 from breaker_redis.engine.knowledge import Reply
@@ -58,60 +44,39 @@ from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.args import GroupReadArgs, MemberArgs, group_args
 from breaker_redis.storage.scripts import text
 from breaker_redis.storage.store import StoreUnavailable
+from breaker_redis.web.group_config import (
+    MemberConfig,
+    cap_of,
+    config_digest,
+    fraction_of,
+    group_status,
+    member_config,
+    member_of,
+    members_of,
+)
 from breaker_redis.web.hosts import member_name
 from breaker_redis.web.http_policy import Warnings
 
 __all__ = ["AsyncBreakerGroup", "BreakerGroup", "MemberConfig", "release_grant"]
 
-log = logging.getLogger("breaker_redis")
-
 RECLAIM_MS = 1000  # how often a worker refused at the cap checks the holders (the Breakers' clock)
 
 
-@dataclass(frozen=True)
-class MemberConfig(BreakerConfig):
-    """The config of a group member: a BreakerConfig whose scripts' config also
-    names the group, so that the scripts hold back a trip the group did not grant."""
-
-    group: str = ""
-
-    def to_lua(self) -> bytes:
-        values = json.loads(super().to_lua())
-        values["group"] = self.group
-        return json.dumps(values, separators=(",", ":")).encode()
-
-
-def member_config(config: BreakerConfig, group: str) -> MemberConfig:
-    """``config`` as the config of a member of ``group`` (unset open periods stay derived)."""
-    fields = {field.name: getattr(config, field.name) for field in dataclasses.fields(BreakerConfig)}
-    return MemberConfig(**fields, group=group)
-
-
-def config_from_lua(raw: str | bytes) -> BreakerConfig:
-    """``BreakerConfig.from_lua``, a member's config (its JSON names a group) as a MemberConfig."""
-    config = BreakerConfig.from_lua(raw)
-    group = json.loads(raw).get("group")
-    return member_config(config, group) if isinstance(group, str) and group else config
-
-
-def cap_of(fraction: float, size: int) -> int:
-    """How many of ``size`` members may be open at once: floor(fraction x size), at
-    least one (as Envoy ejects one host even where the share is less than one)."""
-    return max(1, math.floor(fraction * size + 1e-9))
-
-
-# One step of ``_settle``, its I/O done by the sync or the asyncio ``_run``:
+# One step of ``_settle``, its I/O done by ``_run``:
 # ("member", name, op, token, cause) -> the member script's Reply or None (Redis down);
 # ("group", op, *args) -> the group script's raw answer or None; ("register",) -> None.
 Step = tuple[str, ...]
 
 
-def config_digest(max_open_fraction: float, members: tuple[str, ...]) -> str:
-    """What names a group config in lua/group.lua: its fraction and member list, hashed."""
-    return hashlib.sha1(f"{max_open_fraction!r} {' '.join(members)}".encode()).hexdigest()
-
-
 _READ_GROUP = ["", "", *GroupReadArgs().argv()]  # ARGV 5-6 (not a group's), then read
+
+
+class _Asked(NamedTuple):
+    """group.lua ask's answer: granted or not, the grant's token, the holders when refused."""
+
+    granted: bool
+    token: str
+    holders: list[tuple[str, str]]
 
 
 class _Group:
@@ -142,31 +107,13 @@ class _Group:
             self.name = validate_name(name)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{type(self).__name__}: {exc}") from None
-        if isinstance(members, str) or not isinstance(members, Iterable):
-            why = "must be a list of host URLs or breaker names"
-            raise TypeError(f"{where}: members {why} (got {members!r})")
-        names: list[str] = []
-        for member in members:
-            try:
-                found = member_name(member) if isinstance(member, str) else validate_name(member)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"{where}: member {member!r}: {exc}") from None
-            if found in names:
-                raise ValueError(f"{where}: member {found!r} is given twice")
-            names.append(found)
-        if not names:
-            raise ValueError(f"{where}: needs at least one member")
-        if (
-            isinstance(max_open_fraction, bool)
-            or not isinstance(max_open_fraction, (int, float))
-            or not 0 < max_open_fraction <= 1
-        ):
-            raise ValueError(f"{where}: max_open_fraction must be > 0 and <= 1 (got {max_open_fraction!r})")
+        names = members_of(where, members)
+        fraction = fraction_of(where, max_open_fraction)
         if config is not None and not isinstance(config, BreakerConfig):
             raise TypeError(f"{where}: config must be a BreakerConfig (got {config!r})")
         self.breakers: Any = breakers
-        self.members = tuple(names)
-        self.max_open_fraction = float(max_open_fraction)
+        self.members = names
+        self.max_open_fraction = fraction
         self.cap = cap_of(self.max_open_fraction, len(names))
         self.config = member_config(config or breakers.defaults, self.name)
         self._breakers: dict[str, Any] = {}
@@ -191,6 +138,7 @@ class _Group:
         self._pid = 0  # the process that joined the group in Redis
         self._reclaimed_at: int | None = None
         self._warnings = Warnings()
+        self._io: Callable[..., Any] = awaited if self._asynchronous else blocking
 
     def __contains__(self, name: object) -> bool:
         return name in self._breakers
@@ -241,32 +189,14 @@ class _Group:
     def _asking(self, name: str) -> Generator[Step, Any, None]:
         """A trip of member ``name`` was held back: ask the group for a grant; refused at the
         cap, reclaim what no longer needs one (at most every RECLAIM_MS); granted, trip it."""
-        answer = yield ("group", "ask", name, str(self.cap))
-        if answer is None:
-            return
-        granted, token, holders = _asked(answer)
-        if not granted and self._reclaim_due():
-            newest = yield self._join_step()  # this config seen now; the newest one's members
-            listed = set(text(newest[0]).split()) if newest else None
-            freed = False
-            for holder, held in holders:
-                if holder == name:
-                    continue
-                if listed is None or holder in listed:
-                    reply = yield ("member", holder, "revoke", held, "")  # closed, forced or idle only
-                else:  # the newest config does not list it: closed, and its grant taken back
-                    reply = yield ("member", holder, "release", held, "not_listed")
-                if reply is not None and reply.allowed and reply.lease:
-                    freed = (yield ("group", "release", holder, reply.lease)) == 1 or freed
-            if freed:
-                answer = yield ("group", "ask", name, str(self.cap))
-                if answer is None:
-                    return
-                granted, token, _ = _asked(answer)
+        asked = yield from self._ask(name)
+        reclaim = asked is not None and not asked.granted and self._reclaim_due()
+        if asked is not None and reclaim and (yield from self._reclaim(name, asked.holders)):
+            asked = yield from self._ask(name)
         for _attempt in range(2):
-            if not granted:
+            if asked is None or not asked.granted:
                 return
-            reply = yield ("member", name, "grant", token, "")
+            reply = yield ("member", name, "grant", asked.token, "")
             if reply is None or reply.allowed or not reply.lease:
                 return
             # not kept: not needed any more (the group forgets it), or a token revoked before
@@ -274,30 +204,82 @@ class _Group:
             yield ("group", "release", name, reply.lease)
             if reply.reason != "revoked":
                 return
-            answer = yield ("group", "ask", name, str(self.cap))
-            if answer is None:
-                return
-            granted, token, _ = _asked(answer)
+            asked = yield from self._ask(name)
+
+    def _ask(self, name: str) -> Generator[Step, Any, _Asked | None]:
+        """group.lua ask for member ``name``; None when Redis did not answer."""
+        answer = yield ("group", "ask", name, str(self.cap))
+        if answer is None:
+            return None
+        rest = [text(x) for x in answer[2:]]
+        return _Asked(int(answer[0]) == 1, text(answer[1]), list(zip(rest[::2], rest[1::2], strict=True)))
+
+    def _reclaim(self, name: str, holders: list[tuple[str, str]]) -> Generator[Step, Any, bool]:
+        """Take back the grants of the holders (but ``name``) that no longer need one;
+        whether any was."""
+        newest = yield self._join_step()  # this config seen now; the newest one's members
+        listed = set(text(newest[0]).split()) if newest else None
+        freed = False
+        for holder, held in holders:
+            if holder == name:
+                continue
+            if listed is None or holder in listed:
+                reply = yield ("member", holder, "revoke", held, "")  # closed, forced or idle only
+            else:  # the newest config does not list it: closed, and its grant taken back
+                reply = yield ("member", holder, "release", held, "not_listed")
+            if reply is not None and reply.allowed and reply.lease:
+                freed = (yield ("group", "release", holder, reply.lease)) == 1 or freed
+        return freed
 
     async def _drive(self, steps: Generator[Step, Any, None]) -> None:
-        """Run ``steps`` (each one's I/O by ``_run``, the sync or the asyncio one, awaited
-        on the asyncio side), each answer sent back. Never raises: a failure is logged. On
-        the sync side nothing is awaited, so the coroutine ends without a loop
-        (``_run_to_end``)."""
+        """Run ``steps``, each one's I/O by ``_run``, each answer sent back. Never raises:
+        a failure is logged. The sync side runs it with ``run_sync`` (its I/O never
+        suspends: base/blocking.py)."""
         result: Any = None
         try:
             while True:
-                result = self._run(steps.send(result))
-                if self._asynchronous:
-                    result = await result
+                result = await self._run(steps.send(result))
         except StopIteration:
             return
         except Exception:  # not an outage (the gate takes those): a bug must not fail the call
             self._warnings.warn(self.name, "settling breaker group %r failed")
 
-    def _run(self, step: Step) -> Any:
-        """One step's I/O: its answer (a coroutine of it on the asyncio side)."""
-        raise NotImplementedError
+    async def _run(self, step: Step) -> Any:
+        """One step's I/O, written once: ``_io`` makes each call blocking or awaited."""
+        io, breakers = self._io, self.breakers
+        if step[0] == "member":
+            breaker = self._breakers.get(step[1])
+            if breaker is not None:
+                return await io(breaker.run_script, "member", self._member_args(step))
+            try:  # another config's member: its keys only (no config sent, nothing learned)
+                args = ["", "", *self._member_args(step)]
+                raw, _ = await io(
+                    breakers.gate.run, "member", step[1], breakers.clock_ms(), args, fallback=False
+                )
+            except StoreUnavailable:
+                return None
+            reply = Reply.decode(raw)
+            await io(breakers.barrier, step[1], reply.ack)  # a release may have closed it: every worker hears
+            return reply
+        gate = breakers.gate
+        if step[0] == "register":
+            with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
+                await io(breakers.client.sadd, gate.remote.groups_key, self.name)
+            return None
+        try:
+            raw, _ = await io(gate.run, "group", self.name, breakers.clock_ms(), self._group_args(step))
+        except StoreUnavailable:
+            return None
+        return raw
+
+    async def _read_status(self) -> dict[str, Any]:
+        """status(), written once (``_io`` as in ``_run``)."""
+        io, breakers = self._io, self.breakers
+        raw, _ = await io(breakers.gate.run, "group", self.name, breakers.clock_ms(), _READ_GROUP)
+        states = {m: (await io(b.snapshot))["state"] for m, b in self._breakers.items()}
+        return group_status(
+            self.name, raw, states, members=self.members, cap=self.cap, fraction=self.max_open_fraction
+        )
 
     def _after_fork(self) -> None:
         """A forked child starts with a lock of its own (another thread of the parent may
@@ -320,60 +302,6 @@ class _Group:
     def _member_args(self, step: Step) -> list[str]:
         return MemberArgs(*step[2:]).argv()  # ARGV 7-9 (a breaker adds its config and floor)
 
-    def _status(self, raw: Any, states: dict[str, str]) -> dict[str, Any]:
-        return group_status(
-            self.name, raw, states, members=self.members, cap=self.cap, fraction=self.max_open_fraction
-        )
-
-
-def _run_to_end(coroutine: Coroutine[Any, Any, None]) -> None:
-    """A coroutine that awaits nothing, run to its end without an event loop."""
-    try:
-        coroutine.send(None)
-    except StopIteration:
-        return
-    coroutine.close()
-    raise RuntimeError("a sync breaker group's settle awaited something")
-
-
-def _asked(answer: Any) -> tuple[bool, str, list[tuple[str, str]]]:
-    """group.lua ask's answer: (granted, token, the holders when refused)."""
-    granted = int(answer[0]) == 1
-    rest = [text(x) for x in answer[2:]]
-    return granted, text(answer[1]), list(zip(rest[::2], rest[1::2], strict=True))
-
-
-def group_status(
-    name: str,
-    raw: Any,
-    states: dict[str, str],
-    *,
-    members: tuple[str, ...] | None = None,
-    cap: int | None = None,
-    fraction: float | None = None,
-) -> dict[str, Any]:
-    """A group as readers show it: group.lua read's hash and each member's state.
-
-    ``members``, ``cap`` and ``fraction`` are the caller's own (an app's group);
-    without them, what the last worker joining wrote (the CLI)."""
-    fields = {text(raw[i]): text(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
-    if members is None:
-        members = tuple(fields.get("members", "").split())
-    granted = {key[2:] for key in fields if key.startswith("h:")}
-    holders = [m for m in members if m in granted] + sorted(granted.difference(members))
-    open_now = [m for m in members if states.get(m, "closed") != "closed"]
-    return {
-        "name": name,
-        "members": list(members),
-        "max_open_fraction": fraction if fraction is not None else float(fields.get("fraction") or 0),
-        "cap": cap if cap is not None else int(fields.get("cap") or 0),
-        "open": open_now,
-        "holders": holders,
-        "states": {m: states.get(m, "closed") for m in members},
-        "grants": int(fields.get("grants") or 0),
-        "held": int(fields.get("held") or 0),
-    }
-
 
 class BreakerGroup(_Group):
     """A pool of replica hosts of one service, at most ``max_open_fraction`` of
@@ -392,49 +320,18 @@ class BreakerGroup(_Group):
         """Act on what the members' replies said since the last call (a trip held
         back at the cap, a grant given back). Never raises: a failure is logged."""
         if self.due:
-            _run_to_end(self._drive(self._settle()))
+            run_sync(self._drive(self._settle()))
 
     def release(self, member: str) -> bool:
         """Give ``member``'s grant back by hand (a host URL or a breaker name, listed or not):
         if it is open or half-open it is closed first (transition cause ``released``), its
         grant is revoked in its own slot, then the group forgets it. True if the group listed
         a grant for it. On Redis only, as an operator's switch: a Redis error raises."""
-        return release_grant(self.breakers, self.name, _member(self.name, member))
-
-    def _run(self, step: Step) -> Any:
-        if step[0] == "member":
-            breaker = self._breakers.get(step[1])
-            if breaker is not None:
-                return breaker.run_script("member", self._member_args(step))
-            try:  # another config's member: its keys only (no config sent, nothing learned)
-                raw, _ = self.breakers.gate.run(
-                    "member",
-                    step[1],
-                    self.breakers.clock_ms(),
-                    ["", "", *self._member_args(step)],
-                    fallback=False,
-                )
-            except StoreUnavailable:
-                return None
-            reply = Reply.decode(raw)
-            self.breakers.barrier(step[1], reply.ack)  # a release may have closed it: every worker hears
-            return reply
-        gate = self.breakers.gate
-        if step[0] == "register":
-            with contextlib.suppress(Exception):  # listing is best effort; the gate notices outages
-                self.breakers.client.sadd(gate.remote.groups_key, self.name)
-            return None
-        try:
-            raw, _ = gate.run("group", self.name, self.breakers.clock_ms(), self._group_args(step))
-        except StoreUnavailable:
-            return None
-        return raw
+        return release_grant(self.breakers, self.name, member)
 
     def status(self) -> dict[str, Any]:
         """The group now: members, cap, which are open, which hold grants, counters."""
-        raw, _ = self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), _READ_GROUP)
-        states = {m: b.snapshot()["state"] for m, b in self._breakers.items()}
-        return self._status(raw, states)
+        return run_sync(self._read_status())
 
 
 class AsyncBreakerGroup(_Group):
@@ -451,58 +348,12 @@ class AsyncBreakerGroup(_Group):
     async def release(self, member: str) -> bool:
         """As BreakerGroup.release, awaited."""
         self.breakers.ensure_loop()
-        name = _member(self.name, member)
-        gate, clock = self.breakers.gate, self.breakers.clock_ms()
-        raw = await gate.run_remote("member", name, clock, ["", "", "release", "", "released"])
-        reply = Reply.decode(raw)
-        await self.breakers.barrier(name, reply.ack)  # the member may have closed: every worker hears
-        upto = reply.lease or "0"
-        return int(await gate.run_remote("group", self.name, clock, ["", "", "release", name, upto])) == 1
-
-    async def _run(self, step: Step) -> Any:
-        if step[0] == "member":
-            breaker = self._breakers.get(step[1])
-            if breaker is not None:
-                reply: Reply | None = await breaker.run_script("member", self._member_args(step))
-                return reply
-            try:  # another config's member: its keys only (no config sent, nothing learned)
-                raw, _ = await self.breakers.gate.run(
-                    "member",
-                    step[1],
-                    self.breakers.clock_ms(),
-                    ["", "", *self._member_args(step)],
-                    fallback=False,
-                )
-            except StoreUnavailable:
-                return None
-            reply = Reply.decode(raw)
-            await self.breakers.barrier(step[1], reply.ack)
-            return reply
-        gate = self.breakers.gate
-        if step[0] == "register":
-            with contextlib.suppress(Exception):
-                await self.breakers.client.sadd(gate.remote.groups_key, self.name)
-            return None
-        try:
-            raw, _ = await gate.run("group", self.name, self.breakers.clock_ms(), self._group_args(step))
-        except StoreUnavailable:
-            return None
-        return raw
+        return await _release(self.breakers, awaited, self.name, member)
 
     async def status(self) -> dict[str, Any]:
         """As BreakerGroup.status, awaited."""
         self.breakers.ensure_loop()
-        raw, _ = await self.breakers.gate.run("group", self.name, self.breakers.clock_ms(), _READ_GROUP)
-        states = {m: (await b.snapshot())["state"] for m, b in self._breakers.items()}
-        return self._status(raw, states)
-
-
-def _member(group: str, member: str) -> str:
-    """A member's breaker name, from a host URL or a breaker name (ValueError naming the group)."""
-    try:
-        return member_name(member) if isinstance(member, str) else validate_name(member)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"breaker group {group!r}: member {member!r}: {exc}") from None
+        return await self._read_status()
 
 
 def release_grant(breakers: Any, group: str, member: str) -> bool:
@@ -512,9 +363,17 @@ def release_grant(breakers: Any, group: str, member: str) -> bool:
     and revokes every token up to its grant, in its own slot), then the group's (it forgets
     the grant up to that token), both on Redis only. True if the group listed a grant."""
     validate_name(group)
-    name = _member(group, member)
+    return run_sync(_release(breakers, blocking, group, member))
+
+
+async def _release(breakers: Any, io: Callable[..., Any], group: str, member: str) -> bool:
+    """release_grant and AsyncBreakerGroup.release, written once (``io``: base/blocking.py)."""
+    name = member_of(f"breaker group {group!r}", member)
     clock = breakers.clock_ms()
-    reply = Reply.decode(breakers.gate.run_remote("member", name, clock, ["", "", "release", "", "released"]))
-    breakers.barrier(name, reply.ack)  # the member may have closed: every worker hears it first
+    raw = await io(breakers.gate.run_remote, "member", name, clock, ["", "", "release", "", "released"])
+    reply = Reply.decode(raw)
+    await io(breakers.barrier, name, reply.ack)  # the member may have closed: every worker hears it first
     upto = reply.lease or "0"
-    return int(breakers.gate.run_remote("group", group, clock, ["", "", "release", name, upto])) == 1
+    return (
+        int(await io(breakers.gate.run_remote, "group", group, clock, ["", "", "release", name, upto])) == 1
+    )

@@ -1,8 +1,8 @@
--- _lib.lua: the prelude that breaker_redis/storage/scripts.py puts in front of every
+-- _lib.lua: the prelude that breaker_redis/storage/lua_source.py puts in front of every
 -- script, so the state machine's shared steps are written once. This file is its
 -- table of contents: the keys and the common arguments below, then one
 -- '-- @include <job>' line per include (lua/includes/<job>.lua, one job each), which
--- the loader (breaker_redis/storage/scripts.py, assembled) replaces with the file, in
+-- the loader (breaker_redis/storage/lua_source.py, assembled) replaces with the file, in
 -- that order. Loaded once as the top of a Redis Functions library, or run on every
 -- call in front of an EVAL script, so it only defines (a library's top level may not
 -- even read the standard globals); each script starts with begin(KEYS, ARGV). The

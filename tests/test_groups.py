@@ -25,10 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
-from breaker_redis.groups import BreakerGroup, cap_of, release_grant
+from breaker_redis.groups import BreakerGroup, release_grant
 from breaker_redis.ops import cli
 from breaker_redis.ops.reader import parse_event
 from breaker_redis.storage.scripts import text
+from breaker_redis.web.group_config import cap_of
 from tests.support.clock import Clock
 from tests.support.stores import STORES, make_store
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 from breaker_redis.base.config import fields_from_lua
 from breaker_redis.engine.reporters import reporters_of
@@ -24,24 +24,12 @@ Count = Literal[
     "would_reject",
     "trips",
     "stale",
-    "state_lost",
-    "isolations",
+    "state_lost",  # times a worker found the state it knew gone (evicted, flushed, deleted)
+    "isolations",  # times a reporter was isolated (min_reporters > 1; a renewed isolation not counted)
 ]
 # The cumulative counter of each outcome (lua/record.lua counts them the same way).
 OUTCOME_COUNTERS: dict[str, Count] = {"success": "successes", "failure": "failures", "ignored": "ignored"}
-_STAT_FIELDS: tuple[Count, ...] = (
-    "calls",
-    "successes",
-    "failures",
-    "ignored",
-    "slow",
-    "rejected",
-    "would_reject",
-    "trips",
-    "stale",
-    "state_lost",  # times a worker found the state it knew gone (evicted, flushed, deleted)
-    "isolations",  # times a reporter was isolated (min_reporters > 1; a renewed isolation not counted)
-)
+_STAT_FIELDS: tuple[Count, ...] = get_args(Count)  # the counters, in the order written above
 
 
 class _Shown(TypedDict, total=False):

@@ -13,48 +13,38 @@ cluster pipeline sends one per node. A breaker whose stored config is not the
 one the rules above pick (none stored yet, or edited by hand) is read again
 with the one they pick, which costs two more round trips for those. A read
 builds no ``Breakers``: only the switches (``breakers()``) need one, and a
-Reader makes one at most.
+Reader makes one at most. What each reply means is replies.py's; this module
+is which round trips ask for them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
 
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.engine.breakers import DEFAULT_TTL_SECONDS, Breakers
 from breaker_redis.engine.snapshot import Snapshot, snapshot_of
-from breaker_redis.groups import config_from_lua, group_status
+from breaker_redis.ops.replies import (
+    Parts,
+    fields_of,
+    parse_event,
+    parts_of,
+    stored_config_of,
+    window_config_of,
+    window_shape_of,
+)
 from breaker_redis.storage.args import GroupReadArgs, ReadArgs
 from breaker_redis.storage.keys import KEY_SUFFIXES, breaker_keys
 from breaker_redis.storage.scripts import ScriptRunner, text
+from breaker_redis.web.group_config import group_status
+
+__all__ = ["CHUNK", "EVENTS_KEPT", "Reader", "parse_event", "stored_config_of"]
 
 EVENTS_KEPT = 10  # transitions kept per breaker (lua/includes/events.lua EVENTS_KEPT)
-EVENT_FIELDS = ("at", "from", "to", "cause", "epoch", "open_until", "forced")
-# The values lua/read.lua replies with, in order: snapshot.lua's fields of those names.
-READ_FIELDS = (
-    "state",
-    "epoch",
-    "open_until",
-    "forced",
-    "consec",
-    "open_ms",
-    "ho_ok",
-    "window_calls",
-    "window_failures",
-    "window_slow",
-    "probes",
-    "slots",
-    "now",
-    "mode",
-    "stats",
-    "overrides",
-    "reporters",  # with min_reporters > 1 only
-)
 # Breakers per pipeline: 2,000 snapshot replies take about 1 MB; a chunk keeps
 # what one round trip holds (and how long Redis works on it) bounded.
 CHUNK = 500
@@ -62,86 +52,6 @@ PLAIN_KEPT = 256  # config texts whose config in force a Reader keeps
 _ANY_NAME = "-"  # lua/read.lua's 'encode' reads no key; its keys only route the call on a cluster
 _LEAN = ReadArgs("1").argv()  # the config in force left out where no override changes it
 _ENCODE = ReadArgs("encode").argv()  # only the config in force of ARGV 5, nothing read
-
-
-def parse_event(line: Any) -> dict[str, str] | None:
-    """One line of the events list (docs/wire.md, "The events list"); None for one that is
-    not (edited by hand): the history shows what it can read."""
-    parts = text(line).split(" ")
-    if len(parts) != len(EVENT_FIELDS) or not all(p.isdigit() for p in (parts[0], parts[4], parts[5])):
-        return None
-    event = dict(zip(EVENT_FIELDS, parts, strict=True))
-    if event["forced"] == "-":
-        event["forced"] = ""
-    return event
-
-
-def stored_config_of(raw: Any) -> BreakerConfig | None:
-    """The config a worker wrote with the state (the ``cfg`` key); None when none
-    is written or it does not make a valid config."""
-    if not raw:
-        return None
-    try:
-        return config_from_lua(raw)  # a breaker group member's names its group
-    except (ValueError, TypeError):
-        return None
-
-
-def window_shape_of(bms: Any, nb: Any) -> tuple[int, int] | None:
-    """(bucket ms, bucket count) from the window hash; None: no window.
-    A window hash from before ``nb`` was written: the default bucket count."""
-    try:
-        return int(bms), int(nb) if nb is not None else BreakerConfig().window_buckets
-    except (TypeError, ValueError):
-        return None
-
-
-def window_config_of(shape: tuple[int, int] | None) -> BreakerConfig:
-    """A config whose window has the bucket width and count the workers last wrote.
-
-    With live overrides applied on top (the snapshot script does that) it
-    gives the same bucket width again, so the window reads as the workers
-    read it.
-    """
-    if shape is None:
-        return BreakerConfig()
-    bucket_ms, buckets = shape
-    try:
-        return BreakerConfig(window_seconds=bucket_ms * buckets / 1000, window_buckets=buckets)
-    except ValueError:  # a shape no config could have written (the hash was edited)
-        return BreakerConfig()
-
-
-class Parts(NamedTuple):
-    """lua/read.lua's reply: the config text read with, the field values (JSON, or
-    a list), and the config in force (b"=": the text's own, no override applied)."""
-
-    text: bytes
-    values: Any
-    config: bytes
-
-
-def _parts(reply: Any, given: bytes = b"") -> Parts | None:
-    """The parts of a reply to a read with config text ``given`` (b"": the stored
-    one); None for a breaker not read (no stored config)."""
-    if isinstance(reply, list):
-        stored, values, config = reply
-        return Parts(text(stored).encode() or given, values, text(config).encode())
-    if not reply:
-        return None
-    data = reply.encode() if isinstance(reply, str) else reply  # the lengths count bytes
-    header, _, rest = data.partition(b"\n")
-    stored_length, config_length = (int(n) for n in header.split(b" "))
-    end = stored_length + config_length
-    return Parts(rest[:stored_length] or given, rest[end:], rest[stored_length:end])
-
-
-def _fields(parts: Parts, config: Any) -> dict[str, Any]:
-    """snapshot.lua's fields by name, from read.lua's reply and the config in force."""
-    values = json.loads(text(parts.values)) if isinstance(parts.values, bytes) else parts.values
-    fields = dict(zip(READ_FIELDS, values, strict=False))
-    fields["config"] = config
-    return fields
 
 
 def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
@@ -241,7 +151,7 @@ class Reader:
         with contextlib.closing(self._runner.run_chunks("read", chunks)) as replies:
             for chunk in replies:  # decoded while Redis runs the next chunk
                 for reply in chunk:
-                    parts = None if isinstance(reply, Exception) else _parts(reply)
+                    parts = None if isinstance(reply, Exception) else parts_of(reply)
                     if parts is not None and not self._as_written(parts.text, accepted):
                         parts = None
                     found.append(parts)
@@ -308,7 +218,7 @@ class Reader:
                 if not (isinstance(reply, redis.exceptions.ResponseError) and "WRONGTYPE" in str(reply)):
                     raise reply
                 reply = self._runner.run_repairing("read", *call)
-            parts = _parts(reply, config)
+            parts = parts_of(reply, config)
             if parts is None:  # only a read with the stored config may read nothing
                 raise redis.exceptions.ResponseError(f"lua/read.lua read nothing of {call[0]!r}")
             out.append(parts)
@@ -337,7 +247,7 @@ class Reader:
     def _snapshot(self, name: str, parts: Parts | None) -> Snapshot:
         assert parts is not None
         config = self._plain[parts.text] if parts.config == b"=" else parts.config
-        return snapshot_of(name, _fields(parts, config), "redis")
+        return snapshot_of(name, fields_of(parts, config), "redis")
 
     def group_names(self) -> list[str]:
         """Every breaker group listed under the prefix (breaker_redis/groups.py)."""

@@ -17,7 +17,7 @@ import re
 from functools import cache
 from typing import Any
 
-from breaker_redis.storage.scripts import OPERATIONS, library, script_source
+from breaker_redis.storage.lua_source import OPERATIONS, library, script_source
 
 log = logging.getLogger("breaker_redis")
 

@@ -4,7 +4,7 @@ The scripts hold a live value written to a breaker's config hash to the same
 rules as the constructor (lua/includes/config.lua, apply_overrides). Those rules are
 declared once, with BreakerConfig's fields (config.LIVE_FIELDS); the body of
 lua/includes/config.lua's ``rules()`` is written from them when the scripts' text is
-built (scripts.prelude), in place of its ``--@LIVE_RULES@`` line, so the Lua
+built (lua_source.prelude), in place of its ``--@LIVE_RULES@`` line, so the Lua
 file holds no copy of them. The same fields give the same text: the scripts'
 SHA1 and the library's name change only when a rule does.
 """

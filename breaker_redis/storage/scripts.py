@@ -1,4 +1,4 @@
-"""Finds lua/*.lua, registers them on a client and calls them.
+"""Registers the scripts on a client and calls them (their text is lua_source.py's).
 
 On Redis 7 (not a cluster), the scripts are one library of Redis Functions:
 the shared prelude (``_lib.lua``) once, then each script's own file as a
@@ -32,12 +32,8 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
 import time
 from collections.abc import Generator, Iterable, Sequence
-from functools import cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -49,15 +45,10 @@ from breaker_redis.storage.batches import Call
 from breaker_redis.storage.cluster import Slots, is_cluster, notices_channel
 from breaker_redis.storage.eviction import eviction_problem
 from breaker_redis.storage.keys import breaker_keys, group_key, undeclared_keys
-from breaker_redis.storage.lua_rules import with_live_rules
+from breaker_redis.storage.lua_source import library, script_source
 
 log = logging.getLogger("breaker_redis")
 
-OPERATIONS = (
-    *("acquire", "record", "admin", "configure", "snapshot", "read", "health", "sweep"),
-    # the HTTP client integrations': a service's Retry-After, a breaker group's grants (groups.py)
-    *("hold", "member", "group"),
-)
 SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 
 # The steps of one script call (the module's docstring; Scripts.after), and what sends each:
@@ -65,75 +56,6 @@ SWEEP_PICKS = 3  # names a process sweeps at a time (lua/sweep.lua)
 FCALL, FCALL_AGAIN, FUNCTION_LOAD, EVALSHA, EVAL = range(5)
 METHODS = ("fcall", "fcall", "function_load", "evalsha", "eval")
 COMMANDS = ("FCALL", "FCALL", "FUNCTION LOAD", "EVALSHA", "EVAL")
-
-
-def _lua_dir() -> Path:
-    packaged = resources.files("breaker_redis") / "lua"
-    if packaged.is_dir():  # installed wheel: lua/ is shipped inside the package
-        return Path(str(packaged))
-    return Path(__file__).resolve().parents[2] / "lua"  # source tree / editable install
-
-
-def _read(name: str) -> str:
-    return (_lua_dir() / f"{name}.lua").read_text("utf-8")
-
-
-_INCLUDE = re.compile(r"^-- @include ([a-z_]+)[ \t]*$", re.MULTILINE)
-
-
-def assembled(name: str = "_lib") -> str:
-    """A Lua file with each of its ``-- @include <job>`` lines replaced by lua/includes/<job>.lua.
-
-    lua/_lib.lua is the prelude's table of contents: its header (the keys and the
-    common arguments), then one ``-- @include`` line per include, in the order they
-    are put together. Each include does one job and may use what the includes above
-    it define (one Lua chunk: their locals are in scope below them), so the order
-    is the one written there. An include holds no ``-- @include`` line itself.
-    """
-
-    def include(match: re.Match[str]) -> str:
-        text = _read(f"includes/{match.group(1)}")
-        if _INCLUDE.search(text):
-            raise RuntimeError(f"lua/includes/{match.group(1)}.lua has an @include: only lua/_lib.lua may")
-        return text.rstrip("\n")
-
-    return _INCLUDE.sub(include, _read(name))
-
-
-@cache
-def prelude() -> str:
-    """lua/_lib.lua as the scripts run it: its includes put in (assembled) and
-    BreakerConfig's live rules written in (lua_rules.py)."""
-    return with_live_rules(assembled())
-
-
-@cache
-def script_source(operation: str) -> str:
-    """One script as EVAL runs it: the prelude, then the script's own file."""
-    if operation not in OPERATIONS:
-        raise ValueError(f"unknown script {operation!r}")
-    return prelude() + "\nbegin(KEYS, ARGV)\n" + _read(operation)
-
-
-@cache
-def library() -> tuple[str, dict[str, str]]:
-    """The same code as one library of Redis Functions: (source, function name per operation).
-
-    The prelude is loaded once (FUNCTION LOAD) instead of running on every
-    call. Names carry a hash of the code, so two versions of breaker_redis can
-    share a server (a rolling deploy), each calling its own functions.
-    """
-    body = (
-        prelude()
-        + "\n"
-        + "".join(
-            f"redis.register_function('@@_{op}', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{_read(op)}\nend)\n"
-            for op in OPERATIONS
-        )
-    )
-    tag = "breaker_redis_" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:16]
-    source = f"#!lua name={tag}\n" + body.replace("@@", tag)
-    return source, {op: f"{tag}_{op}" for op in OPERATIONS}
 
 
 def text(value: Any) -> str:

@@ -92,7 +92,7 @@ end
 -- hash is read on every call, so a value written with redis-cli holds from
 -- the next script any worker runs (an empty hash costs one short command).
 --
--- As a Function library (breaker_redis/storage/scripts.py library) this prelude's
+-- As a Function library (breaker_redis/storage/lua_source.py library) this prelude's
 -- upvalues outlive a call, so each distinct config text, with the overrides
 -- in force, is decoded and merged once and kept (at most CONFIGS_KEPT; a pure
 -- function of the two, nothing else is kept). A kept table is never changed.

@@ -22,7 +22,7 @@ from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.metrics import exposition
 from breaker_redis.ops.reader import Reader
 from breaker_redis.storage import acl
-from breaker_redis.storage.scripts import OPERATIONS, script_source
+from breaker_redis.storage.lua_source import OPERATIONS, script_source
 from tests.support.acl import rules_of
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import subscribed

@@ -20,9 +20,9 @@ import pytest
 
 from breaker_redis import BreakerConfig
 from breaker_redis.engine.knowledge import Reply
-from breaker_redis.groups import member_config
 from breaker_redis.storage import args as py_args
-from breaker_redis.storage.scripts import OPERATIONS, assembled, prelude
+from breaker_redis.storage.lua_source import OPERATIONS, assembled, prelude
+from breaker_redis.web.group_config import member_config
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "lua"

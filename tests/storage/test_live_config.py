@@ -31,7 +31,8 @@ from breaker_redis.base.config import LIVE_FIELDS, LUA_FIELDS, OFF_VALUES, live_
 from breaker_redis.base.fields import LiveField
 from breaker_redis.engine.snapshot import snapshot_dict
 from breaker_redis.storage.lua_rules import live_rules
-from breaker_redis.storage.scripts import OPERATIONS, ScriptRunner, library, prelude, script_source
+from breaker_redis.storage.lua_source import OPERATIONS, library, prelude, script_source
+from breaker_redis.storage.scripts import ScriptRunner
 from tests.support.workers import admits, fail
 
 COUNT_5 = BreakerConfig(trip="count", failure_threshold=5, window_seconds=60, open_seconds=30)

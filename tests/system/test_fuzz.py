@@ -67,7 +67,7 @@ from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from breaker_redis.base.config import BOUNDS, LUA_FIELDS, MODES, TRIPS
 from breaker_redis.engine.permit import Permit
 from breaker_redis.storage.keys import KEY_SUFFIXES, UNDECLARED_SUFFIXES, breaker_keys, undeclared_keys
-from breaker_redis.storage.scripts import OPERATIONS, library, script_source
+from breaker_redis.storage.lua_source import OPERATIONS, library, script_source
 from tests.support.clock import Clock
 from tests.support.redis_server import RedisServer
 

@@ -39,7 +39,7 @@ def test_wheel_ships_the_lua_and_runs_outside_the_checkout(tmp_path, redis_serve
     for asset in ("dashboard.html", "dashboard.js", "dashboard.css"):  # the dashboard works offline
         assert (target / "breaker_redis" / "flask" / "static" / asset).is_file(), asset
     program = f"""
-import breaker_redis, breaker_redis.storage.scripts as s
+import breaker_redis, breaker_redis.storage.lua_source as s
 assert breaker_redis.__file__.startswith({str(target)!r}), breaker_redis.__file__
 assert str(s._lua_dir()).startswith({str(target)!r}), s._lua_dir()
 b = breaker_redis.Breakers.from_url({redis_server.url!r}, prefix="wheeltest", listen=False)

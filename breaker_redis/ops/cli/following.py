@@ -9,9 +9,8 @@ from typing import Any
 
 import click
 
-from breaker_redis.base.names import validate_name
 from breaker_redis.ops.cli.formatting import clock_text, overrides_text, transition_line
-from breaker_redis.ops.cli.group import TIMEOUT, Failed, Invalid, Target, main, pass_target
+from breaker_redis.ops.cli.group import TIMEOUT, Failed, Target, main, pass_target, valid_name
 from breaker_redis.storage.notices import Notice, parse_notice
 
 
@@ -79,10 +78,7 @@ def events(
     A NAME not known (yet) is not an error: it has no history.
     """
     if name is not None:
-        try:
-            validate_name(name)
-        except ValueError as exc:
-            raise Invalid(str(exc)) from None
+        valid_name(name)
     pubsub = None
     if follow:  # subscribed before the history is read: nothing falls in between
         pubsub = target.client.pubsub()

@@ -44,6 +44,14 @@ class Invalid(click.ClickException):
     exit_code = 2
 
 
+def valid_name(name: str) -> str:
+    """``name``, if it is a valid breaker name; else exit 2 saying why (Invalid)."""
+    try:
+        return validate_name(name)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from None
+
+
 class Target(Reader):
     """The Redis and key prefix the commands act on (a Reader), for messages too.
 
@@ -74,10 +82,7 @@ class Target(Reader):
     def require(self, name: str, create: bool = False) -> str:
         """The name, if it is valid and known, to Redis or as declared by the app
         (or ``create``, which lists it). A switch lists a declared name itself."""
-        try:
-            validate_name(name)
-        except ValueError as exc:
-            raise Invalid(str(exc)) from None
+        valid_name(name)
         if name not in self.declared and not self.known(name):
             if not create:
                 raise Failed(

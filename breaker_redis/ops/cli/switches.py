@@ -12,7 +12,7 @@ from breaker_redis.base.config import BreakerConfig, checked_changes
 from breaker_redis.base.names import validate_name
 from breaker_redis.groups import release_grant
 from breaker_redis.ops.cli.formatting import overrides_text, state_label
-from breaker_redis.ops.cli.group import Failed, Invalid, Target, main, pass_target
+from breaker_redis.ops.cli.group import Failed, Invalid, Target, main, pass_target, valid_name
 
 SWITCHES = {
     "open": ("force_open", "Force NAME open.\n\nEvery worker denies every call until `auto` or `reset`."),
@@ -56,10 +56,7 @@ def release_command(target: Target, group: str, member: str) -> None:
     gives its grant back by itself; this is for one the group's workers no longer
     look after. An unknown GROUP or MEMBER exits 1, an invalid name 2.
     """
-    try:
-        validate_name(group)
-    except ValueError as exc:
-        raise Invalid(str(exc)) from None
+    valid_name(group)
     target.require(member)
     if group not in target.group_names():
         raise Failed(f"unknown breaker group {group!r} under prefix {target.prefix!r} at {target.where}")
