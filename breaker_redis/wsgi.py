@@ -272,7 +272,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
         Returns the body of the route's fallback answering in the app's place, or None."""
         self.committed = True
         outcome = self.classify()
-        self.settle(outcome)
+        pipeline.settle(self.permit, outcome, self.middleware.warn, self.spec.name)  # self.settle, inline
         if self.spec.fallback is not None and self.answers(outcome):
             answer = self.middleware.fallback_answer(self.spec, self.request, None)
             if answer is not None:
