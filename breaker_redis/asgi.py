@@ -194,7 +194,9 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
     async def _guard(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """A request a route covers, admitted or refused; False: it goes through unprotected
         (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
-        route = web_routes.route_to_ask(self._table, request_path(scope), scope.get("method", "GET"), scope)
+        route = web_routes.route_to_ask(
+            self._table.match(request_path(scope)), scope.get("method", "GET"), scope
+        )
         if route is None:
             return False
         scope = dict(scope)  # ASGI: a middleware that adds to the scope passes on a copy

@@ -69,6 +69,10 @@ __all__ = [
 ]
 
 
+PATHS_KEPT = 1024  # paths whose route a middleware keeps (the paths a worker meets are unbounded)
+_UNSEEN: Any = object()
+
+
 @dataclass(frozen=True)
 class ResponseInfo(http_policy.ResponseInfo):
     """What a route's ``classify`` sees of the app's response: its status and
@@ -96,6 +100,9 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         super().__init__(breakers, routes)
         self.app = app
         self._entry = self._table.entry  # see __call__
+        # The route each PATH_INFO met lately matched (or None): decoding and matching
+        # a path once, not on every request of it. Emptied when full.
+        self._matched: dict[str, Any] = {}
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
 
@@ -129,8 +136,16 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
     def _guard(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes] | None:
         """A request a route covers, admitted or refused; None: it goes through unprotected
         (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
-        method = environ.get("REQUEST_METHOD", "GET")
-        route = web_routes.route_to_ask(self._table, request_path(environ), method, environ)
+        raw: Any = environ.get("PATH_INFO")  # a str, as checked next
+        known = type(raw) is str
+        route = self._matched.get(raw, _UNSEEN) if known else _UNSEEN
+        if route is _UNSEEN:
+            route = self._table.match(request_path(environ))
+            if known:
+                if len(self._matched) >= PATHS_KEPT:
+                    self._matched.clear()
+                self._matched[raw] = route
+        route = web_routes.route_to_ask(route, environ.get("REQUEST_METHOD", "GET"), environ)
         if route is None:
             return None
         try:
@@ -272,7 +287,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
         Returns the body of the route's fallback answering in the app's place, or None."""
         self.committed = True
         outcome = self.classify()
-        self.settle(outcome)
+        pipeline.settle(self.permit, outcome, self.middleware.warn, self.spec.name)  # self.settle, inline
         if self.spec.fallback is not None and self.answers(outcome):
             answer = self.middleware.fallback_answer(self.spec, self.request, None)
             if answer is not None:

@@ -35,7 +35,6 @@ class Recording(Generic[D]):
         "generation",
         "lease",
         "observing",
-        "probe",
         "started",
     )
     _nothing: D  # what a record after the first returns: None, or an awaitable that is done
@@ -55,7 +54,6 @@ class Recording(Generic[D]):
         self.epoch = epoch
         self.lease = lease
         self.generation = generation
-        self.probe = lease.startswith("p:")
         # admitted from calm knowledge without a lease: a plain success may go in a batch
         self.batchable = batchable
         # admitted in observe mode while known open: the outcome only feeds the counters
@@ -94,6 +92,11 @@ class Recording(Generic[D]):
         if not started:
             return breaker._record(self, outcome, 0)
         return breaker._record(self, outcome, (breaker.now_ms() if ended_ms is None else ended_ms) - started)
+
+    @property
+    def probe(self) -> bool:
+        """Admitted as a half-open probe (read only where a probe is told apart)."""
+        return self.lease.startswith("p:")
 
     @property
     def recorded(self) -> bool:

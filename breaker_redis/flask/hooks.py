@@ -179,16 +179,16 @@ def install_hooks(app: Flask, state: AppState) -> None:
     inner = app.wsgi_app
 
     def wsgi_app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        escaped: BaseException | None = None
         try:
-            result = inner(environ, start_response)
+            return inner(environ, start_response)
         except BaseException as exc:
+            escaped = exc
+            raise
+        finally:
             pending = environ.pop(key, None)
             if pending is not None:
-                pending.settle(exc)
-            raise
-        if key in environ:
-            environ.pop(key).settle(None)
-        return result
+                pending.settle(escaped)
 
     def on_exception(sender: Any, exception: BaseException, **extra: Any) -> None:
         pending = request.environ.get(key)

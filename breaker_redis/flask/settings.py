@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,14 @@ def _token(value: Any, label: str) -> str | None:
     return value
 
 
+def _validated(validate: Callable[[Any], object], value: Any, label: str) -> None:
+    """``validate(value)``, its ValueError naming the setting it was read from."""
+    try:
+        validate(value)
+    except ValueError as exc:
+        raise ValueError(f"{label}: {exc}") from None
+
+
 def read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
     """Every setting of one app, checked; warns of unknown ``BREAKER_*`` keys."""
     warn_unknown_keys(config)
@@ -119,10 +127,7 @@ def read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
     if not isinstance(url, str):
         raise TypeError(f"{label} must be a Redis URL str such as redis://127.0.0.1:6379/0 (got {url!r})")
     prefix, label = read.get("key_prefix")
-    try:
-        validate_prefix(prefix)
-    except ValueError as exc:
-        raise ValueError(f"{label}: {exc}") from None
+    _validated(validate_prefix, prefix, label)
     defaults = _defaults(*read.get("defaults"))
     routes_value, label = read.get("routes")
     routes, route_configs = parse_routes(routes_value, label, defaults)
@@ -143,10 +148,7 @@ def read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
         raise ValueError(f"admin_path must be a URL path below '/', such as '/_breakers' (got {path!r})")
     reporter, label = read.get("reporter")
     if reporter is not None:
-        try:
-            validate_reporter(reporter)
-        except ValueError as exc:
-            raise ValueError(f"{label}: {exc}") from None
+        _validated(validate_reporter, reporter, label)
     return Settings(
         url, prefix, defaults, routes, route_configs, str(policy), token, dashboard, path, reporter
     )

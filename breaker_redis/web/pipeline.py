@@ -48,7 +48,8 @@ def admit(
     the request's guards live in (None for an HTTP client's request), ``guard``:
     the breaker's guard_id there. Raises the BreakerOpen of a refusal."""
     try:
-        return admitted(breaker.acquire(), carrier, guard)
+        permit = breaker.acquire()
+        return permit, None if carrier is None else hold(carrier, guard, permit)  # admitted(), inline
     except Exception as exc:
         return not_admitted(exc, breaker, warn, carrier)
 

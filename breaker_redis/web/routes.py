@@ -346,13 +346,11 @@ def route_table(
     return resolved, table
 
 
-def route_to_ask(
-    table: RouteTable[Route], path: str, method: Any, carrier: Mapping[str, Any]
-) -> Route | None:
+def route_to_ask(route: Route | None, method: Any, carrier: Mapping[str, Any]) -> Route | None:
     """The route whose breaker a middleware asks for a request, or None: no route
-    covers the path, the method is never guarded (OPTIONS), or an outer guard
-    of the same breaker holds the request's permit (it asks and records)."""
-    route = table.match(path)
+    covers the path (``route``: what the table matched), the method is never
+    guarded (OPTIONS), or an outer guard of the same breaker holds the
+    request's permit (it asks and records)."""
     if route is None or str(method).upper() in UNPROTECTED_METHODS or held(carrier, route.guard) is not None:
         return None
     return route
