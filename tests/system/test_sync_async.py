@@ -38,6 +38,11 @@ WRITTEN_TWICE = {
         "after an ASK the sync side sends ASKING and the command on one connection of its "
         "own; an asyncio node keeps no such connection, so the cluster client follows it"
     ),
+    ("web/pipeline.py", "<module>", "admit"): (
+        "runs on every protected request: the sync side writes admitted() inline, one call "
+        "less per request (a coroutine per step would cost about half a breaker call: "
+        "bench/integrations.py --instructions)"
+    ),
 }
 
 _TWIN_FORMS = (
