@@ -216,7 +216,8 @@ class Slots:
         migrating master, whose subscribers did not hear the change (see the module's
         docstring), and one round trip to it after. Nothing otherwise: the change's own
         notice is acknowledged (storage/acks.py)."""
-        run_sync(self._barrier(key, channel, name, blocking, self.target))
+        if self.moving(self.slot(key)):
+            run_sync(self._barrier(key, channel, name, blocking, self.target))
 
     async def _barrier(
         self,
@@ -226,10 +227,8 @@ class Slots:
         io: Callable[..., Awaitable[Any]],
         target_of: Callable[[str], Any],
     ) -> None:
-        """barrier()'s sequence, written once (engine/steps.py's way): ``io`` and
-        ``target_of`` (the client of key's master) are each side's."""
-        if not self.moving(self.slot(key)):
-            return
+        """barrier()'s sequence while key's slot migrates, written once (engine/steps.py's
+        way): ``io`` and ``target_of`` (the client of key's master) are each side's."""
         try:
             target = target_of(key)
             with contextlib.suppress(_HINT_REFUSED):
@@ -272,7 +271,8 @@ class Slots:
 
     async def abarrier(self, key: str, channel: str, name: str) -> None:
         """barrier() for the asyncio client."""
-        await self._barrier(key, channel, name, awaited, self._async_target)
+        if self.moving(self.slot(key)):
+            await self._barrier(key, channel, name, awaited, self._async_target)
 
     def _async_target(self, key: str) -> Any:
         """target() for the asyncio client: its node of key's master (the cluster client
