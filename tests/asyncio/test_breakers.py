@@ -896,7 +896,7 @@ def test_aclose_right_after_admin_actions_loses_nothing_and_logs_nothing(redis_s
 
 
 def test_asyncio_workers_of_an_isolated_reporter_refuse_the_call_right_after(connect):
-    """min_reporters (README, "One sick host"): a reporter's other worker refuses the
+    """min_reporters (docs/one-sick-host.md): a reporter's other worker refuses the
     call right after the failure that isolated it (from memory, once it heard the
     notice), 20 times over; another reporter's worker is admitted every time."""
     config = BreakerConfig(

@@ -114,11 +114,11 @@ def test_a_live_long_open_period_is_accepted_and_applied(make_breakers):
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_readme_configuration_table_has_a_row_for_every_field():
-    """README, "Configuration": each BreakerConfig field in the first column of a row,
-    and no name there that is not a field (a field added or renamed fails here)."""
-    readme = (ROOT / "README.md").read_text("utf-8")
-    section = readme.split("\n### Configuration\n", 1)[1].split("\n### ", 1)[0]
+def test_the_configuration_page_has_a_row_for_every_field():
+    """docs/configuration.md: each BreakerConfig field in the first column of a row of its
+    table, and no name there that is not a field (a field added or renamed fails here)."""
+    page = (ROOT / "docs" / "configuration.md").read_text("utf-8")
+    section = page.split("# Configuration\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     documented = [name for row in rows for name in re.findall(r"`(\w+)`", row.split(" | ", 1)[0])]
     assert sorted(documented) == sorted(config_field_names())

@@ -1,4 +1,4 @@
-"""One sick host (README, "One sick host"): with min_reporters=N above 1, a shared
+"""One sick host (docs/one-sick-host.md): with min_reporters=N above 1, a shared
 trip needs failures from N reporters, and a reporter failing alone is isolated
 instead, until its own probe succeeds. Each reporter here is a Breakers of its
 own, on fakeredis, the real redis-server and a Redis Cluster, with the test
@@ -215,7 +215,7 @@ def test_operators_see_the_isolated_reporters_in_show_status_metrics_and_dashboa
 @pytest.mark.parametrize("threshold", [1000, 1], ids=["failing", "isolated"])
 def test_a_reporter_that_failed_costs_at_most_64_bytes(redis_server, threshold):
     """MEMORY USAGE of the reporters hash, from 10 to 40 reporters named like hosts
-    (11 characters): failing in the window (README: 36 bytes each) and isolated (64)."""
+    (11 characters): failing in the window (docs/one-sick-host.md: 36 bytes each) and isolated (64)."""
     client = redis_server.client()
     client.flushall()
     config = BreakerConfig(trip="count", failure_threshold=threshold, window_seconds=60, min_reporters=100)

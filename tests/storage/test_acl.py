@@ -193,12 +193,13 @@ def test_a_script_line_error_names_the_command_on_that_line() -> None:
     assert acl.missing_rule(Exception("WRONGTYPE Operation against a key")) is None
 
 
-def test_the_readmes_acl_line_is_the_one_the_engine_needs() -> None:
-    """The README's least-privilege user grants exactly acl.setuser_line()'s rules."""
+def test_the_docs_acl_line_is_the_one_the_engine_needs() -> None:
+    """docs/memory-and-permissions.md's least-privilege user grants exactly
+    acl.setuser_line()'s rules."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text("utf-8")
-    block = readme.split("redis-cli ACL SETUSER breaker", 1)[1].split("```", 1)[0]
+    page = Path(__file__).resolve().parents[2] / "docs" / "memory-and-permissions.md"
+    block = page.read_text("utf-8").split("redis-cli ACL SETUSER breaker", 1)[1].split("```", 1)[0]
     rules = {rule.strip("'").replace("\\|", "|") for rule in block.replace("\\\n", " ").split()}
     assert rules == set(acl.setuser_line().split()[3:])
 

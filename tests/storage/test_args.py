@@ -115,7 +115,12 @@ _PATH = re.compile(r"(?<![\w/.-])((?:breaker_redis|lua|docs)/[\w./-]*\w)")
 
 
 def _named_paths() -> list[tuple[str, str]]:
-    sources = [*ROOT.glob("lua/**/*.lua"), *ROOT.glob("breaker_redis/**/*.py"), *ROOT.glob("docs/**/*.md")]
+    sources = [
+        *ROOT.glob("lua/**/*.lua"),
+        *ROOT.glob("breaker_redis/**/*.py"),
+        *ROOT.glob("docs/**/*.md"),
+        *ROOT.glob("*.md"),  # README.md, CONTRIBUTING.md, CHANGELOG.md
+    ]
     found = []
     for source in sources:
         for path in _PATH.findall(source.read_text("utf-8")):

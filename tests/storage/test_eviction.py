@@ -168,7 +168,7 @@ def test_allkeys_lru_a_newcomer_first_finds_it_closed_when_its_history_is_gone_t
     server.client().delete("breaker:{pay}:events")  # the last transition evicted as well
     newcomer = subscribed(Breakers.from_url(server.url))  # knows nothing: a fresh closed breaker
     workers.append(newcomer)
-    assert admits(newcomer.get("pay", CONFIG))  # the window this policy leaves (README: Redis memory)
+    assert admits(newcomer.get("pay", CONFIG))  # the gap docs/memory-and-permissions.md names
     monkeypatch.setattr(core_module, "FLUSH_SECONDS", 0.0)
     assert not admits(workers[0].get("pay", CONFIG))  # knew it open: restores it over the fresh one
     assert not admits(newcomer.get("pay", CONFIG))  # heard the restore, as it hears a trip

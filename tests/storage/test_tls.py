@@ -66,7 +66,7 @@ def test_invalidation_over_tls_keeps_the_trip_boundary(tls, made):
 
 @pytest.mark.processes
 def test_a_wrong_ca_with_deny_refuses_every_call_at_once(tls, made, caplog):
-    """on_store_error='deny' (README, "When Redis is unavailable"): BreakerOpen
+    """on_store_error='deny' (docs/failure-modes.md, "When Redis is unavailable"): BreakerOpen
     with reason 'open' and no retry_after; reads raise StoreUnavailable."""
     url = tls.url(ca=tls.certs.other_ca)
     made.append(breakers := Breakers.from_url(url, on_store_error="deny", listen=False))

@@ -8,7 +8,7 @@ leases, config, stats, events, cfg; and the global names and health keys): a fie
 garbage or to its own value slightly off, a field deleted, a key replaced by another type or
 deleted, a lease or an events line forged. What must hold:
 
-1. Names: ``Breakers.get`` and ``configure`` accept exactly the names the README allows and
+1. Names: ``Breakers.get`` and ``configure`` accept exactly the names docs/decisions.md allows and
    refuse the others with a ValueError (TypeError for a non-str) naming the problem: the
    character, its code point and its position. A refused name writes nothing to Redis.
 2. After any corruption, a sequence of calls (``call`` with a protected function that succeeds,
@@ -27,7 +27,7 @@ deleted, a lease or an events line forged. What must hold:
    REFERENCE_FACTOR times a reference workload measured right after that run (load slows both).
 4. No key outside a breaker's hash tag is touched: after each example every key in Redis is
    ``{prefix}:{NAME}:<suffix>`` (``keys.KEY_SUFFIXES``, ``keys.UNDECLARED_SUFFIXES``) of a
-   name in use, or ``{prefix}:names`` / ``{prefix}:health`` (README "Redis keys"). A second test
+   name in use, or ``{prefix}:names`` / ``{prefix}:health`` (docs/redis-keys.md). A second test
    watches MONITOR: every script declares exactly the seven keys of the name it is given (one
    ``{NAME}`` tag), every command it runs touches only those keys and that name's undeclared one
    (its reporters, in the same tag: ``min_reporters``) and publishes only on ``{prefix}:events``,
@@ -108,17 +108,17 @@ SLOW_US = 1000  # slowlog-log-slower-than: no command may take longer than 1 ms
 # many times, and the example fails only if every run had one; a stall seen once is reported as a
 # SlowOnce warning in pytest's summary, never dropped. BREAKER_FUZZ_SLOW_REPLAYS=0: fail at once.
 SLOW_REPLAYS = int(os.environ.get("BREAKER_FUZZ_SLOW_REPLAYS", "2"))
-GLOBAL_SUFFIXES = ("names", "health")  # README "Redis keys": the keys outside any breaker's tag
+GLOBAL_SUFFIXES = ("names", "health")  # docs/redis-keys.md: the keys outside any breaker's tag
 REPORTER = "web-01"  # the examples' Breakers' reporter (its record in the reporters hash: min_reporters)
 
-# -- the names the README allows ------------------------------------------------------------
+# -- the names docs/decisions.md allows ------------------------------------------------------------
 
-MAX_NAME = 200  # README "Names": 1-200 characters
+MAX_NAME = 200  # docs/decisions.md, "Names": 1-200 characters
 _REFUSED_CATEGORIES = ("Cc", "Cf", "Cs")
 
 
 def name_problems(name: object) -> list[list[str]]:
-    """What the README says is wrong with a breaker name: [] if it is allowed, else the ways an
+    """What docs/decisions.md says is wrong with a breaker name: [] if it is allowed, else the ways an
     error may name the problem (each a list of fragments the message must hold)."""
     if not isinstance(name, str):
         return [["must be a str"]]
@@ -1559,12 +1559,12 @@ def test_every_field_of_every_key_broken_one_at_a_time(fuzz_redis: FuzzRedis, ke
 
 # -- 3, the worst case the bounds allow ---------------------------------------------------------------
 #
-# window_buckets is capped (BOUNDS, 100) so that a call's work is bounded (README "Live config"). With
-# every bucket full, a slide reads and drops the buckets that leave by name up to two thirds of the
-# window, and beyond that rebuilds the hash from those that stay (lua/_lib.lua window_read): the
-# costliest slides are around that crossover and at either end. snapshot.lua reads the same way and
-# writes nothing, so every snapshot pays again. The fuzz draws these cases only rarely; here they run
-# every time.
+# window_buckets is capped (BOUNDS, 100) so that a call's work is bounded (docs/decisions.md, "Live
+# config"). With every bucket full, a slide reads and drops the buckets that leave by name up to two
+# thirds of the window, and beyond that rebuilds the hash from those that stay (lua/_lib.lua
+# window_read): the costliest slides are around that crossover and at either end. snapshot.lua reads
+# the same way and writes nothing, so every snapshot pays again. The fuzz draws these cases only
+# rarely; here they run every time.
 
 MAX_BUCKETS = int(BOUNDS["window_buckets"][2])
 

@@ -1,4 +1,4 @@
-"""One sick host under gunicorn (README, "One sick host"): two gunicorn instances of
+"""One sick host under gunicorn (docs/one-sick-host.md): two gunicorn instances of
 the demo app (4 workers each) with different BREAKER_REPORTER on one redis-server,
 /pay's breaker asking for failures from 2 reporters. The first instance's payment
 service fails, the second's is healthy: after exactly 5 failures every worker of the

@@ -1,4 +1,4 @@
-"""One sick host with worker processes (README, "One sick host"): three reporters
+"""One sick host with worker processes (docs/one-sick-host.md): three reporters
 a, b and c (hosts), each two processes with a Breakers of their own, on a real
 redis-server and on the embedded server. Each call is answered before the next
 is sent, round-robin over the processes, so the test fixes the real-time order;
@@ -138,7 +138,7 @@ def test_with_min_reporters_1_the_sick_host_trips_the_breaker_for_everyone(team,
 )
 def test_a_true_outage_trips_for_everyone(team, url, min_reporters, order, calls):
     """Every reporter failing: upstream calls made until every process refuses (the
-    figures of the README's "One sick host")."""
+    figures of docs/one-sick-host.md)."""
     config = count_rule(min_reporters)
     workers = {host: team.start("pay", config, 1, reporter=host, now_ms=T0) for host in "abc"}
     made = 0

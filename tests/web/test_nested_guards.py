@@ -1,7 +1,7 @@
 """One route guarded twice by one breaker: one permit per request, whatever the layers.
 
-The README's FastAPI example puts ``BreakerMiddleware(routes={"/pay": "pay"})``
-and ``dependencies=[protect(breakers, "pay")]`` on the same path; a WSGI
+An app may put ``BreakerMiddleware(routes={"/pay": "pay"})`` and
+``dependencies=[protect(breakers, "pay")]`` on the same path (docs/asgi.md, "One route, two guards"); a WSGI
 middleware may wrap a Flask app whose view is ``@protect``-ed too. The outer
 guard takes the request's permit and records its one outcome; an inner guard
 of the same breaker (same key prefix and name) finds that permit in the ASGI
@@ -61,7 +61,7 @@ def counts(snapshot: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def fastapi_app(breakers: Breakers, upstream: Upstream, layers: str) -> Any:
-    """/pay guarded as ``layers`` says: "mw+dep" (the README's example), "dep+dep",
+    """/pay guarded as ``layers`` says: "mw+dep" (docs/asgi.md, "One route, two guards"), "dep+dep",
     "mw+mw", or "mw+dep:other" (the dependency guards another breaker)."""
     api = FastAPI()
     add_refusal_handler(api, breakers)
