@@ -1,6 +1,6 @@
 """The docs run: every ```python block of README.md and docs/*.md, exactly as written.
 
-The rules of this harness (README, "Quick start", says the same in a line):
+The rules of this harness (CONTRIBUTING.md, "The docs", says the same in a line):
 
 1. Every block fenced as ```python runs alone, in a fresh interpreter, as
    the ``__main__`` module of a fresh namespace, as ``python example.py``
@@ -10,7 +10,7 @@ The rules of this harness (README, "Quick start", says the same in a line):
    long-running server (gunicorn, uvicorn) belongs in a ``sh`` block; a
    fence whose language starts with ``py`` must be exactly ``python``.
 2. Its environment: ``BREAKER_REDIS_URL`` is a real redis-server this module
-   starts (one for all blocks, emptied before each; the URL asks for a 0.9 s
+   starts (one for all blocks, emptied before each block; the URL asks for a 0.9 s
    client timeout, the longest the product allows, so that a stall of a busy
    test machine does not send a block to its local breakers), and ``UPSTREAM_URL``
    demo_app's flaky upstream (``python -m demo_app.upstream``), healthy. An
@@ -18,9 +18,15 @@ The rules of this harness (README, "Quick start", says the same in a line):
    ``redis://`` URL may appear only as the default of
    ``os.environ.get("BREAKER_REDIS_URL", ...)``, and a block that reads
    ``BREAKER_REDIS_URL`` must have connected to the suite's server.
-3. It must exit 0 within ``TIMEOUT`` seconds and write nothing to stderr:
-   a warning or a logged error fails it (breakers that could not reach Redis
-   and went on locally, an ``on_transition`` callback that raised).
+3. It runs twice in a row on the same server, emptied only before the first
+   run: a user runs an example again, so it must leave nothing behind that
+   changes what it does the second time (a breaker left open or forced
+   under a name it calls), and after both runs no live override and no
+   force of its making is left in Redis, where a user's own breakers of the
+   same name would obey it. Each run must exit 0 within ``TIMEOUT`` seconds
+   and write nothing to stderr: a warning or a logged error fails it
+   (breakers that could not reach Redis and went on locally, an
+   ``on_transition`` callback that raised).
 4. If it leaves a web app in ``application`` or ``app`` (Flask, FastAPI,
    Starlette, Django, any WSGI or ASGI callable), every route it defines
    without path parameters is called ``docs_runner.CALLS`` times through a
@@ -41,6 +47,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,7 +104,11 @@ def test_the_blocks_are_found():
         "asgi.md",
         "asyncio.md",
         "flask.md",
+        "getting-started.md",
+        "one-sick-host.md",
+        "operations.md",
         "pybreaker-migration.md",
+        "usage.md",
         "wsgi.md",
     }
     hidden = [
@@ -121,12 +132,14 @@ def redis_for_docs() -> Iterator[RedisServer]:
     server.stop()
 
 
+RUNS = 2  # rule 3: an example runs again as it ran the first time
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=lambda block: block.id)
 def test_block_runs(block: Block, redis_for_docs: RedisServer, upstream_url: str, tmp_path: Path):
     client = redis_for_docs.client()
-    client.flushall()
-    connections = client.info("stats")["total_connections_received"]
-    script, report = tmp_path / "example.py", tmp_path / "report.json"
+    client.flushall()  # before the first run only: the second finds what the first left
+    script = tmp_path / "example.py"
     script.write_text(block.text, "utf-8")
     env = {key: value for key, value in os.environ.items() if not key.startswith("BREAKER_")}
     # a generous client timeout: the blocks show the product's behaviour, not how it copes when a
@@ -134,29 +147,48 @@ def test_block_runs(block: Block, redis_for_docs: RedisServer, upstream_url: str
     # so on stderr, which fails the block: rule 3)
     url = redis_for_docs.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
     env.update(BREAKER_REDIS_URL=url, UPSTREAM_URL=upstream_url)
-    done = subprocess.run(
-        [sys.executable, str(RUNNER), str(script), str(report)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    shown = f"{block.id}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
-    assert (done.returncode, done.stderr) == (0, ""), shown
+    for run in range(1, RUNS + 1):
+        connections = client.info("stats")["total_connections_received"]
+        report = tmp_path / f"report-{run}.json"
+        done = subprocess.run(
+            [sys.executable, str(RUNNER), str(script), str(report)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        shown = f"{block.id}, run {run} of {RUNS}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+        assert (done.returncode, done.stderr) == (0, ""), shown
 
-    if "BREAKER_REDIS_URL" in block.text:  # this test's own client connected before the count
-        assert client.info("stats")["total_connections_received"] > connections, shown
-    result = json.loads(report.read_text("utf-8"))
-    for route, answers in result["answers"].items():
-        assert len(answers) == CALLS
-        first, _ = answers[0]
-        assert first < 500, f"{block.id} {route}: {answers}"
-        wrong = [
-            (status, breaker)
-            for status, breaker in answers
-            if status >= 500 and status != 502 and not (status == 503 and breaker)
-        ]
-        assert wrong == [], f"{block.id} {route}: {answers}"
-    if re.search(r"^(app|application)\s*=", block.text, re.MULTILINE):
-        assert result["answers"], f"{block.id}: an app with no route was driven: {result}"
+        if "BREAKER_REDIS_URL" in block.text:  # this test's own client connected before the count
+            assert client.info("stats")["total_connections_received"] > connections, shown
+        result = json.loads(report.read_text("utf-8"))
+        for route, answers in result["answers"].items():
+            assert len(answers) == CALLS
+            first, _ = answers[0]
+            assert first < 500, f"{block.id}, run {run} {route}: {answers}"
+            wrong = [
+                (status, breaker)
+                for status, breaker in answers
+                if status >= 500 and status != 502 and not (status == 503 and breaker)
+            ]
+            assert wrong == [], f"{block.id}, run {run} {route}: {answers}"
+        if re.search(r"^(app|application)\s*=", block.text, re.MULTILINE):
+            assert result["answers"], f"{block.id}, run {run}: an app with no route was driven: {result}"
+    # rule 3: what a user would find in their own Redis after running it
+    assert left_behind(client) == [], f"{block.id}: live overrides or forces left behind"
+
+
+def left_behind(client: Any) -> list[str]:
+    """The breakers' live overrides (``<prefix>:{NAME}:config``) and forces in Redis."""
+    found = []
+    for raw in client.scan_iter(match="*"):
+        key = raw.decode() if isinstance(raw, bytes) else raw
+        if client.type(raw) not in (b"hash", "hash"):
+            continue
+        if key.endswith(":config") and client.hlen(raw):
+            found.append(f"{key}: {client.hgetall(raw)}")
+        elif key.endswith(":state") and client.hget(raw, "forced") not in (None, b"", ""):
+            found.append(f"{key}: forced {client.hget(raw, 'forced')}")
+    return sorted(found)
