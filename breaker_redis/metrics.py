@@ -159,7 +159,7 @@ def _families(snapshots: Sequence[Snapshot]) -> list[Family]:
             ("breaker",),
             [(n, snap["retry_after"] or 0) for n, snap in each],
         ),
-        # min_reporters > 1 (README, "One sick host"); a reporter's series only while it failed in
+        # min_reporters > 1 (docs/one-sick-host.md); a reporter's series only while it failed in
         # the window or is isolated, so the label's values stay as few as the failing hosts
         Family(
             "breaker_redis_isolated_reporters",

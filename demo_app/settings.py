@@ -5,7 +5,7 @@
 probe through at a time, close after 2 successes. The open period can be
 shortened with ``DEMO_PAY_OPEN_SECONDS`` so that the tests run in seconds,
 and ``DEMO_PAY_MIN_REPORTERS`` asks for failures from that many hosts before a
-shared trip (README, "One sick host"); the other numbers stay.
+shared trip (docs/one-sick-host.md); the other numbers stay.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class BreakerConfig:
     max_concurrent_calls: int | None = live("max_conc", None, ge=1, le=1_000_000)
     mode: str = live("mode", "enforce", words=MODES)
     # reporters (hosts) whose failures a shared trip needs; a reporter failing alone is
-    # isolated instead (README, "One sick host"); absent at 1: the scripts then do nothing of it.
+    # isolated instead (docs/one-sick-host.md); absent at 1: the scripts then do nothing of it.
     # At most MAX_MIN_REPORTERS: a breaker tracks at most 128 reporters (lua/includes/quorum.lua REP_CAP)
     min_reporters: int = live("min_rep", 1, ge=1, le=MAX_MIN_REPORTERS, omitted_at_default=True)
     record_exceptions: ExceptionTypes = (Exception,)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # isolated: this worker's reporter (its host) is isolated, the shared breaker closed
-# (BreakerConfig.min_reporters, README "One sick host")
+# (BreakerConfig.min_reporters, docs/one-sick-host.md)
 REASONS = ("open", "half_open_full", "forced_open", "bulkhead", "isolated")
 
 

@@ -89,7 +89,7 @@ class BreakersCore(Generic[B, G, R]):
     ) -> None:
         if not (isinstance(key_ttl_seconds, (int, float)) and key_ttl_seconds >= 1):
             raise ValueError(f"key_ttl_seconds must be >= 1 (got {key_ttl_seconds!r})")
-        # who this process's outcomes come from (min_reporters, README "One sick host"): the host
+        # who this process's outcomes come from (min_reporters, docs/one-sick-host.md): the host
         self.reporter = reporter_or_default(reporter)
         self.client = client
         self.prefix = prefix

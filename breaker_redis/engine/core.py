@@ -306,8 +306,8 @@ class BreakerCore(Generic[P]):
         log.warning(
             "breaker %r: Redis lost its state (%s is gone%s); %s. The likely cause is a maxmemory-policy "
             "that evicts keys without a TTL (allkeys-lru, allkeys-lfu, allkeys-random): give breaker_redis "
-            "a Redis with noeviction or volatile-*, whose breaker keys are never evicted (README: Redis "
-            "memory). Counted in stats as state_lost",
+            "a Redis with noeviction or volatile-*, whose breaker keys are never evicted "
+            "(docs/memory-and-permissions.md). Counted in stats as state_lost",
             self.name,
             state,
             f"; {losses} times since the last such line" if losses > 1 else "",

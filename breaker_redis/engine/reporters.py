@@ -1,8 +1,8 @@
 """Who reports an outcome, and what Redis says of the reporters.
 
 With ``BreakerConfig(min_reporters=N)`` above 1, a shared trip needs failures
-from N reporters, and a reporter failing alone is isolated instead (README,
-"One sick host"; the rules are lua/_lib.lua's). A reporter is a host, as a
+from N reporters, and a reporter failing alone is isolated instead (docs/one-sick-host.md;
+the rules are lua/_lib.lua's). A reporter is a host, as a
 rule: every worker process of one host names the same one, by default the
 host name, so that the workers of a sick host are isolated together.
 """

@@ -188,7 +188,7 @@ class Scripts:
             problem = eviction_problem(text(node.get("maxmemory_policy")), int(node.get("maxmemory") or 0))
             if problem is not None:
                 log.warning(
-                    "the breakers' Redis: %s (see README: Redis memory and permissions; "
+                    "the breakers' Redis: %s (see docs/memory-and-permissions.md; "
                     "breaker-redis doctor checks it)",
                     problem,
                 )

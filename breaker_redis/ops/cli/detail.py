@@ -90,7 +90,7 @@ def show(target: Target, name: str) -> None:
 
 
 def _reporter_lines(s: Mapping[str, Any]) -> list[str]:
-    """min_reporters > 1 (README, "One sick host"): the reporters failing in the window, the
+    """min_reporters > 1 (docs/one-sick-host.md): the reporters failing in the window, the
     isolated ones and until when."""
     quorum = (s.get("config") or {}).get("min_reporters", 1)
     if quorum <= 1 and not s["reporters"]:

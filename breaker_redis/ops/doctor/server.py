@@ -14,7 +14,7 @@ from breaker_redis.storage.scripts import text
 from breaker_redis.urls import untyped
 
 CLUSTER_SLOTS = 16384
-# What running the scripts without Redis Functions costs (README "Benchmarks":
+# What running the scripts without Redis Functions costs (docs/benchmarks.md:
 # the same calls replayed with EVALSHA and with FCALL on redis-server 7.0).
 FUNCTIONS_COST = (
     "the scripts run with EVALSHA, which runs the shared prelude (lua/_lib.lua) again on every call: "
