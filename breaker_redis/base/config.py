@@ -16,6 +16,7 @@ breaker_redis/storage/lua_rules.py) all follow from that one line (``LIVE_FIELDS
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -105,6 +106,13 @@ class BreakerConfig:
     record_exceptions: ExceptionTypes = (Exception,)
     ignore_exceptions: ExceptionTypes = ()
     predicate: Predicate | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> BreakerConfig:
+        # A misspelt field gets a did-you-mean, not the dataclass's bare "unexpected keyword".
+        for key in kwargs:
+            if key not in _FIELD_NAMES:
+                raise TypeError(f"BreakerConfig has no field {key!r}; {suggestion(key, _FIELD_NAMES)}")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         for rule in _SENT:  # the words first, then the numbers in field order
@@ -257,7 +265,7 @@ def live_field(key: str) -> LiveField:
     """The live field named ``key``; ValueError naming it and the live ones if there is none."""
     rule = LIVE_FIELD.get(key)
     if rule is None:
-        raise ValueError(f"unknown config field {key!r}; live fields: {', '.join(LUA_FIELDS)}")
+        raise ValueError(f"unknown config field {key!r}; {suggestion(key, LUA_FIELDS)}")
     return rule
 
 
@@ -341,4 +349,13 @@ def checked_changes(base: BreakerConfig, changes: Mapping[str, object]) -> dict[
 
 
 def config_field_names() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(BreakerConfig))
+    return _FIELD_NAMES
+
+
+def suggestion(key: str, known: tuple[str, ...]) -> str:
+    """What a misspelt field name was probably meant to be, or the names to pick from."""
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"fields: {', '.join(known)}"
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(BreakerConfig))

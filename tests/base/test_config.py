@@ -92,6 +92,24 @@ def test_pickling_keeps_what_was_derived():
     assert dataclasses.replace(cfg, open_seconds=900).max_open_seconds == 900
 
 
+def test_a_misspelt_field_gets_a_did_you_mean():
+    with pytest.raises(
+        TypeError, match=r"BreakerConfig has no field 'failure_treshold'; did you mean 'failure_threshold'\?$"
+    ):
+        BreakerConfig(failure_treshold=3)
+    with pytest.raises(TypeError, match=r"no field 'colour'; fields: trip, failure_threshold, "):
+        BreakerConfig(colour="blue")  # nothing close: the names to pick from
+    with pytest.raises(TypeError, match="did you mean 'open_seconds'"):
+        dataclasses.replace(BreakerConfig(), open_second=5)
+
+
+def test_a_misspelt_live_field_gets_a_did_you_mean():
+    with pytest.raises(
+        ValueError, match=r"unknown config field 'open_second'; did you mean 'open_seconds'\?$"
+    ):
+        BreakerConfig().with_overrides({"open_second": "5"})
+
+
 def test_live_overrides_follow_the_same_rule():
     assert BreakerConfig().with_overrides({"open_seconds": "600"}).max_open_seconds == 600
     assert BreakerConfig(max_open_seconds=10).with_overrides({"max_open_seconds": "60"}).open_seconds == 30

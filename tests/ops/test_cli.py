@@ -21,6 +21,7 @@ from flask import Flask
 from breaker_redis import BreakerConfig, Breakers
 from breaker_redis.flask import FlaskBreakers
 from breaker_redis.ops import cli
+from breaker_redis.ops.cli import formatting
 from breaker_redis.urls import client_from_url
 from tests.support.redis_server import RedisServer, free_port, wait_until
 from tests.support.workers import admits, subscribed
@@ -122,6 +123,31 @@ def test_status_table_and_json_after_a_trip(url, prefix, app_breakers):
     assert (snap["calls"], snap["failures"], snap["trips"]) == (7, 3, 1)
     assert 28 < snap["retry_after"] <= 30
     assert snapshots["api/v1/inventory"]["forced"] == "open"
+
+
+def test_an_open_period_over_with_no_call_says_the_next_call_is_the_probe(url, prefix, app_breakers):
+    """Open with no traffic past its open period: the breaker moves to half-open
+    at its next call, so "retry after 0.0 s" would be wrong; it says so instead."""
+    pay = app_breakers.get("pay", BreakerConfig(failure_threshold=1, open_seconds=0.001))
+    outcomes(pay, failures=1)
+    wait_until(lambda: pay.snapshot()["retry_after"] == 0, what="the 1 ms open period to end")
+
+    table = rows(run(url, prefix, "status").stdout)
+    assert table["pay"][0] == "open" and table["pay"][-1] == "next call"
+    shown = run(url, prefix, "show", "pay").stdout
+    assert "state        open, open period over: the next call is the probe" in shown
+
+
+def test_retry_after_is_never_shown_as_zero_while_there_is_a_wait():
+    assert [formatting.retry_text(value) for value in (None, 0.0, 0.001, 0.04, 0.1, 0.11, 29.96)] == [
+        "-",
+        "next call",
+        "0.1 s",
+        "0.1 s",
+        "0.1 s",
+        "0.2 s",
+        "30.0 s",
+    ]
 
 
 def test_status_reads_the_window_with_the_workers_bucket_count(url, prefix, app_breakers):

@@ -195,6 +195,19 @@ def test_allkeys_lru_is_the_one_problem_and_volatile_lru_none() -> None:
         volatile.stop()
 
 
+def test_a_database_the_server_lacks_is_named_in_one_line(redis_server) -> None:
+    """A URL's /99 on a server with the default 16 databases: every command
+    would fail with "DB index is out of range", which is the one thing to say."""
+    url = str(redis_server.url).rsplit("/", 1)[0] + "/99"
+    result = doctor(url, "breaker")
+    assert result.exit_code == 1
+    where = url.removeprefix("redis://")
+    assert result.stdout == (
+        f"PROBLEM  reach        database 99 does not exist on Redis at {where}: the server has fewer "
+        "databases (its `databases` setting, 16 by default); fix the number at the end of the URL\n"
+    )
+
+
 @pytest.mark.processes
 def test_a_stopped_server_is_one_line_at_once() -> None:
     stopped = RedisServer().start()

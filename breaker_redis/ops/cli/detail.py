@@ -9,7 +9,13 @@ from typing import Any
 import click
 
 from breaker_redis.base.config import LUA_FIELDS, BreakerConfig, live_value
-from breaker_redis.ops.cli.formatting import clock_text, rate_text, seconds_text, state_label, transition_line
+from breaker_redis.ops.cli.formatting import (
+    clock_text,
+    rate_text,
+    retry_text,
+    state_label,
+    transition_line,
+)
 from breaker_redis.ops.cli.group import Target, main, pass_target
 
 TRANSITIONS_SHOWN = 10  # the last transitions `show` lists
@@ -35,6 +41,12 @@ def override_verdict(key: str, value: str) -> str:
     return "live override"
 
 
+def detail_retry(retry_after: float | None) -> str:
+    if retry_after is not None and retry_after <= 0:
+        return ", open period over: the next call is the probe"
+    return f", retry after {retry_text(retry_after)}"
+
+
 @main.command()
 @click.argument("name")
 @pass_target
@@ -54,7 +66,7 @@ def show(target: Target, name: str) -> None:
     keys = target.keys(name)
     state = state_label(s)
     if s["state"] == "open":
-        state += ", until cleared" if s["forced"] else f", retry after {seconds_text(s['retry_after'])}"
+        state += ", until cleared" if s["forced"] else detail_retry(s["retry_after"])
     if shape is None:
         window_shape = "no window written yet"
     else:

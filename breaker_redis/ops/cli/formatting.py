@@ -3,6 +3,7 @@ times and rates; what an operator reads, in one place, for every command."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -20,8 +21,15 @@ def rate_text(failures: int, calls: int) -> str:
     return f"{100 * failures / calls:.1f}%" if calls else "-"
 
 
-def seconds_text(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} s"
+def retry_text(value: float | None) -> str:
+    """Seconds until an open breaker lets a probe through. Its open period can
+    end with no call to move it to half-open: the next call is the probe then,
+    which "0.0 s" would hide; a wait under 0.1 s is shown as 0.1 s, not 0."""
+    if value is None:
+        return "-"
+    if value <= 0:
+        return "next call"
+    return f"{math.ceil(value * 10) / 10:.1f} s"
 
 
 def clock_text(ms: int | str | float | None) -> str:
@@ -47,7 +55,7 @@ def table(snapshots: Iterable[Mapping[str, Any]], highlight: Iterable[str] = ())
             str(s["calls"]),
             str(s["rejected"]),
             str(s["trips"]),
-            seconds_text(s["retry_after"]),
+            retry_text(s["retry_after"]),
         )
         for s in snapshots
     ]

@@ -6,7 +6,8 @@ others): the server (version, Redis Functions, sharded pub/sub), the
 topology, the eviction policy, the ACL permissions (by sending each
 command), the pub/sub ordering the workers decide from memory by, the
 round-trip latency, and the keys with their memory per breaker. A Redis that
-cannot be reached is one line: nothing else could be checked.
+cannot be reached, or that has no database of the URL's number, is one line:
+nothing else could be checked.
 
 What it writes is the health key the store gate's probe writes and a member
 of the names set that cannot name a breaker, both removed before it ends.
@@ -20,7 +21,18 @@ from typing import Any
 
 import redis
 
-from breaker_redis.ops.doctor.checkup import NOTE, OK, PROBLEM, SKIP, WARN, Checkup, Finding, Lines, count
+from breaker_redis.ops.doctor.checkup import (
+    NOTE,
+    OK,
+    PROBLEM,
+    SKIP,
+    WARN,
+    Checkup,
+    Finding,
+    Lines,
+    MissingDatabase,
+    count,
+)
 from breaker_redis.ops.doctor.keys import check_keys
 from breaker_redis.ops.doctor.memory import check_memory
 from breaker_redis.ops.doctor.permissions import check_permissions
@@ -76,6 +88,8 @@ def diagnose(client: Any, prefix: str, where: str) -> Diagnosis:
         up.connect()
     except _UNREACHABLE as exc:
         return Diagnosis([Finding(PROBLEM, "reach", _unreachable(where, exc))])
+    except MissingDatabase as missing:
+        return Diagnosis([Finding(PROBLEM, "reach", _missing_database(where, missing.index))])
     findings: list[Finding] = []
     for name, check in CHECKS:
         try:
@@ -96,6 +110,13 @@ def diagnose(client: Any, prefix: str, where: str) -> Diagnosis:
         f"{summary} ({len(CHECKS)} checks: {', '.join(name for name, _ in CHECKS)})",
     ]
     return diagnosis
+
+
+def _missing_database(where: str, index: int) -> str:
+    return (
+        f"database {index} does not exist on Redis at {where}: the server has fewer databases "
+        f"(its `databases` setting, 16 by default); fix the number at the end of the URL"
+    )
 
 
 def _unreachable(where: str, exc: BaseException) -> str:

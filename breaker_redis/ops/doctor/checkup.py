@@ -93,6 +93,15 @@ class Server:
         return self.product != "Redis" or version_tuple(self.version) >= (7, 0)
 
 
+class MissingDatabase(Exception):
+    """The URL names a database index the server does not have (its ``databases``
+    setting, 16 by default): the client can log in, but every command fails."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
 class Checkup:
     """The client and prefix under check, and the servers behind the client."""
 
@@ -121,9 +130,17 @@ class Checkup:
         else:
             self.servers = [Server(self.where, self.client)]
         for server in self.servers:
-            with contextlib.suppress(redis.exceptions.ResponseError):
+            try:
                 server.client.ping()
+            except redis.exceptions.ResponseError as exc:
+                if "DB index is out of range" in str(exc):
+                    raise MissingDatabase(self.database) from exc
             server.read()
+
+    @property
+    def database(self) -> int:
+        pool = getattr(self.client, "connection_pool", None)
+        return int(getattr(pool, "connection_kwargs", {}).get("db") or 0)
 
     @property
     def functions(self) -> bool:
