@@ -103,6 +103,7 @@ import threading
 
 def test_plain(pytestconfig):
     assert pytestconfig.pluginmanager.get_plugin("breaker_redis.testing.pytest_plugin") is not None
+    assert "breaker_redis.engine" not in sys.modules and "redis" not in sys.modules  # paid nothing for them
     assert "fakeredis" not in sys.modules  # no store was made
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("breaker-redis")]
 """

@@ -109,6 +109,23 @@ def test_the_core_never_imports_flask():
     subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)
 
 
+@pytest.mark.processes
+def test_import_breaker_redis_alone_loads_no_engine_until_a_name_is_used():
+    """pytest imports the package in every run, for the testing kit's entry point: a run that
+    uses no breaker must not pay for redis-py and the engine (breaker_redis/__init__.py)."""
+    program = (
+        "import sys, breaker_redis, breaker_redis.testing.pytest_plugin\n"
+        "assert 'redis' not in sys.modules, sorted(sys.modules)\n"
+        "assert 'breaker_redis.engine' not in sys.modules, sorted(sys.modules)\n"
+        "from breaker_redis import Breakers, urls\n"
+        "assert Breakers.__module__ == 'breaker_redis.engine.breakers' and 'redis' in sys.modules\n"
+        "assert breaker_redis.Breakers is Breakers and urls.__name__ == 'breaker_redis.urls'\n"
+        "assert set(breaker_redis.__all__) <= set(dir(breaker_redis))\n"
+        "assert all(getattr(breaker_redis, name) for name in breaker_redis.__all__)\n"
+    )
+    subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)
+
+
 LOG_CALLS = {"debug", "info", "warning", "error", "exception", "critical", "_warn_once"}
 
 
