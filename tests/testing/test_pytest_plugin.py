@@ -10,6 +10,7 @@ wheel, whose entry point must be the one that loads it).
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ def installed_entry_point() -> bool:
 
 @pytest.fixture
 def user_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # this checkout's breaker_redis, wherever pytest runs
+    # this checkout's breaker_redis, wherever pytest runs; what else the path holds stays
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     write_user_tests(pytester.path)
     return pytester
 
