@@ -217,8 +217,8 @@ def _timeouts(url: str, timeout: float | None) -> dict[str, float]:
     parsed = parse_url(url)
     if parsed.memory:
         raise ValueError(
-            "memory:// is a store inside one process, which this command cannot reach: "
-            "use the app's own commands (flask breakers ...) or its Redis URL"
+            "memory:// is a store inside one process, which a command run from another "
+            "never sees: give the Redis URL the app uses"
         )
     options = parsed.options
     return {
