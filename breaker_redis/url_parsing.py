@@ -13,6 +13,7 @@ URLs (a password is never shown in an error message)::
     rediss+cluster://...                   TLS to every node
     redis+sentinel://[[user]:password@]host:port,host:port/SERVICE[/db]
     rediss+sentinel://...                  TLS to the sentinels and to the master
+    memory://                              a fresh store in this process (tests, scripts)
 
 A missing port is 6379 (26379 for a sentinel). With ``+sentinel`` the user and
 password are the master's; the sentinels are asked without them. Query
@@ -22,6 +23,12 @@ with a ``rediss`` scheme ``ssl_ca_certs``, ``ssl_ca_path``, ``ssl_certfile``,
 ``ssl_keyfile`` (files that must exist), ``ssl_cert_reqs`` (none, optional,
 required) and ``ssl_check_hostname`` (true or false). Anything else is refused
 by name, retry options included: these clients never retry.
+
+``memory://`` (spelt as the ``limits`` library spells its in-process storage)
+is an in-process store running the same Lua scripts, private to the client
+made from it: every ``memory://`` is a new, empty store that no other process
+or client sees. It is for tests and scripts, so it takes nothing after the
+scheme: a host, a path or an option there would suggest a shared store.
 """
 
 from __future__ import annotations
@@ -30,7 +37,16 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
+SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "memory",
+)
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
 
@@ -50,6 +66,7 @@ class ParsedURL:
         self.tls = scheme.startswith("rediss")
         self.cluster = scheme.endswith("+cluster")
         self.sentinel = scheme.endswith("+sentinel")
+        self.memory = scheme == "memory"
         self.hosts: list[tuple[str, int]] = []
         self.unix_path: str | None = None
         self.username: str | None = None
@@ -84,6 +101,13 @@ def parse(url: str) -> ParsedURL:
     parsed = ParsedURL(scheme.lower())
     if parsed.scheme not in SCHEMES:
         raise ValueError(f"unsupported Redis URL scheme {scheme + '://'!r} in {shown}: use one of {known}")
+    if parsed.memory:
+        if rest:
+            raise ValueError(
+                f"memory:// URL {shown} has more after the scheme: use memory:// alone (each one "
+                f"is a new, empty store in this process)"
+            )
+        return parsed
     rest = rest.partition("#")[0]
     netloc_end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     netloc, rest = rest[:netloc_end], rest[netloc_end:]

@@ -15,6 +15,10 @@ Keyword overrides (``client_from_url(url, socket_timeout=2)``, as the CLI does)
 go to every connection's options, the sentinels' timeouts included, and are
 not checked: code that passes them knows what it asks for.
 
+``memory://`` gives a fakeredis client on a server of its own (fakeredis
+runs the same Lua scripts, as the local fallback store does: storage/store.py):
+no socket, so no timeout and nothing to retry, and no override applies.
+
 Every client connects at first use. redis-py's RedisCluster reads the slot
 map in its constructor, so a ``redis+cluster://`` URL gives a ``LazyCluster``
 that builds it at the first command: an app starts while its cluster is down
@@ -48,6 +52,10 @@ def no_retry() -> Retry:
 def client_from_url(url: str, **overrides: Any) -> RedisClient:
     """A client for url (see the module's docstring); ValueError for a bad URL."""
     parsed = parse(url)
+    if parsed.memory:
+        import fakeredis  # imported only when a process asks for it
+
+        return fakeredis.FakeRedis(server=fakeredis.FakeServer())
     if parsed.cluster:
         return _cluster(parsed, overrides)
     if parsed.sentinel:
@@ -68,6 +76,10 @@ def async_client_from_url(url: str, **overrides: Any) -> Any:
     from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 
     parsed = parse(url)
+    if parsed.memory:
+        import fakeredis
+
+        return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
     options = _connection_options(parsed, overrides)
     options["retry"] = AsyncRetry(NoBackoff(), 0)
     if parsed.cluster:
@@ -214,6 +226,8 @@ def describe(client: Any) -> str:
             startup = client._kwargs["startup_nodes"]
             return "cluster " + ",".join(sorted(f"{n.host}:{n.port}" for n in startup))
         client = client.built()
+    if type(client).__module__.startswith("fakeredis"):
+        return "memory://"
     nodes = getattr(client, "get_nodes", None)
     if callable(nodes):  # Redis Cluster
         return "cluster " + ",".join(sorted(f"{n.host}:{n.port}" for n in nodes()))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,39 @@ def test_a_cluster_client_connects_at_first_use_and_says_which_nodes_failed():
     client.close()
 
 
+# -- memory:// ------------------------------------------------------------------------------
+
+
+def test_memory_url_makes_a_store_of_its_own_in_this_process():
+    """Each memory:// is a new, empty store: what one client writes another never sees."""
+    one, other = client_from_url("memory://"), client_from_url("MEMORY://")
+    assert type(one).__module__.startswith("fakeredis")
+    one.set("k", "1")
+    assert (one.get("k"), other.get("k")) == (b"1", None)
+    assert urls.describe(one) == "memory://"
+    assert parse("memory://").memory and not parse("redis://h").memory
+
+
+def test_memory_url_on_the_asyncio_side():
+    async def written_and_seen() -> tuple[Any, Any]:
+        one, other = urls.async_client_from_url("memory://"), urls.async_client_from_url("memory://")
+        await one.set("k", "1")
+        return await one.get("k"), await other.get("k")
+
+    assert asyncio.run(written_and_seen()) == (b"1", None)
+
+
+def test_memory_breakers_run_the_scripts_on_that_store():
+    breakers = Breakers.from_url("memory://", clock=lambda: 1_700_000_000_000)
+    try:
+        pay = breakers.get("pay")
+        pay.force_open()
+        assert breakers.names() == ["pay"]
+        assert breakers.client.exists("breaker:{pay}:state") == 1
+    finally:
+        breakers.close()
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 
@@ -341,6 +375,10 @@ BAD_URLS = [
     (f"rediss+sentinel://:{SECRET}@h/s?ssl_keyfile=/no/key", "ssl_keyfile: no such file"),
     (f"unix://:{SECRET}@", "has no socket path: use unix:///path/to/socket"),
     (f"unix://:{SECRET}@host/tmp/s", "names a host ('host')"),
+    (f"memory://:{SECRET}@h", "has more after the scheme: use memory:// alone"),
+    ("memory://localhost", "memory:// URL 'memory://localhost' has more after the scheme"),
+    ("memory:///0", "use memory:// alone (each one is a new, empty store in this process)"),
+    ("memory://?db=1", "use memory:// alone"),
 ]
 
 

@@ -109,9 +109,11 @@ class BreakerConfig:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> BreakerConfig:
         # A misspelt field gets a did-you-mean, not the dataclass's bare "unexpected keyword".
+        known = cls.__dataclass_fields__  # a subclass's own fields too (a group member's config)
         for key in kwargs:
-            if key not in _FIELD_NAMES:
-                raise TypeError(f"BreakerConfig has no field {key!r}; {suggestion(key, _FIELD_NAMES)}")
+            if key not in known:
+                names = tuple(known)
+                raise TypeError(f"{cls.__name__} has no field {key!r}; {suggestion(key, names)}")
         return super().__new__(cls)
 
     def __post_init__(self) -> None:

@@ -105,6 +105,22 @@ class Boom(Exception):
 # -- the API -------------------------------------------------------------------------------
 
 
+def test_from_url_memory_runs_the_scripts_in_this_process(clock):
+    """Breakers.from_url("memory://"): a store of its own, driven by the test clock."""
+
+    async def main() -> None:
+        breakers = Breakers.from_url("memory://", clock=clock)
+        pay = breakers.get("pay", TRIP_AT_3)
+        await fail(pay, 3)
+        assert not await admits(pay)
+        clock.advance(TRIP_AT_3.open_seconds * 1000)
+        assert await admits(pay)  # the probe
+        assert await breakers.names() == ["pay"]
+        await breakers.aclose()
+
+    run(main())
+
+
 def test_call_decorator_context_and_permit(connect, clock):
     async def main() -> None:
         breakers = Breakers(connect(), clock=clock)

@@ -103,6 +103,16 @@ def test_a_misspelt_field_gets_a_did_you_mean():
         dataclasses.replace(BreakerConfig(), open_second=5)
 
 
+def test_a_subclass_keeps_its_own_fields_and_names_itself():
+    @dataclasses.dataclass(frozen=True)
+    class Member(BreakerConfig):  # as a breaker group's member config adds its group
+        group: str = ""
+
+    assert Member(group="payments", failure_threshold=2).group == "payments"
+    with pytest.raises(TypeError, match=r"^Member has no field 'grup'; did you mean 'group'\?$"):
+        Member(grup="payments")
+
+
 def test_a_misspelt_live_field_gets_a_did_you_mean():
     with pytest.raises(
         ValueError, match=r"unknown config field 'open_second'; did you mean 'open_seconds'\?$"

@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 from flask import Flask, abort, jsonify
 
-from breaker_redis import BreakerConfig, BreakerOpen, Breakers
+from breaker_redis import BreakerConfig, BreakerOpen, Breakers, urls
 from breaker_redis.flask import BreakerOpenError, FlaskBreakers, wants_json
 from tests.support.flask_apps import make_app
 
@@ -108,6 +108,25 @@ def test_redis_url_is_read_and_nothing_connects_at_set_up(clock):
     ext = FlaskBreakers(override, redis_url=f"redis://127.0.0.1:{port}/5", listen=False)
     with override.app_context():
         assert ext.breakers.client.connection_pool.connection_kwargs["db"] == 5
+
+
+def test_memory_url_keeps_the_state_in_this_process(clock):
+    """BREAKER_REDIS_URL="memory://": the app's own store, in its process, for its tests."""
+    app = Flask(__name__)
+    app.config["BREAKER_REDIS_URL"] = "memory://"
+    ext = FlaskBreakers(app, clock=clock)
+    add_pay(app, ext)
+    client = app.test_client()
+    trip(client)
+    assert client.post("/pay").status_code == 503
+    clock.advance(10_000)  # open_seconds
+    assert client.post("/pay").status_code == 200  # the probe
+    assert ext.breakers.client.exists("breaker:{pay}:state") == 1
+    assert urls.describe(ext.breakers.client) == "memory://"
+    other = FlaskBreakers(Flask(__name__), redis_url="memory://", clock=clock)
+    assert other.breakers.client.exists("breaker:{pay}:state") == 0  # a store of its own
+    other.breakers.close()
+    ext.breakers.close()
 
 
 @pytest.mark.parametrize(("policy", "status"), [("deny", 503), ("allow", 200), ("local", 200)])

@@ -45,6 +45,11 @@ def build(config: dict[str, Any] | None = None, **overrides: Any) -> tuple[Flask
             "BREAKER_REDIS_URL: Redis URL 'localhost:6379' has no scheme",
         ),
         ({"BREAKER_REDIS_URL": "redis://h:port/0"}, ValueError, "BREAKER_REDIS_URL: bad port 'port'"),
+        (
+            {"BREAKER_REDIS_URL": "memory://shared"},
+            ValueError,
+            "BREAKER_REDIS_URL: memory:// URL 'memory://shared' has more after the scheme",
+        ),
         ({"BREAKER_KEY_PREFIX": "my shop"}, ValueError, "BREAKER_KEY_PREFIX: invalid key prefix 'my shop'"),
         ({"BREAKER_KEY_PREFIX": 7}, ValueError, "BREAKER_KEY_PREFIX: invalid key prefix 7"),
         ({"BREAKER_DEFAULTS": "count"}, TypeError, "BREAKER_DEFAULTS must be a dict of BreakerConfig fields"),
@@ -92,6 +97,7 @@ def test_a_wrong_config_value_fails_at_init_naming_its_key(config, error, says) 
     [
         ({"redis_url": 6379}, "redis_url must be a Redis URL str"),
         ({"redis_url": "http://x"}, "redis_url: unsupported Redis URL scheme"),
+        ({"redis_url": "memory:///0"}, "redis_url: memory:// URL 'memory:///0' has more after the scheme"),
         ({"key_prefix": "my shop"}, "key_prefix: invalid key prefix"),
         ({"on_store_error": "open"}, "on_store_error must be one of"),
         (

@@ -396,6 +396,7 @@ def test_config_of_an_unknown_breaker_exits_1_and_writes_nothing(url, prefix, cl
     [
         (["--prefix", "no spaces", "status"], "invalid key prefix"),
         (["--url", "http://127.0.0.1:6379", "status"], "unsupported Redis URL"),
+        (["--url", "memory://", "status"], "memory:// is a store inside one process"),
         (["show", "a b"], "invalid breaker name 'a b'"),
         (["open", "{pay}"], "invalid breaker name '{pay}'"),
         (["events", "a\tb"], "invalid breaker name"),

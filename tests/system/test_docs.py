@@ -12,8 +12,12 @@ The rules of this harness (CONTRIBUTING.md, "The docs", says the same in a line)
 2. Its environment: ``BREAKER_REDIS_URL`` is a real redis-server this module
    starts (one for all blocks, emptied before each block; the URL asks for a 0.9 s
    client timeout, the longest the product allows, so that a stall of a busy
-   test machine does not send a block to its local breakers), and ``UPSTREAM_URL``
-   demo_app's flaky upstream (``python -m demo_app.upstream``), healthy. An
+   test machine does not send a block to its local breakers), ``UPSTREAM_URL``
+   demo_app's flaky upstream (``python -m demo_app.upstream``), healthy, and
+   ``PYTEST_PLUGINS`` the testing kit's pytest plugin, which installing the product
+   registers (a block that runs pytest finds its fixtures even in a checkout whose
+   install predates the entry point; tests/system/test_packaging.py holds the wheel
+   to registering it). An
    example reads them with ``os.environ.get(NAME, default)``; a quoted
    ``redis://`` URL may appear only as the default of
    ``os.environ.get("BREAKER_REDIS_URL", ...)``, and a block that reads
@@ -52,6 +56,7 @@ from typing import Any
 import pytest
 
 from tests.support.docs_runner import CALLS
+from tests.support.plugin_user import PLUGIN
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.real
@@ -108,6 +113,7 @@ def test_the_blocks_are_found():
         "one-sick-host.md",
         "operations.md",
         "pybreaker-migration.md",
+        "testing.md",
         "usage.md",
         "wsgi.md",
     }
@@ -146,7 +152,7 @@ def test_block_runs(block: Block, redis_for_docs: RedisServer, upstream_url: str
     # busy test machine stalls a reply past the default 0.25 s (it then goes on locally and says
     # so on stderr, which fails the block: rule 3)
     url = redis_for_docs.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
-    env.update(BREAKER_REDIS_URL=url, UPSTREAM_URL=upstream_url)
+    env.update(BREAKER_REDIS_URL=url, UPSTREAM_URL=upstream_url, PYTEST_PLUGINS=PLUGIN)
     for run in range(1, RUNS + 1):
         connections = client.info("stats")["total_connections_received"]
         report = tmp_path / f"report-{run}.json"

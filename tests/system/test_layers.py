@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ops", ("ops", "metrics")),
     ("integrations", ("flask", "wsgi", "asgi", "fastapi", "requests", "httpx")),
     ("compat", ("compat",)),
+    ("testing", ("testing",)),
 )
 
 Graph = Mapping[str, Mapping[str, int]]  # module -> {imported module: line of the first such import}

@@ -1,18 +1,25 @@
-"""The wheel carries the Lua scripts inside the package and works from any directory."""
+"""The wheel carries the Lua scripts inside the package and works from any directory, and
+installing it registers the pytest plugin of the testing kit."""
 
 from __future__ import annotations
 
 import ast
+import configparser
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.plugin_user import PLUGIN, USES_THE_KIT_PASSED, loaded_by, write_user_tests
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_wheel_ships_the_lua_and_runs_outside_the_checkout(tmp_path, redis_server):
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from the checkout and installed in a folder of its own (its site)."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     wheels = tmp_path / "wheels"
     subprocess.run(
         [
@@ -35,6 +42,11 @@ def test_wheel_ships_the_lua_and_runs_outside_the_checkout(tmp_path, redis_serve
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
         check=True,
     )
+    return target
+
+
+def test_wheel_ships_the_lua_and_runs_outside_the_checkout(installed_wheel, tmp_path, redis_server):
+    target = installed_wheel
     assert (target / "breaker_redis" / "lua" / "record.lua").is_file()
     for asset in ("dashboard.html", "dashboard.js", "dashboard.css"):  # the dashboard works offline
         assert (target / "breaker_redis" / "flask" / "static" / asset).is_file(), asset
@@ -59,11 +71,57 @@ print(pay.state)
 
 
 @pytest.mark.processes
+def test_the_wheel_registers_the_pytest_plugin(installed_wheel, tmp_path):
+    """A user's suite, run by pytest beside the installed wheel, gets the fixtures from the
+    wheel's entry point alone, and naming the plugin with -p as well changes nothing."""
+    (dist_info,) = installed_wheel.glob("breaker_redis-*.dist-info")
+    entry_points = configparser.ConfigParser(delimiters=("=",))
+    entry_points.optionxform = str  # names keep their case
+    entry_points.read(dist_info / "entry_points.txt", "utf-8")
+    assert dict(entry_points["pytest11"]) == {PLUGIN: PLUGIN}
+
+    write_user_tests(tmp_path)
+    for extra in ([], ["-p", PLUGIN]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", *extra, "test_checkout.py"],
+            cwd=tmp_path,
+            env={"PYTHONPATH": str(installed_wheel), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"{USES_THE_KIT_PASSED} passed" in done.stdout, done.stdout
+        how = loaded_by(done.stdout)
+        assert (
+            how
+            == f"the entry point of breaker-redis FROM {installed_wheel / 'breaker_redis' / '__init__.py'}"
+        )
+
+
+@pytest.mark.processes
 def test_the_core_never_imports_flask():
     program = (
         "import sys, breaker_redis, breaker_redis.fallbacks, breaker_redis.web.clients\n"
         "assert 'flask' not in sys.modules and 'werkzeug' not in sys.modules, sorted(sys.modules)\n"
         "assert 'requests' not in sys.modules and 'httpx' not in sys.modules, sorted(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)
+
+
+@pytest.mark.processes
+def test_import_breaker_redis_alone_loads_no_engine_until_a_name_is_used():
+    """pytest imports the package in every run, for the testing kit's entry point: a run that
+    uses no breaker must not pay for redis-py and the engine (breaker_redis/__init__.py)."""
+    program = (
+        "import sys, breaker_redis, breaker_redis.testing.pytest_plugin\n"
+        "assert 'redis' not in sys.modules, sorted(sys.modules)\n"
+        "assert 'breaker_redis.engine' not in sys.modules, sorted(sys.modules)\n"
+        "from breaker_redis import Breakers, urls\n"
+        "assert Breakers.__module__ == 'breaker_redis.engine.breakers' and 'redis' in sys.modules\n"
+        "assert breaker_redis.Breakers is Breakers and urls.__name__ == 'breaker_redis.urls'\n"
+        "assert set(breaker_redis.__all__) <= set(dir(breaker_redis))\n"
+        "assert all(getattr(breaker_redis, name) for name in breaker_redis.__all__)\n"
     )
     subprocess.run([sys.executable, "-c", program], cwd=ROOT, check=True)
 

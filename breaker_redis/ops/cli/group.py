@@ -212,8 +212,15 @@ def main(ctx: click.Context, url: str, prefix: str, timeout: float | None) -> No
 
 
 def _timeouts(url: str, timeout: float | None) -> dict[str, float]:
-    """--timeout for both; else what the URL says, else TIMEOUT (ValueError: a bad URL)."""
-    options = parse_url(url).options
+    """--timeout for both; else what the URL says, else TIMEOUT (ValueError: a bad URL, or
+    memory://, a store inside one process that a command run from outside never sees)."""
+    parsed = parse_url(url)
+    if parsed.memory:
+        raise ValueError(
+            "memory:// is a store inside one process, which a command run from another "
+            "never sees: give the Redis URL the app uses"
+        )
+    options = parsed.options
     return {
         key: timeout if timeout is not None else float(options.get(key, TIMEOUT))
         for key in ("socket_connect_timeout", "socket_timeout")
