@@ -33,14 +33,13 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from breaker_redis.ops import extras
+
 try:
     from opentelemetry import metrics, trace
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-except ImportError as missing:  # an optional dependency (docs/install.md): say which extra brings it
-    raise ImportError(
-        "breaker_redis.opentelemetry needs opentelemetry-api: pip install 'breaker-redis[opentelemetry]'",
-        name=missing.name,
-    ) from missing
+except ImportError as error:  # an optional dependency (ops/extras.py)
+    raise extras.missing(__name__, "opentelemetry-api", "opentelemetry", error) from error
 
 from breaker_redis import BreakerOpen, Transition, __version__
 
