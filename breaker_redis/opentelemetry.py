@@ -28,6 +28,7 @@ and ``import breaker_redis`` never imports this module.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Iterable
@@ -90,6 +91,12 @@ class _Tally:
 
     def __init__(self, breakers: Instrumentable) -> None:
         self.breakers = weakref.ref(breakers)  # a Breakers dropped is not kept alive by its metrics
+        self.after_fork()
+        _tallies.add(self)
+
+    def after_fork(self) -> None:
+        """Start afresh: a forked worker's counts are its own (the parent's, counted again by
+        every child, would be counted once per child), and a lock held at the fork stays held."""
         self._lock = threading.Lock()
         # (breaker name, outcome, refusal reason or "") -> calls
         self._counts: dict[tuple[str, str, str], int] = {}
@@ -115,6 +122,17 @@ class _Tally:
     def counts(self) -> list[tuple[tuple[str, str, str], int]]:
         with self._lock:
             return sorted(self._counts.items())
+
+
+_tallies: weakref.WeakSet[_Tally] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for tally in list(_tallies):
+        tally.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class _Instruments:

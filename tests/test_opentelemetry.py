@@ -5,6 +5,7 @@ recovery, counted exactly, on the sync side and the asyncio one."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -230,6 +231,35 @@ def test_two_breakers_objects_on_one_provider_are_both_counted(make_breakers, te
     points = telemetry.points()
     assert points[calls("pay", "success")] == 1
     assert points[calls("cart", "success")] == 2
+
+
+@pytest.mark.processes
+def test_a_forked_worker_counts_its_own_calls(make_breakers, telemetry: Telemetry) -> None:
+    """gunicorn --preload: the app (and its instrumented Breakers) is built, and may be
+    called, before the fork; each worker's counts start at the fork, or the parent's would
+    be counted once per worker."""
+    breakers = make_breakers()
+    otel.instrument(breakers, meter_provider=telemetry.meters)
+    pay = breakers.get("pay", RECOVERS)
+    pay.call(lambda: None)
+    pay.call(lambda: None)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        status = 1
+        try:
+            pay.call(lambda: None)
+            seen = telemetry.points().get(calls("pay", "success"))
+            os.write(write, repr(seen).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        seen = pipe.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert seen == "1"
+    assert telemetry.points()[calls("pay", "success")] == 2
 
 
 def test_an_uninstrumented_breakers_tells_no_one(make_breakers) -> None:
