@@ -61,9 +61,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -83,7 +81,7 @@ if str(ROOT) not in sys.path:
 import redis  # noqa: E402
 from fastapi import Depends, FastAPI, Request, Response  # noqa: E402
 from flask import Flask  # noqa: E402
-from overhead import noop, redis_server, wait_until_subscribed  # noqa: E402
+from overhead import callgrind_stretch, callgrind_subject, noop, redis_server, wait_until_subscribed  # noqa: E402
 from werkzeug.test import create_environ  # noqa: E402
 
 from breaker_redis import Breaker, BreakerConfig, Breakers  # noqa: E402
@@ -596,12 +594,7 @@ def one_subject(name: str, url: str) -> int:
         sync_breakers, async_breakers, call, acall, loop.run_until_complete, statuses, name.split("-")[0]
     )
     run = next(block[name] for block in blocks.values() if name in block)
-    run(WARMUP)
-    print("ready", flush=True)
-    sys.stdin.readline()
-    run(COUNTED)
-    print("done", flush=True)
-    sys.stdin.readline()
+    callgrind_subject(run, WARMUP, COUNTED)
     sync_breakers.close()
     loop.run_until_complete(async_breakers.aclose())
     return 1 if statuses.bad else 0
@@ -609,45 +602,10 @@ def one_subject(name: str, url: str) -> int:
 
 def count_instructions(url: str, names: list[str], folder: str) -> Samples:
     """Instructions per request of each subject's serving thread, one callgrind run each."""
-    valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
-    if valgrind is None or control is None:
-        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     counts = Samples()
     for name in names:
-        out = os.path.join(folder, f"{name}.out")
-        argv = [
-            valgrind,
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            "--separate-threads=yes",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            __file__,
-            "--one",
-            name,
-            url,
-        ]
-        log = open(os.path.join(folder, f"{name}.log"), "w")  # noqa: SIM115 - closed below
-        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
-        assert child.stdin is not None and child.stdout is not None
-        if child.stdout.readline().strip() != "ready":
-            log.close()
-            with open(log.name) as err:
-                sys.stderr.write(err.read()[-3000:])
-            raise SystemExit(f"{name}: the subject did not start under callgrind (exit {child.wait()})")
-        subprocess.run([control, "-i", "on", str(child.pid)], check=True, capture_output=True)
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        if child.stdout.readline().strip() != "done":
-            raise SystemExit(f"{name}: the subject stopped under callgrind (exit {child.wait()})")
-        subprocess.run([control, "-i", "off", str(child.pid)], check=True, capture_output=True)
-        child.stdin.write("end\n")
-        child.stdin.close()
-        log.close()
-        if child.wait() != 0:
-            raise SystemExit(f"{name}: a request was answered other than 200 under callgrind")
-        with open(f"{out}-01") as dump:  # the main thread's file
-            total = max(int(line.split()[1]) for line in dump if line.startswith(("summary:", "totals:")))
+        command = [sys.executable, __file__, "--one", name, url]
+        total = callgrind_stretch(command, name, folder, "a request was answered other than 200")
         counts[name] = [total / COUNTED]
     return counts
 

@@ -432,6 +432,50 @@ def breaker_redis_subject(breakers: Breakers) -> tuple[Subject, Breaker]:
     return subject, tripped
 
 
+def callgrind_subject(run: Callable[[int], object], warmup: int, counted: int) -> None:
+    """The subject's side of callgrind_stretch: ``run(warmup)``, then ``run(counted)``
+    inside the stretch the parent counts."""
+    run(warmup)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    run(counted)
+    print("done", flush=True)
+    sys.stdin.readline()
+
+
+def callgrind_stretch(command: list[str], name: str, folder: str, failed: str) -> int:
+    """Instructions of the main thread of ``command`` run under callgrind, counted only over
+    the stretch it marks: the subject prints 'ready', reads a line, runs what is measured,
+    prints 'done', reads a line and exits 0 (``failed``: what another exit means). Used by
+    bench/integrations.py and bench/telemetry.py (--instructions)."""
+    valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
+    if valgrind is None or control is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    out = os.path.join(folder, f"{name}.out")
+    argv = [valgrind, "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"]
+    argv += [f"--callgrind-out-file={out}", *command]
+    with open(os.path.join(folder, f"{name}.log"), "w") as log:
+        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        assert child.stdin is not None and child.stdout is not None
+        if child.stdout.readline().strip() != "ready":
+            log.flush()
+            with open(log.name) as err:
+                sys.stderr.write(err.read()[-3000:])
+            raise SystemExit(f"{name}: the subject did not start under callgrind (exit {child.wait()})")
+        subprocess.run([control, "-i", "on", str(child.pid)], check=True, capture_output=True)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        if child.stdout.readline().strip() != "done":
+            raise SystemExit(f"{name}: the subject stopped under callgrind (exit {child.wait()})")
+        subprocess.run([control, "-i", "off", str(child.pid)], check=True, capture_output=True)
+        child.stdin.write("end\n")
+        child.stdin.close()
+        if child.wait() != 0:
+            raise SystemExit(f"{name}: {failed} under callgrind")
+    with open(f"{out}-01") as dump:  # the main thread's file
+        return max(int(line.split()[1]) for line in dump if line.startswith(("summary:", "totals:")))
+
+
 def wait_until_subscribed(breakers: Breakers, breaker: Breaker) -> None:
     """The first call starts the invalidation listener; until it is subscribed a
     worker trusts what it knows for 1 s only, which is not the steady state."""

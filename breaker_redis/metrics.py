@@ -11,6 +11,10 @@ metric names are fixed (docs/design.md section 9). When Redis cannot be read,
 a scrape shows ``breaker_redis_up 0`` and nothing else, and says why once in
 the log.
 
+prometheus-client is optional (the ``prometheus`` extra, which the ``flask``
+one includes: docs/install.md); without it, importing this module fails
+naming the extra.
+
 ``exposition()`` (the Flask endpoint, ``breaker-redis metrics``) writes the
 text format itself (``render``): byte for byte what prometheus-client's
 ``generate_latest`` writes of the collector's families (tests/test_metrics.py
@@ -27,9 +31,14 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from breaker_redis.ops import extras
+
+try:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+    from prometheus_client.utils import floatToGoString
+except ImportError as error:  # an optional dependency (ops/extras.py)
+    raise extras.missing(__name__, "prometheus-client", "prometheus", error) from error
 
 from breaker_redis.engine.snapshot import OUTCOME_COUNTERS, Count, Snapshot
 from breaker_redis.ops.reader import Reader

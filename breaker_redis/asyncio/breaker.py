@@ -43,6 +43,7 @@ from breaker_redis.engine import steps
 from breaker_redis.engine.breaker import State
 from breaker_redis.engine.core import MISSING
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
+from breaker_redis.engine.observers import tell_called, tell_refused
 from breaker_redis.engine.permit import Recording
 from breaker_redis.engine.snapshot import Snapshot
 from breaker_redis.engine.steps import BreakerSteps
@@ -157,13 +158,19 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]]):
 
     async def acquire(self) -> Permit:
         """A Permit for one call, or BreakerOpen. Decides from memory when it can."""
-        self._shared.ensure_loop()
+        shared = self._shared
+        shared.ensure_loop()
         known = self._memory.known
-        if known is not None and self._trusted(known):
-            permit = self._from_memory(known)
-            if permit is not None:
-                return permit
-        return await _shielded(self._acquiring(), _hand_back)
+        try:
+            if known is not None and self._trusted(known):
+                permit = self._from_memory(known)
+                if permit is not None:
+                    return permit
+            return await _shielded(self._acquiring(), _hand_back)
+        except BreakerOpen as refusal:
+            if shared.call_observers:
+                tell_refused(shared.call_observers, refusal)
+            raise
 
     def _trusted(self, known: Knowledge) -> bool:
         listener = self._listener
@@ -176,6 +183,8 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]]):
         """Count one outcome: in memory if it decides nothing now, else sent at once.
         Never raises into the caller: a lost record must not fail the call."""
         shared = self._shared
+        if shared.call_observers:
+            tell_called(shared.call_observers, self.name, outcome)
         gate = self._gate
         if permit.generation != gate.generation and not gate.live(permit.generation):
             return

@@ -41,6 +41,7 @@ from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine import steps
 from breaker_redis.engine.core import MISSING, _fall_back
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
+from breaker_redis.engine.observers import tell_called, tell_refused
 from breaker_redis.engine.permit import Permit
 from breaker_redis.engine.recorder import Recorder
 from breaker_redis.engine.snapshot import Snapshot
@@ -150,12 +151,18 @@ class Breaker(BreakerSteps[Permit, None]):
         if known is not None and known.admits and self._trusted(known):
             # the healthy call: admitted from memory, nothing counted (core.py _from_memory)
             return Permit(self, known.epoch, "", known.generation, known.calm, timed=known.slow_ms != 0)
-        if known is not None and self._trusted(known):
-            with self._lock:
-                permit = self._from_memory(known)
-            if permit is not None:
-                return permit
-        return run_sync(self._acquiring())
+        try:
+            if known is not None and self._trusted(known):
+                with self._lock:
+                    permit = self._from_memory(known)
+                if permit is not None:
+                    return permit
+            return run_sync(self._acquiring())
+        except BreakerOpen as refusal:
+            observers = self._shared.call_observers
+            if observers:
+                tell_refused(observers, refusal)
+            raise
 
     def call(self, fn: Callable[..., T], /, *args: Any, fallback: Any = MISSING, **kwargs: Any) -> T:
         """Run fn behind the breaker.
@@ -205,6 +212,8 @@ class Breaker(BreakerSteps[Permit, None]):
         if cause is not None:
             return self._settle_failed_result(self._permit_since(known, started), result, cause, fallback)
         duration_ms = shared.now_ms() - started if timed else 0
+        if shared.call_observers:
+            tell_called(shared.call_observers, self.name, "success")
         if not self._batched(known.epoch, known.generation, duration_ms):
             self._send(known.epoch, "success", max(0, duration_ms), "", known.generation)
         return result
@@ -273,6 +282,8 @@ class Breaker(BreakerSteps[Permit, None]):
         Never raises into the caller: a lost record must not fail the call.
         """
         shared = self._shared
+        if shared.call_observers:
+            tell_called(shared.call_observers, self.name, outcome)
         gate = self._gate
         if permit.generation != gate.generation and not gate.live(permit.generation):
             return  # admitted by a store that is no longer in use

@@ -25,6 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 from breaker_redis.base.config import BreakerConfig, checked_changes
 from breaker_redis.base.names import validate_name
 from breaker_redis.engine.knowledge import about_another_database
+from breaker_redis.engine.observers import CallObserver
 from breaker_redis.engine.reporters import reporter_or_default
 from breaker_redis.engine.transitions import TransitionCallback, TransitionHooks
 from breaker_redis.storage.acks import acks_key
@@ -103,6 +104,9 @@ class BreakersCore(Generic[B, G, R]):
         self._runner = runner = parts.runner(client, prefix, int(key_ttl_seconds * 1000))
         self._breakers: dict[str, B] = {}
         self._hooks = TransitionHooks()
+        # told each call's outcome in process (observers.py): a tuple, replaced whole, so
+        # a breaker reads it with one attribute test and never sees it half changed
+        self.call_observers: tuple[CallObserver, ...] = ()
         self._lock = threading.Lock()
         self._listen = listen
         self.pid = os.getpid()
@@ -152,6 +156,11 @@ class BreakersCore(Generic[B, G, R]):
             elif config is not None and config != breaker.config:
                 raise ValueError(f"breaker {name!r} already exists with another config: {breaker.config}")
         return breaker
+
+    def built(self) -> list[B]:
+        """The breakers this process has built so far (what a gauge of what this worker
+        knows reads: breaker_redis.opentelemetry)."""
+        return list(self._breakers.values())
 
     def __contains__(self, name: object) -> bool:
         """Whether this process has built a breaker of that name."""
@@ -228,6 +237,15 @@ class BreakersCore(Generic[B, G, R]):
         process, whether it changed the state or not (``t.changed``): an audit log.
         Usable as a decorator; exceptions in it are logged, never raised."""
         return self._hooks.add(self._hooks.actions, callback, "on_operator_action")
+
+    def observe_calls(self, observer: CallObserver) -> CallObserver:
+        """Tell ``observer`` every call's outcome and every refusal of this process's
+        breakers, as the call settles (engine/observers.py: what, when, at what cost)."""
+        if not (callable(getattr(observer, "called", None)) and callable(getattr(observer, "refused", None))):
+            raise TypeError(f"observe_calls needs an object with called() and refused() (got {observer!r})")
+        with self._lock:
+            self.call_observers = (*self.call_observers, observer)
+        return observer
 
     def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None:
         self._hooks.report(name, events, epoch, at_ms)

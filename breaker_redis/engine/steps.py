@@ -42,6 +42,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.core import BreakerCore, Clock, P
 from breaker_redis.engine.knowledge import Knowledge, Reply
+from breaker_redis.engine.observers import CallObserver
 from breaker_redis.engine.snapshot import Snapshot, snapshot_dict
 from breaker_redis.engine.transitions import released_upto
 from breaker_redis.storage.args import AdminArgs, HoldArgs, SnapshotArgs
@@ -56,6 +57,7 @@ class Shared(Clock, Protocol):
     Shared adds its I/O."""
 
     batch_successes: bool
+    call_observers: tuple[CallObserver, ...]
     pid: int
     reporter: str
 

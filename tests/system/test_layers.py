@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("engine", "__init__")),
     ("asyncio", ("asyncio", "fallbacks")),
     ("web", ("web", "groups")),
-    ("ops", ("ops", "metrics")),
+    ("ops", ("ops", "metrics", "opentelemetry")),
     ("integrations", ("flask", "wsgi", "asgi", "fastapi", "requests", "httpx")),
     ("compat", ("compat",)),
     ("testing", ("testing",)),

@@ -50,9 +50,11 @@ def metrics(target: Target, port: int | None, host: str) -> None:
     _rejected_total, _trips_total, _window_calls, _window_failures,
     _retry_after_seconds (see breaker_redis.metrics).
     """
+    try:
+        from breaker_redis.metrics import BreakerCollector, exposition
+    except ImportError as missing:  # prometheus-client is optional: the message names the extra
+        raise click.ClickException(str(missing)) from missing
     from prometheus_client import CollectorRegistry, start_http_server
-
-    from breaker_redis.metrics import BreakerCollector, exposition
 
     target.names()  # Redis unreachable: exit 1 now, not an exposition saying breaker_redis_up 0
     if port is None:
