@@ -29,6 +29,7 @@ import select
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
@@ -48,6 +49,7 @@ log = logging.getLogger("breaker_redis")
 WAIT_SECONDS = 1.0
 
 
+@dataclass(eq=False, repr=False)  # a link is itself, not its fields
 class Link:
     """One subscription connection, and how it is read (steps 3 and 5 of the boundary).
 
@@ -62,16 +64,21 @@ class Link:
     ends that wait at once, whatever the transport: see there.
     """
 
-    def __init__(self, pubsub: Any, owner: LinkOwner, lock: threading.Lock) -> None:
-        self.pubsub = pubsub
-        self.owner = owner
-        self.lock = lock
-        self.closed = False
-        self.socket: Any = None
-        self.readable: Callable[[float], Any] = _never
-        self.lease = Lease()  # how long what it delivered may be trusted (storage/acks.py)
-        self._interrupted = threading.Event()  # ends the wait of a transport that cannot be polled
-        self._closing = threading.Lock()  # one close of the connection at a time (interrupt, close)
+    pubsub: Any
+    owner: LinkOwner
+    lock: threading.Lock
+    # what follows is the link's own state, not given
+    closed: bool = field(default=False, init=False)
+    socket: Any = field(init=False)  # both set by attach()
+    readable: Callable[[float], Any] = field(init=False)
+    # how long what it delivered may be trusted (storage/acks.py)
+    lease: Lease = field(default_factory=Lease, init=False)
+    # ends the wait of a transport that cannot be polled
+    _interrupted: threading.Event = field(default_factory=threading.Event, init=False)
+    # one close of the connection at a time (interrupt, close)
+    _closing: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def __post_init__(self) -> None:
         self.attach()
 
     def attach(self) -> None:
