@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis
@@ -58,6 +59,7 @@ def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
     return (items[i : i + CHUNK] for i in range(0, len(items), CHUNK))
 
 
+@dataclass(eq=False)
 class Reader:
     """Every breaker under one key prefix, read without knowing the apps' configs.
 
@@ -65,21 +67,18 @@ class Reader:
     ``Breakers(clock=...)``; None: Redis time.
     """
 
-    def __init__(
-        self,
-        client: Any,
-        prefix: str,
-        *,
-        owns_client: bool = True,
-        clock: Callable[[], int] | None = None,
-    ) -> None:
-        self.client = client
-        self.prefix = prefix
-        self._owns_client = owns_client
-        self._clock = clock
-        self._runner = ScriptRunner(client, prefix, int(DEFAULT_TTL_SECONDS * 1000))
-        self._breakers: Breakers | None = None
-        self._plain: dict[bytes, Any] = {}  # config text -> its config in force, no override
+    client: Any
+    prefix: str
+    _: KW_ONLY
+    owns_client: bool = True  # close() closes the client
+    clock: Callable[[], int] | None = None
+    _runner: ScriptRunner = field(init=False, repr=False)
+    _breakers: Breakers | None = field(default=None, init=False, repr=False)
+    # config text -> its config in force, no override
+    _plain: dict[bytes, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._runner = ScriptRunner(self.client, self.prefix, int(DEFAULT_TTL_SECONDS * 1000))
 
     def breakers(self) -> Breakers:
         """Breakers for the switches (force_open ..., configure), made at first use.
@@ -204,7 +203,7 @@ class Reader:
         return texts
 
     def _now_ms(self) -> int | None:
-        return None if self._clock is None else int(self._clock())
+        return None if self.clock is None else int(self.clock())
 
     def _read_with(self, names: Sequence[str], configs: Sequence[bytes]) -> list[Parts]:
         """Each name read with its config text, in one pipeline; an error raises,
@@ -307,5 +306,5 @@ class Reader:
     def close(self) -> None:
         if self._breakers is not None:
             self._breakers.close()
-        if self._owns_client:
+        if self.owns_client:
             self.client.close()

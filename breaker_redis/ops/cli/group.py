@@ -8,7 +8,8 @@ same commands under another group (``flask breakers``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeVar
 
 import click
@@ -52,6 +53,7 @@ def valid_name(name: str) -> str:
         raise Invalid(str(exc)) from None
 
 
+@dataclass(eq=False)
 class Target(Reader):
     """The Redis and key prefix the commands act on (a Reader), for messages too.
 
@@ -63,21 +65,15 @@ class Target(Reader):
     serves (a test acts there instead).
     """
 
-    def __init__(
-        self,
-        client: Any,
-        prefix: str,
-        *,
-        owns_client: bool = True,
-        declared: Iterable[str] = (),
-        timeout: float | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        super().__init__(client, prefix, owns_client=owns_client)
-        self.where = describe(client)
-        self.declared = frozenset(declared)
-        self.timeout = timeout
-        self.sleep = sleep
+    _: KW_ONLY
+    declared: Collection[str] = frozenset()
+    timeout: float | None = None
+    sleep: Callable[[float], None] = time.sleep
+    where: str = field(init=False)  # the client's server, as messages name it
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.where = describe(self.client)
 
     def require(self, name: str, create: bool = False) -> str:
         """The name, if it is valid and known, to Redis or as declared by the app
