@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from breaker_redis.ops import extras
 
@@ -120,14 +120,37 @@ def _metric(family: Family) -> Metric:
 # The snapshot keys sampled as they are, one sample per breaker.
 Sampled = Literal[Count, "window_calls", "window_failures", "failing_reporters"]
 
+# The families of one sample per breaker, a snapshot key as it is: name, documentation, key. A
+# family of one of the snapshot's counts is a counter, of anything else a gauge.
+SAMPLED: tuple[tuple[str, str, Sampled], ...] = (
+    ("breaker_redis_slow_calls", "Calls at or over slow_call_seconds", "slow"),
+    ("breaker_redis_rejected", "Calls refused by the breaker", "rejected"),
+    ("breaker_redis_trips", "Times the breaker opened", "trips"),
+    (
+        "breaker_redis_state_lost",
+        "Times a worker found the state it knew gone (evicted, flushed)",
+        "state_lost",
+    ),
+    ("breaker_redis_window_calls", "Calls in the sliding window", "window_calls"),
+    ("breaker_redis_window_failures", "Failures in the sliding window", "window_failures"),
+    # min_reporters > 1 (docs/one-sick-host.md)
+    ("breaker_redis_failing_reporters", "Distinct reporters failing in the window", "failing_reporters"),
+)
+_COUNTS = frozenset(get_args(Count))
+
 
 def _families(snapshots: Sequence[Snapshot]) -> list[Family]:
     each = [(str(snap["name"]), snap) for snap in snapshots]
-
-    def family(name: str, kind: str, documentation: str, field: Sampled) -> Family:
-        """One sample per breaker: a snapshot field, as it is."""
-        return Family(name, kind, documentation, ("breaker",), [(n, snap[field]) for n, snap in each])
-
+    sampled = [
+        Family(
+            name,
+            "counter" if key in _COUNTS else "gauge",
+            documentation,
+            ("breaker",),
+            [(n, snap[key]) for n, snap in each],
+        )
+        for name, documentation, key in SAMPLED
+    ]
     return [
         Family(
             "breaker_redis_state",
@@ -150,17 +173,7 @@ def _families(snapshots: Sequence[Snapshot]) -> list[Family]:
             ("breaker", "outcome"),
             [(n, outcome, snap[field]) for n, snap in each for outcome, field in OUTCOME_COUNTERS.items()],
         ),
-        family("breaker_redis_slow_calls", "counter", "Calls at or over slow_call_seconds", "slow"),
-        family("breaker_redis_rejected", "counter", "Calls refused by the breaker", "rejected"),
-        family("breaker_redis_trips", "counter", "Times the breaker opened", "trips"),
-        family(
-            "breaker_redis_state_lost",
-            "counter",
-            "Times a worker found the state it knew gone (evicted, flushed)",
-            "state_lost",
-        ),
-        family("breaker_redis_window_calls", "gauge", "Calls in the sliding window", "window_calls"),
-        family("breaker_redis_window_failures", "gauge", "Failures in the sliding window", "window_failures"),
+        *sampled,
         Family(
             "breaker_redis_retry_after_seconds",
             "gauge",
@@ -176,12 +189,6 @@ def _families(snapshots: Sequence[Snapshot]) -> list[Family]:
             "Reporters (hosts) isolated now",
             ("breaker",),
             [(n, len(snap["isolated"])) for n, snap in each],
-        ),
-        family(
-            "breaker_redis_failing_reporters",
-            "gauge",
-            "Distinct reporters failing in the window",
-            "failing_reporters",
         ),
         Family(
             "breaker_redis_reporter_failures",
