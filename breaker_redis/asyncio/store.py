@@ -23,7 +23,8 @@ from typing import Any
 import redis
 
 from breaker_redis.base.background import cancelled
-from breaker_redis.storage.scripts import EVALSHA, FCALL, FUNCTION_LOAD, METHODS, SWEEP_PICKS, Scripts, text
+from breaker_redis.base.blocking import awaited
+from breaker_redis.storage.scripts import SWEEP_PICKS, Scripts, text
 from breaker_redis.storage.store import GateHealth, StoreUnavailable
 
 __all__ = ["AsyncScriptRunner", "AsyncStoreGate", "StoreUnavailable"]
@@ -56,17 +57,8 @@ class AsyncScriptRunner(Scripts):
         return await self.slots.acall(tail[1], lambda node: self.send(_ByCommand(node), heads, tail))
 
     async def send(self, target: Any, heads: tuple[str, ...], tail: list[Any]) -> Any:
-        """One script call's steps on target (scripts.py's docstring), each awaited."""
-        step = FCALL if self.use_functions else EVALSHA
-        while True:
-            failure = None
-            try:
-                if step != FUNCTION_LOAD:
-                    return await getattr(target, METHODS[step])(heads[step], *tail)
-                await target.function_load(self.library)
-            except redis.exceptions.ResponseError as exc:
-                failure = exc
-            step = self.after(step, failure)
+        """One script call's steps on target (Scripts.steps), each awaited."""
+        return await self.steps(awaited, target, heads, tail)
 
     async def run_repairing(self, operation: str, name: str, now_ms: int | None, args: Sequence[Any]) -> Any:
         """run(), a breaker with a corrupted key reset and the call made again (Scripts.corrupted)."""
