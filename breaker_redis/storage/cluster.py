@@ -133,6 +133,11 @@ class Slots:
         nodes = manager.slots_cache.get(slot)
         return nodes[0] if nodes else None
 
+    def located(self, key: str) -> tuple[int, Any]:
+        """key's slot and its owner (None while not known): where call() and acall() send."""
+        slot = self.slot(key)
+        return slot, self.owner(slot)
+
     def owner_name(self, key: str) -> str:
         """'host:port' of the master serving key's slot, '' while not known."""
         node = self.owner(self.slot(key))
@@ -185,8 +190,7 @@ class Slots:
         answer has the map read again (``following``)."""
         with self.following():
             cluster = self.cluster()
-            slot = self.slot(key)
-            node = self.owner(slot)
+            slot, node = self.located(key)
             if node is not None:
                 try:
                     return send(cluster.get_redis_connection(node))
@@ -260,8 +264,7 @@ class Slots:
         (an asyncio node does not keep one connection for ASKING and the command), which
         retries a TRYAGAIN for up to about half a second without blocking the loop."""
         async with self.afollowing():
-            slot = self.slot(key)
-            node = self.owner(slot)
+            slot, node = self.located(key)
             if node is not None:
                 try:
                     return await send(node)
