@@ -39,7 +39,7 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
     """``GET {path}``: every breaker's snapshot; ``POST {path}/NAME/ACTION``
     with ACTION open | close | auto | reset; ``GET {path}/metrics``; with
     ``dashboard``, the page at ``{path}/``. ``Authorization: Bearer TOKEN``."""
-    gate = Gate(str(state.admin_token))
+    gate = Gate(str(state.settings.admin_token))
 
     def status() -> Any:
         names = set(state.breakers.names()) | state.app_names()

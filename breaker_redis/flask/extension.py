@@ -95,15 +95,7 @@ class FlaskBreakers:
             breakers = Breakers(client, settings.key_prefix, **options)
         elif not isinstance(breakers, Breakers):
             raise TypeError("breakers= must be a breaker_redis.Breakers")
-        state = AppState(
-            breakers,
-            defaults,
-            settings.routes,
-            settings.route_configs,
-            settings.admin_token,
-            self._declared,
-            self._warnings,
-        )
+        state = AppState(breakers, settings, self._declared, self._warnings)
         # Fail at start-up, not at the first request: every declared config
         # must agree with BREAKER_ROUTES and be valid over BREAKER_DEFAULTS.
         for name, config in settings.route_configs.items():
@@ -117,7 +109,7 @@ class FlaskBreakers:
 
         install_hooks(app, state)
         app.cli.add_command(breakers_group(), "breakers")  # flask breakers status | show NAME | ...
-        if state.admin_token:
+        if state.settings.admin_token:
             install_admin(app, state, settings.admin_path, dashboard=settings.dashboard)
 
     def _declare(self, name: str, config: Mapping[str, Any], where: str, check_only: bool = False) -> None:
@@ -127,7 +119,7 @@ class FlaskBreakers:
         checked_name(name, where)
         if config:
             for state in self._states:
-                route_config(state.defaults, config, where)
+                route_config(state.settings.defaults, config, where)
         with self._declared_lock:
             known = self._declared.get(name)
             if known is not None and known != dict(config):

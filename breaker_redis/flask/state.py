@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.names import validate_name
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
 from breaker_redis.flask.routes import RouteSpec
+from breaker_redis.flask.settings import Settings
 from breaker_redis.ops.reader import Reader
 from breaker_redis.web.http_policy import Warnings as Warnings
 from breaker_redis.web.routes import RouteTable, guard_id
@@ -51,10 +51,7 @@ class AppState:
     """
 
     breakers: Breakers
-    defaults: BreakerConfig
-    routes: list[tuple[str, RouteSpec]]
-    route_configs: dict[str, dict[str, Any]]
-    admin_token: str | None
+    settings: Settings  # what init_app read: the defaults, the routes, their configs, the admin token
     declared: dict[str, dict[str, Any]]
     warnings: Warnings
     resolved: dict[str, Breaker] = field(default_factory=dict)
@@ -71,7 +68,7 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.pending_key = f"breaker_redis.flask.{id(self):x}"
-        self.table = RouteTable((prefix, self.guarded(spec)) for prefix, spec in self.routes)
+        self.table = RouteTable((prefix, self.guarded(spec)) for prefix, spec in self.settings.routes)
         self.warn = self.warnings.warn
 
     def guarded(self, spec: RouteSpec) -> Guarded:
@@ -88,8 +85,8 @@ class AppState:
 
     def app_names(self) -> set[str]:
         """The breakers this app declared or built, whether or not Redis has them yet."""
-        routed = {spec.name for _prefix, spec in self.routes}  # a bare name in BREAKER_ROUTES too
-        return set(self.declared) | set(self.route_configs) | routed | set(self.resolved)
+        routed = {spec.name for _prefix, spec in self.settings.routes}  # a bare name in BREAKER_ROUTES too
+        return set(self.declared) | set(self.settings.route_configs) | routed | set(self.resolved)
 
     def knows(self, name: str) -> bool:
         """Declared by this app, or known in Redis (an admin call never creates a breaker)."""
@@ -106,8 +103,9 @@ class AppState:
         if breaker is not None:
             return breaker
         with self.lock:
-            config = self.declared.get(name) or self.route_configs.get(name) or {}
-            built = dataclasses.replace(self.defaults, **config) if config else self.defaults
+            defaults = self.settings.defaults
+            config = self.declared.get(name) or self.settings.route_configs.get(name) or {}
+            built = dataclasses.replace(defaults, **config) if config else defaults
             breaker = self.breakers.get(name, built)
             self.resolved[name] = breaker
         return breaker
