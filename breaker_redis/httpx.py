@@ -17,9 +17,10 @@ httpcore's ``trace`` extension, which httpcore sends only from a connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -100,18 +101,13 @@ class BreakerTransport(_Options, httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         exchange = Exchange(self.outbound, request, str(request.url), BreakerRefused, _failed)
         in_pool = type(self.transport) is httpx.HTTPTransport  # (a subclass may answer without its pool)
-        extensions = request.extensions
-        if in_pool:
-            request.extensions = {**extensions, "trace": _tracer(exchange, extensions.get("trace"))}
-        try:
+        with _traced(request, functools.partial(_tracer, exchange) if in_pool else None):
             return send(
                 exchange,
                 lambda: self.transport.handle_request(request),
                 lambda response: _watch(response, exchange),
                 ask_first=not in_pool,
             )
-        finally:
-            request.extensions = extensions  # the caller's request as it was
 
     def close(self) -> None:
         self.transport.close()
@@ -120,13 +116,8 @@ class BreakerTransport(_Options, httpx.BaseTransport):
         self.transport.__enter__()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: TracebackType | None = None,
-    ) -> None:
-        self.transport.__exit__(exc_type, exc_value, traceback)
+    def __exit__(self, *exc_info: Any) -> None:
+        self.transport.__exit__(*exc_info)
 
 
 class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
@@ -140,18 +131,13 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         exchange = AsyncExchange(self.outbound, request, str(request.url), BreakerRefused, _failed)
         in_pool = type(self.transport) is httpx.AsyncHTTPTransport
-        extensions = request.extensions
-        if in_pool:
-            request.extensions = {**extensions, "trace": _async_tracer(exchange, extensions.get("trace"))}
-        try:
+        with _traced(request, functools.partial(_async_tracer, exchange) if in_pool else None):
             return await send_async(
                 exchange,
                 lambda: self.transport.handle_async_request(request),
                 lambda response: _watch_async(response, exchange),
                 ask_first=not in_pool,
             )
-        finally:
-            request.extensions = extensions
 
     async def aclose(self) -> None:
         await self.transport.aclose()
@@ -160,16 +146,24 @@ class AsyncBreakerTransport(_Options, httpx.AsyncBaseTransport):
         await self.transport.__aenter__()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: TracebackType | None = None,
-    ) -> None:
-        await self.transport.__aexit__(exc_type, exc_value, traceback)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.transport.__aexit__(*exc_info)
 
 
 # -- asking once a connection is handed over ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _traced(request: httpx.Request, tracer: Callable[[Any], Any] | None) -> Iterator[None]:
+    """While the request is sent, its ``trace`` extension is ``tracer(the caller's trace)``
+    (None: none added); after, the caller's request is as it was."""
+    extensions = request.extensions
+    if tracer is not None:
+        request.extensions = {**extensions, "trace": tracer(extensions.get("trace"))}
+    try:
+        yield
+    finally:
+        request.extensions = extensions
 
 
 def _tracer(
