@@ -23,17 +23,26 @@ class _Notified(Protocol):
     ) -> None: ...
 
 
-class CircuitBreakerState:
-    """A state as pybreaker's listeners receive it: ``name`` is ``closed``,
-    ``open`` or ``half-open``. The state machine itself runs in Redis."""
+class Named:
+    """pybreaker's read-only ``name``, given when built: a state's, a storage's."""
 
-    def __init__(self, cb: _Notified, name: str) -> None:
-        self._breaker = cb
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
         self._name = name
 
     @property
     def name(self) -> str:
         return self._name
+
+
+class CircuitBreakerState(Named):
+    """A state as pybreaker's listeners receive it: ``name`` is ``closed``,
+    ``open`` or ``half-open``. The state machine itself runs in Redis."""
+
+    def __init__(self, cb: _Notified, name: str) -> None:
+        super().__init__(name)
+        self._breaker = cb
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._breaker!r}>"

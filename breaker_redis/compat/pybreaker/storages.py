@@ -10,7 +10,7 @@ from typing import Any
 
 import breaker_redis.compat.pybreaker.stores as stores
 from breaker_redis.compat.pybreaker.binding import _Binding
-from breaker_redis.compat.pybreaker.states import _OPS, STATE_CLOSED, STATE_OPEN, _check_state
+from breaker_redis.compat.pybreaker.states import _OPS, STATE_CLOSED, STATE_OPEN, Named, _check_state
 from breaker_redis.engine.breakers import Breakers
 from breaker_redis.storage.keys import breaker_keys
 
@@ -31,25 +31,18 @@ def _key_name(label: str) -> str:
     return "".join(out)
 
 
-class CircuitBreakerStorage:
+class CircuitBreakerStorage(Named):
     """Where a breaker's state lives. Unlike pybreaker's, a storage here names a
     store (this process, or a Redis and a key prefix); the CircuitBreaker's
     name picks the breaker in it, and breaker_redis's scripts keep its state
     and counters. pybreaker's storage methods (``increment_counter``,
-    ``opened_at`` ...) are not offered: nothing but a call changes a count."""
+    ``opened_at`` ...) are not offered: nothing but a call changes a count.
+    Its ``name`` is ``memory`` (this process only) or ``redis`` (shared)."""
 
     # No other attribute can be set: pybreaker code writing a storage's opened_at
     # or counters gets an AttributeError, not a value nothing reads.
-    __slots__ = ("_name",)
+    __slots__ = ()
     _eager = True  # bound when the CircuitBreaker is built, as pybreaker reads its state then
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def name(self) -> str:
-        """``memory`` (this process only) or ``redis`` (shared)."""
-        return self._name
 
     def _locate(self, label: str | None) -> tuple[Breakers, str]:
         """(the Breakers, the breaker's name in it) for a CircuitBreaker called label."""
