@@ -27,7 +27,7 @@ from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply, Verdict
 from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
-from breaker_redis.storage.args import AcquireArgs, RecordArgs
+from breaker_redis.storage.args import COUNTS, AcquireArgs, RecordArgs
 from breaker_redis.storage.notices import Notice
 
 log = logging.getLogger("breaker_redis")
@@ -35,7 +35,6 @@ log = logging.getLogger("breaker_redis")
 # Counts kept in memory (rejections, observe-mode outcomes) are sent at least this often.
 FLUSH_SECONDS = 1.0
 LOST_LOG_SECONDS = 60.0  # a breaker's "Redis lost its state" is logged at most this often
-PENDING = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
 F = TypeVar("F", bound=Callable[..., Any])
 
 MISSING: Any = object()  # no fallback given
@@ -92,7 +91,7 @@ class BreakerCore(Generic[P]):
 
     def _forget_counts(self) -> None:
         """No counts, no batch (a new breaker, a forked child)."""
-        self._pending = dict.fromkeys(PENDING, 0)
+        self._pending = dict.fromkeys(COUNTS, 0)
         self._last_flush = time.monotonic()
         self._batch_epoch = self._batch_count = self._batch_generation = 0
 
@@ -215,14 +214,14 @@ class BreakerCore(Generic[P]):
 
     def _take_pending(self) -> list[int]:
         """The counts to send with the next script call."""
-        pending = [self._pending[key] for key in PENDING]
-        self._pending = dict.fromkeys(PENDING, 0)
+        pending = [self._pending[key] for key in COUNTS]
+        self._pending = dict.fromkeys(COUNTS, 0)
         self._last_flush = time.monotonic()
         return pending
 
     def _put_back(self, pending: list[int], batch: list[int] | None = None) -> None:
         """Put back what a script call that failed did not deliver."""
-        for key, count in zip(PENDING, pending, strict=True):
+        for key, count in zip(COUNTS, pending, strict=True):
             self._pending[key] += count
         if batch and batch[1] and (self._batch_count == 0 or self._batch_epoch == batch[0]):
             self._batch_epoch, self._batch_count = batch[0], self._batch_count + batch[1]
@@ -333,29 +332,15 @@ class BreakerCore(Generic[P]):
 
     def _acquire_args(self, pending: list[int]) -> list[Any]:
         """acquire.lua's ARGV 7-13: the counts kept in memory, the reporter."""
-        rejected, would_reject, successes, failures, ignored, slow = pending
-        return AcquireArgs(rejected, would_reject, successes, failures, ignored, slow, self._reporter).argv()
+        return AcquireArgs(pending, self._reporter).argv()
 
     def _record_args(
         self, epoch: int, outcome: str, duration_ms: int, lease: str, pending: list[int], batch: list[int]
     ) -> list[Any]:
         """record.lua's ARGV 7-19: the outcome, the counts kept in memory, the batch, the reporter."""
-        rejected, would_reject, successes, failures, ignored, slow = pending
         batch_epoch, batched = batch
         return RecordArgs(
-            epoch,
-            outcome,
-            duration_ms,
-            lease,
-            rejected,
-            would_reject,
-            successes,
-            failures,
-            ignored,
-            slow,
-            batch_epoch,
-            batched,
-            self._reporter,
+            epoch, outcome, duration_ms, lease, pending, batch_epoch, batched, self._reporter
         ).argv()
 
     def _about_another_reporter(self, notice: Notice) -> bool:

@@ -211,7 +211,7 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         with self._lock:
             pending = self._take_pending()
         try:
-            sent = self._script_args(SnapshotArgs(*pending).argv())
+            sent = self._script_args(SnapshotArgs(pending).argv())
             raw, _ = await self._gate.running("snapshot", self.name, self._shared.clock_ms(), sent)
         except StoreUnavailable:
             self._restore_pending(pending)

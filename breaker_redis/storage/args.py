@@ -1,9 +1,10 @@
 """Each script's own arguments (ARGV 7 on), named once, as the scripts name them.
 
 A dataclass per script (``<Script>Args``; ``Group<Op>Args`` for group.lua's
-ops), whose fields are in ARGV order: ``argv()`` is the list a worker sends
-after ARGV 1-6 (the common ones: name, channel, now and key TTL from
-Scripts.prepared, config and epoch floor from the caller). Each script
+ops), whose fields are in ARGV order (a field ``counts`` is the six of COUNTS,
+in place): ``argv()`` is the list a worker sends after ARGV 1-6 (the common
+ones: name, channel, now and key TTL from Scripts.prepared, config and epoch
+floor from the caller). Each script
 (lua/<script>.lua) reads the same positions once, into a table of the same
 names (``local a = {epoch = ARGV[7], outcome = ARGV[8], ...}``, then
 ``a.outcome``), and tests/storage/test_args.py reads both and fails when a name or
@@ -15,21 +16,36 @@ them): a new field goes at the end, never between two.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
+# What a worker counted in memory since its last flush, in the order acquire, record and
+# snapshot read them: their dataclasses' one field ``counts``, sent as these six ARGV.
+COUNTS = ("rejected", "would_reject", "successes", "failures", "ignored", "slow")
 
-def field_names(cls: type) -> tuple[str, ...]:
-    """A dataclass's fields, in order (a base class's first): the ARGV order."""
-    return tuple(f.name for f in fields(cls))
+
+def argv_names(cls: type) -> tuple[str, ...]:
+    """The names a script reads a dataclass's fields by, in ARGV order (a base class's
+    fields first; ``counts`` stands for COUNTS)."""
+    return tuple(name for f in fields(cls) for name in (COUNTS if f.name == "counts" else (f.name,)))
 
 
 def _getter(cls: type) -> Callable[[Any], list[Any]]:
-    """What reads a dataclass's fields in order, in one call."""
-    names = field_names(cls)
+    """What reads a dataclass's fields in order, in one call (``counts`` spread)."""
+    names = tuple(f.name for f in fields(cls))
     get = attrgetter(*names)
+    if "counts" in names:
+        at = names.index("counts")
+        one = len(names) == 1
+
+        def spread(instance: Any) -> list[Any]:
+            values = [get(instance)] if one else list(get(instance))
+            values[at : at + 1] = values[at]
+            return values
+
+        return spread
     if len(names) == 1:
         return lambda instance: [get(instance)]
     return lambda instance: list(get(instance))
@@ -57,12 +73,7 @@ class ScriptArgs:
 class SnapshotArgs(ScriptArgs):
     """snapshot.lua: what the worker counted in memory, flushed so it shows at once."""
 
-    rejected: int
-    would_reject: int
-    successes: int
-    failures: int
-    ignored: int
-    slow: int
+    counts: Sequence[int]  # COUNTS, in order
 
 
 @dataclass(slots=True)
@@ -82,12 +93,7 @@ class RecordArgs(ScriptArgs):
     outcome: str  # success | failure | ignored, or '' for a batch alone
     duration_ms: int
     lease: str  # '' or the lease ids acquire.lua handed out, space-separated
-    rejected: int
-    would_reject: int
-    successes: int
-    failures: int
-    ignored: int
-    slow: int
+    counts: Sequence[int]  # COUNTS, in order
     batch_epoch: int
     batch: int
     reporter: str

@@ -41,7 +41,8 @@ def lua_tables(script: str) -> list[list[tuple[str, int]]]:
 
 
 def python_fields(cls: type[py_args.ScriptArgs]) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    """The names the dataclass sends, in ARGV order (its counts field as the six counts)."""
+    return list(py_args.argv_names(cls))
 
 
 def _script_of(cls: type) -> str:
@@ -68,16 +69,18 @@ def test_each_script_names_the_dataclass_fields_in_argv_order() -> None:
 
 
 def test_argv_lists_the_fields_in_their_order() -> None:
-    """argv() (written out where a worker sends it for most calls) is the fields' order."""
+    """argv() (written out where a worker sends it for most calls) is the fields' order,
+    the counts field spread in place as the six counts."""
+    counts = [f"<{n}>" for n in py_args.COUNTS]
     for cls in py_args.ALL:
-        names = python_fields(cls)
-        init = [n for n in names if cls.__dataclass_fields__[n].init]  # type: ignore[attr-defined]
-        instance = cls(*(f"<{n}>" for n in init))
+        given = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+        instance = cls(*(counts if f.name == "counts" else f"<{f.name}>" for f in given))
         values = instance.argv()
         if cls is py_args.ConfigureArgs:
             assert values == list(instance.changes)  # type: ignore[attr-defined]
             continue
-        assert values == [getattr(instance, n) for n in names], cls.__name__
+        fixed = {f.name: getattr(instance, f.name) for f in dataclasses.fields(cls) if not f.init}  # type: ignore[arg-type]
+        assert values == [fixed.get(n, f"<{n}>") for n in python_fields(cls)], cls.__name__
 
 
 def test_the_check_fails_when_a_name_or_a_position_differs() -> None:
