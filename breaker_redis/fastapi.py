@@ -63,8 +63,8 @@ the path operation); inside one, ``await breaker.call(fn, fallback=...)``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import HTTPException, RequestValidationError
@@ -76,7 +76,10 @@ from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web.http_policy import Warnings, judge_exception
 from breaker_redis.web.pipeline import admit_async, settle_async
 from breaker_redis.web.refusal import Refusal, default_message, header_value, refusal_for, wants_json
-from breaker_redis.web.routes import Classifier, guard_id, held, make_spec, note_refusal, request_guards
+from breaker_redis.web.routes import GuardOptions, guard_id, held, make_spec, note_refusal, request_guards
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; never imported at run time
 
 __all__ = [
     "BreakerGuard",
@@ -184,20 +187,13 @@ class BreakerGuard:
         breakers: Breakers,
         name: str,
         config: BreakerConfig | None = None,
-        *,
-        failure_statuses: Iterable[int] | None = None,
-        ignore_statuses: Iterable[int] | None = None,
-        classify: Classifier | None = None,
-        message: str | None = None,
+        **route: Unpack[GuardOptions],
     ) -> None:
         if not isinstance(breakers, Breakers):
             raise TypeError("breakers must be a breaker_redis.asyncio.Breakers")
-        route = {
-            "failure_statuses": failure_statuses,
-            "ignore_statuses": ignore_statuses,
-            "classify": classify,
-            "message": message,
-        }
+        unknown = route.keys() - GuardOptions.__optional_keys__
+        if unknown:
+            raise TypeError(f"BreakerGuard() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
         self.spec = make_spec(name, route, f"BreakerGuard({name!r})")  # the middlewares' route format
         self.breakers = breakers
         self.breaker: Breaker = breakers.get(name, config)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
 from breaker_redis.base.config import BreakerConfig, config_field_names
 from breaker_redis.base.names import validate_name
@@ -36,6 +36,17 @@ CONFIG_FIELDS = frozenset(config_field_names())
 
 # classify(info) -> "success" / "failure" / "ignored", True / False, or None
 Classifier = Callable[[Any], "str | bool | None"]
+
+
+class GuardOptions(TypedDict, total=False):
+    """The route options that judge a guarded request's outcome and word its refusal,
+    as keyword arguments (FastAPI's BreakerGuard); make_spec checks each."""
+
+    failure_statuses: Iterable[int] | None
+    ignore_statuses: Iterable[int] | None
+    classify: Classifier | None
+    message: str | None
+
 
 # In the ASGI scope / WSGI environ of a guarded request: what its guards did (RequestGuards).
 GUARDS_KEY = "breaker_redis.guards"

@@ -22,6 +22,7 @@ from breaker_redis.asyncio import Breakers
 from breaker_redis.fallbacks import Static, cached, static
 from breaker_redis.fastapi import BreakerGuard
 from breaker_redis.flask import FlaskBreakers
+from breaker_redis.web.routes import GuardOptions
 from breaker_redis.wsgi import BreakerMiddleware as WsgiMiddleware
 
 # (options, the option an error must name, what else it says)
@@ -110,6 +111,15 @@ def test_asgi_middleware_and_fastapi_guard(options: dict[str, Any], option: str,
         return  # BreakerGuard takes a BreakerConfig, not its fields, and has no fallback
     with pytest.raises((TypeError, ValueError), match=expect(f"BreakerGuard({name!r})", option, says)):
         BreakerGuard(breakers, name, **given)
+
+
+def test_the_guard_takes_the_judging_options_and_no_other() -> None:
+    assert GuardOptions.__optional_keys__ == GUARD_OPTIONS
+    breakers = Breakers(fakeredis.FakeAsyncRedis(), listen=False)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments: failure_status$"):
+        BreakerGuard(breakers, "pay", failure_status=[502])  # (a typo of failure_statuses)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments: fallback$"):
+        BreakerGuard(breakers, "pay", fallback=static({}))
 
 
 def test_good_options_are_kept_as_given() -> None:
