@@ -67,6 +67,7 @@
 -- @include restore
 -- @include state
 -- @include window
+-- @include ring
 -- @include grants
 -- @include rules
 -- @include reply

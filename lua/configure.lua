@@ -15,7 +15,9 @@ local changes = a.changes
 for i = 1, #changes, 2 do
   local field, value = changes[i], changes[i + 1]
   -- a new window shape holds at once: the old window is not kept for it (see window_read)
-  if field == 'window_seconds' or field == 'window_buckets' then redis.call('DEL', K_WINDOW) end
+  if field == 'window_seconds' or field == 'window_buckets' or field == 'window_calls' then
+    redis.call('DEL', K_WINDOW)  -- (a ring's bytes are rewritten from its first slot: ring.lua)
+  end
   if value == '' then
     redis.call('HDEL', K_CONFIG, field)
   else

@@ -58,7 +58,7 @@ if op == 'grant' then
     if not held then redis.call('HSET', K_STATE, 'grant', token) end
     return reply(s, 1, '', '', cfg)
   end
-  local cause = s.forced == '' and trip_cause(cfg, window_read(cfg, false), s.consec) or nil
+  local cause = s.forced == '' and trip_cause(cfg, window_now(cfg), s.consec) or nil
   if not cause then  -- nothing to trip any more (a success came first), or forced: not kept
     return reply(s, 0, 'unneeded', string.format('%d', give_back_grant(token)), cfg)
   end

@@ -37,7 +37,7 @@ if ARGV[5] == '' then
 end
 local s = load_state()
 local cfg = load_config()
-local w = window_read(cfg)
+local w = window_now(cfg)
 local probes = #probe_ids()
 local overrides = redis.call('HGETALL', K_CONFIG)
 local out = {s.state, s.epoch, s.open_until, s.forced, s.consec, s.open_ms, s.ho_ok, w.tc, w.tf, w.ts,

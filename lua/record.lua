@@ -36,7 +36,7 @@ if cfg.min_rep then reporter, own = reporter_record(a.reporter, cfg) end
 -- arms or calms the breaker. consec: the consecutive count after these outcomes;
 -- batched: a batch of successes, which ends no run (the shared one or the reporter's).
 local function closed_outcomes(calls, failures, slows, consec, lease, batched)
-  local w = window_add(cfg, calls, failures, slows)
+  local w = window_record(cfg, calls, failures, slows)
   if consec ~= s.consec then s.consec, s.dirty = consec, true end
   local cause = s.forced == '' and trip_cause(cfg, w, s.consec) or nil
   if cause and group_holds_back(s, cfg) then cause = nil end  -- a group member without its grant

@@ -18,7 +18,7 @@ local a = {rejected = ARGV[7], would_reject = ARGV[8], successes = ARGV[9],
 local s = load_state()
 local cfg = load_config()
 flush_pending(a)
-local w = window_read(cfg)
+local w = window_now(cfg)
 local probes = #probe_ids()
 local out = {'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until, 'forced', s.forced,
   'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok,

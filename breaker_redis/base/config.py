@@ -91,6 +91,9 @@ class BreakerConfig:
     # of a live override of it
     window_seconds: float = live("window_ms", 10.0, gt=0, le=86400)
     window_buckets: int = live("buckets", 10, ge=1, le=100)
+    # the count window: the last N outcomes instead of window_seconds (lua/includes/ring.lua); absent
+    # when off. Not the snapshot's window_calls, which counts the calls in whichever window is used
+    window_calls: int | None = live("win_n", None, ge=1, le=10_000, omitted_at_default=True)
     open_seconds: float = live("open_ms", _Derived(OPEN_SECONDS), gt=0, le=86400)
     open_backoff: float = live("backoff", 2.0, ge=1, le=100)
     max_open_seconds: float = live("max_open_ms", _Derived(MAX_OPEN_SECONDS_FLOOR), gt=0, le=86400)

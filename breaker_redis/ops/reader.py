@@ -104,8 +104,9 @@ class Reader:
         return bool(self.client.exists(self.keys(name)["state"]))
 
     def window_shape(self, name: str) -> tuple[int, int] | None:
-        """(bucket ms, bucket count) as the workers last wrote the window; None: no window."""
-        return window_shape_of(*self.client.hmget(self.keys(name)["window"], "bms", "nb"))
+        """(bucket ms, bucket count), or (0, N) for a count window of N calls, as the workers
+        last wrote the window; None: no window."""
+        return window_shape_of(*self.client.hmget(self.keys(name)["window"], "bms", "nb", "rn"))
 
     def window_config(self, name: str) -> BreakerConfig:
         return window_config_of(self.window_shape(name))
@@ -183,7 +184,7 @@ class Reader:
         for name in names:
             keys = self.keys(name)
             pipe.get(keys["cfg"])
-            pipe.hmget(keys["window"], "bms", "nb")
+            pipe.hmget(keys["window"], "bms", "nb", "rn")
         replies = pipe.execute(raise_on_error=False)
         encoded: dict[Any, bytes] = {}  # made so far, by what they were made from
         texts = []

@@ -76,10 +76,13 @@ def stored_config_of(raw: Any) -> BreakerConfig | None:
         return None
 
 
-def window_shape_of(bms: Any, nb: Any) -> tuple[int, int] | None:
-    """(bucket ms, bucket count) from the window hash; None: no window.
+def window_shape_of(bms: Any, nb: Any, rn: Any = None) -> tuple[int, int] | None:
+    """(bucket ms, bucket count) from the window hash, or (0, N) for a count window of
+    the last N calls (``rn``: lua/includes/ring.lua); None: no window.
     A window hash from before ``nb`` was written: the default bucket count."""
     try:
+        if bms is None and rn is not None:
+            return 0, int(rn)
         return int(bms), int(nb) if nb is not None else BreakerConfig().window_buckets
     except (TypeError, ValueError):
         return None
@@ -96,6 +99,8 @@ def window_config_of(shape: tuple[int, int] | None) -> BreakerConfig:
         return BreakerConfig()
     bucket_ms, buckets = shape
     try:
+        if bucket_ms == 0:  # a count window: the last `buckets` calls
+            return BreakerConfig(window_calls=buckets)
         return BreakerConfig(window_seconds=bucket_ms * buckets / 1000, window_buckets=buckets)
     except ValueError:  # a shape no config could have written (the hash was edited)
         return BreakerConfig()

@@ -76,6 +76,7 @@ end
 --   @config slow_rate     slow_call_rate
 --   @config bucket_ms     window_seconds / window_buckets (a live override: window_ms)
 --   @config buckets       window_buckets
+--   @config win_n         window_calls (absent or 0: the time window; includes/ring.lua)
 --   @config open_ms       open_seconds
 --   @config backoff       open_backoff
 --   @config max_open_ms   max_open_seconds

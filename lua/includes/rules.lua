@@ -13,18 +13,22 @@
 --   per failure and nothing per success. Once armed it calms again only beyond
 --   twice that reach, so a rate hovering at the edge does not arm again and again.
 -- The count rule ignores successes, so only its slow-call rule arms it.
+-- With window_calls (a ring of n: ring.lua) k more failures make at most tf + k
+-- failures in at most n calls; successes only slide outcomes out, never raising a rate.
 local REACH = 20
-local function within_reach(c, tc, tf, ts, k)
-  if tc + k < c.min_calls then return false end
-  return (c.trip == 'rate' and tf + k >= c.rate * (tc + k))
-    or (c.slow_ms > 0 and ts + k >= c.slow_rate * (tc + k))
+local function within_reach(c, tc, tf, ts, k, n)
+  local calls = n and math.min(n, tc + k) or tc + k
+  if calls < (n and math.min(n, c.min_calls) or c.min_calls) then return false end
+  return (c.trip == 'rate' and tf + k >= c.rate * calls)
+    or (c.slow_ms > 0 and ts + k >= c.slow_rate * calls)
 end
 
 -- Whether sliding out the older buckets could bring the rule within reach: at
 -- most it takes out every call of theirs that is not a failure (not slow). When
--- not, the oldest bucket is not read (the common case: a busy current bucket).
+-- not, the oldest bucket is not read (the common case: a busy current bucket). A ring
+-- slides only by the outcomes within_reach counts.
 local function slide_may_arm(c, w, k)
-  if w.reset or w.tc + k < c.min_calls then return false end
+  if w.reset or w.ring or w.tc + k < c.min_calls then return false end
   local older = w.tc - w.bc
   local tc_rate = w.tc - math.max(0, older - (w.tf - w.bf))
   local tc_slow = w.tc - math.max(0, older - (w.ts - w.bs))
@@ -39,7 +43,7 @@ local function update_armed(s, c, w)
       armed = true
     elseif c.trip == 'rate' or c.slow_ms > 0 then
       local k = s.armed and 2 * REACH or REACH
-      armed = within_reach(c, w.tc, w.tf, w.ts, k)
+      armed = within_reach(c, w.tc, w.tf, w.ts, k, w.ring and w.n)
       if not armed and slide_may_arm(c, w, k) then
         local old = oldest_bucket(w)
         armed = old ~= nil and within_reach(c, w.tc - old.c, w.tf - old.f, w.ts - old.s, k)
@@ -59,8 +63,9 @@ end
 local function trip_cause(c, w, consec)
   if c.trip == 'consecutive' and consec >= c.threshold then return 'consecutive' end
   if c.trip == 'count' and w.tf >= c.threshold then return 'count' end
-  if c.trip == 'rate' and w.tc >= c.min_calls and w.tf / w.tc >= c.rate then return 'rate' end
-  if c.slow_ms > 0 and w.tc >= c.min_calls and w.ts / w.tc >= c.slow_rate then return 'slow' end
+  local least = least_calls(c, w)
+  if c.trip == 'rate' and w.tc >= least and w.tf / w.tc >= c.rate then return 'rate' end
+  if c.slow_ms > 0 and w.tc >= least and w.ts / w.tc >= c.slow_rate then return 'slow' end
   return nil
 end
 

@@ -140,7 +140,7 @@ local function window_add(c, calls, failures, slows)
   if fresh or slows ~= 0 or w.gone then f[n + 1], f[n + 2], n = 'ts', w.ts, n + 2 end
   if fresh or failures ~= 0 then f[n + 1], f[n + 2], n = 'f' .. sid, w.bf + failures, n + 2 end
   if fresh or slows ~= 0 then f[n + 1], f[n + 2], n = 's' .. sid, w.bs + slows, n + 2 end
-  if w.adopted then  -- the shape is another caller's: its claim is kept as it was
+  if w.adopted or c.no_claim then  -- the shape is another caller's: its claim is kept as it was
     if w.kept and w.sat then f[n + 1], f[n + 2], n = 'sat', w.sat, n + 2 end
   elseif fresh or not w.sat or NOW - w.sat >= SAT_EVERY_MS or NOW < w.sat then
     f[n + 1], f[n + 2], n = 'sat', NOW, n + 2  -- this shape claimed

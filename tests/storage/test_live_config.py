@@ -54,6 +54,7 @@ AWAY = BreakerConfig(
     slow_call_rate=0.5,
     window_seconds=10,
     window_buckets=10,
+    window_calls=50,
     open_seconds=20,
     open_backoff=2,
     max_open_seconds=600,

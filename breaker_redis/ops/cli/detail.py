@@ -69,6 +69,8 @@ def show(target: Target, name: str) -> None:
         state += ", until cleared" if s["forced"] else detail_retry(s["retry_after"])
     if shape is None:
         window_shape = "no window written yet"
+    elif shape[0] == 0:
+        window_shape = f"the last {shape[1]} calls, as the workers last wrote it"
     else:
         window_shape = f"{shape[0] * shape[1] / 1000:g} s in {shape[1]} buckets, as the workers last wrote it"
     lines = [
