@@ -81,6 +81,7 @@ local function ring_set(n, from, bytes)
 end
 
 local function counted(bytes, pattern)
+  if bytes == '' or not string.find(bytes, '[123]') then return 0 end  -- all successes: one scan
   local _, found = string.gsub(bytes, pattern, '')
   return found
 end
@@ -94,8 +95,11 @@ local function ring_add(c, r, calls, failures, slows)
   local k = math.min(calls, n)  -- of a batch longer than the ring, only its last n stay
   local bytes = calls == 1 and string.char(48 + failures + 2 * slows) or string.rep('0', k)
   local gone = ring_get(n, (w.p + (n - w.tc)) % n, k - (n - w.tc))  -- the oldest, overwritten
-  if w.reset then redis.call('DEL', K_WINDOW, ring_key()) end  -- a time window no one claims, a ring
-    -- of another N, or edited: the bytes left of an older ring are not kept either
+  if w.reset then  -- a time window no one claims, a ring of another N, or edited: a ring
+    -- written whole, n bytes at once (grown by SETRANGE, Redis would allocate it up to twice over)
+    redis.call('DEL', K_WINDOW)
+    redis.call('SET', ring_key(), string.rep('0', n))
+  end
   ring_set(n, w.p, bytes)
   w.p, w.tc = (w.p + k) % n, math.min(n, w.tc + k)
   w.tf = w.tf + failures - counted(gone, '[13]')
