@@ -1,0 +1,115 @@
+"""The count window (``window_calls``) with 4 worker processes and redis-server: the
+trip with batching on and off (docs/boundary.md, "The count window").
+
+A fixed sequence of calls is dealt round-robin to the processes, each call answered
+before the next is sent, so the test fixes the real-time order; the rule applied to
+the last N outcomes of that order says where the trip comes. With every outcome sent
+at once, the trip comes there, always. With batching:
+
+- while nothing has slid out of the window (fewer than N calls), at the same call:
+  while the rule is within reach every outcome goes at once, and the totals do not
+  depend on the order the held successes arrived in;
+- once outcomes slide out, no earlier, and later by at most the failures that
+  successes held by a calm worker overtook and pushed out of the window's oldest end:
+  here, the first failure of each other worker in a failing stretch (a worker's first
+  failure carries its batch), and the failures of the stretch before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from breaker_redis import BreakerConfig
+from tests.support.mp_workers import Team, Worker, emptied_server_url
+from tests.support.workers import snapshot
+
+pytestmark = pytest.mark.multiprocess
+
+PROCESSES = 4
+RING = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_calls=100, open_seconds=600)
+
+
+@pytest.fixture(params=["real"])
+def url(request: pytest.FixtureRequest) -> str:
+    return emptied_server_url(request)
+
+
+@pytest.fixture
+def team(url: str) -> Iterator[Any]:
+    made = Team(url)
+
+    def start(name: str, config: BreakerConfig, batch_successes: bool) -> list[Worker]:
+        return made.start(name, config, PROCESSES, batch_successes)
+
+    yield start
+    made.stop_all()
+
+
+def trip_by_the_rule(outcomes: list[str], config: BreakerConfig) -> tuple[int, int, int]:
+    """(index of the call that trips, window calls, window failures), the outcomes in order."""
+    n = config.window_calls or 0
+    for index in range(len(outcomes)):
+        last = outcomes[max(0, index + 1 - n) : index + 1]
+        calls, failures = len(last), last.count("failure")
+        if calls >= min(n, config.minimum_calls) and failures / calls >= config.failure_rate:
+            return index, calls, failures
+    raise AssertionError("the rule never holds")
+
+
+def play(
+    url: str, workers: list[Worker], name: str, outcomes: list[str], config: BreakerConfig
+) -> tuple[int, int, int]:
+    """Deal the calls round-robin until one is refused: (index of the last admitted
+    call, window calls, window failures), read right after the refusal."""
+    for index, outcome in enumerate(outcomes):
+        if not workers[index % len(workers)](outcome):
+            snap = snapshot(url, name, config)
+            assert snap["state"] == "open"
+            return index - 1, snap["window_calls"], snap["window_failures"]
+    raise AssertionError("the breaker never tripped")
+
+
+def both_ways(
+    team: Any, url: str, label: str, outcomes: list[str], config: BreakerConfig
+) -> dict[bool, tuple[int, int, int]]:
+    found = {}
+    for batching in (True, False):
+        name = f"{label}-{batching}"
+        workers = team(name, config, batching)
+        found[batching] = play(url, workers, name, outcomes, config)
+        for worker in workers:
+            worker.stop()
+    return found
+
+
+def test_before_anything_slid_out_the_trip_comes_at_the_same_call(team, url):
+    wide = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=20, window_calls=1000, open_seconds=600)
+    outcomes = ["failure" if i % 20 == 7 else "success" for i in range(400)] + ["failure"] * 600
+    expected = trip_by_the_rule(outcomes, wide)
+    assert expected == (759, 760, 380)  # 20 + 360 failures of 760: the window is not full
+    assert both_ways(team, url, "wide", outcomes, wide) == {True: expected, False: expected}
+
+
+def test_healthy_then_failing_trips_no_earlier_and_at_most_a_round_later(team, url):
+    outcomes = ["success"] * 400 + ["failure"] * 200
+    expected = trip_by_the_rule(outcomes, RING)
+    assert expected == (449, 100, 50)
+    found = both_ways(team, url, "healthy", outcomes, RING)
+    assert found[False] == expected
+    # the successes each other worker held arrive with its first failure, after the
+    # first failures of the ones before it: at most PROCESSES - 1 failures overtaken
+    assert expected[0] <= found[True][0] <= expected[0] + PROCESSES - 1
+    assert found[True][1:] == (100, 50)
+
+
+def test_five_percent_then_failing_trips_no_earlier_and_late_by_what_was_overtaken(team, url):
+    outcomes = ["failure" if i % 20 == 7 else "success" for i in range(400)] + ["failure"] * 200
+    expected = trip_by_the_rule(outcomes, RING)
+    found = both_ways(team, url, "five", outcomes, RING)
+    assert found[False] == expected
+    overtaken = PROCESSES - 1 + outcomes[300:400].count("failure")
+    assert expected[0] <= found[True][0] <= expected[0] + overtaken
+    assert found[True][1:] == (100, 50)
