@@ -11,6 +11,7 @@ from typing import Any
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
 from tests.support.redis_server import emptied
+from tests.support.workers import snapshot
 
 
 def record_outcomes(url: str, name: str, config: BreakerConfig, n: int, barrier: Any) -> int:
@@ -337,3 +338,17 @@ class Team:
         for worker in self._made:
             if worker.process.is_alive() and not worker.conn.closed:
                 worker.stop()
+
+
+def deal(
+    url: str, workers: list[Worker], name: str, outcomes: list[str], config: BreakerConfig
+) -> tuple[int, int, int]:
+    """Deal the calls round-robin, each answered before the next, until one is refused:
+    (index of the last admitted call, window calls, window failures), read right after
+    the refusal."""
+    for index, outcome in enumerate(outcomes):
+        if not workers[index % len(workers)](outcome):
+            snap = snapshot(url, name, config)
+            assert snap["state"] == "open"
+            return index - 1, snap["window_calls"], snap["window_failures"]
+    raise AssertionError("the breaker never tripped")

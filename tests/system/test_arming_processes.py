@@ -22,7 +22,7 @@ import pytest
 
 from breaker_redis import BreakerConfig
 from tests.support import mp_workers
-from tests.support.mp_workers import Team, Worker, emptied_server_url
+from tests.support.mp_workers import Team, Worker, deal, emptied_server_url
 from tests.support.workers import snapshot
 
 pytestmark = pytest.mark.multiprocess
@@ -75,17 +75,6 @@ def team(url: str) -> Iterator[Any]:
     made.stop_all()
 
 
-def play(url: str, workers: list[Worker], name: str, outcomes: list[str]) -> tuple[int, int, int]:
-    """Deal the calls round-robin until one is refused: (index of the last admitted
-    call, window calls, window failures), read right after the refusal."""
-    for index, outcome in enumerate(outcomes):
-        if not workers[index % len(workers)](outcome):
-            snap = snapshot(url, name, RATE)
-            assert snap["state"] == "open"
-            return index - 1, snap["window_calls"], snap["window_failures"]
-    raise AssertionError("the breaker never tripped")
-
-
 def five_percent_then_all_failing() -> list[str]:
     return ["failure" if i % 20 == 7 else "success" for i in range(800)] + ["failure"] * 1000
 
@@ -110,7 +99,7 @@ def test_the_trip_comes_where_the_rule_says_with_batching_on_and_off(team, url, 
     for batching in (True, False):
         name = f"{sequence.__name__}-{batching}"
         workers = team(name, batching)
-        found[batching] = play(url, workers, name, outcomes)
+        found[batching] = deal(url, workers, name, outcomes, RATE)
         for worker in workers:
             worker.stop()
     assert found == {True: expected, False: expected}

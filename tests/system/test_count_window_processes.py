@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 
 from breaker_redis import BreakerConfig
-from tests.support.mp_workers import Team, Worker, emptied_server_url
-from tests.support.workers import snapshot
+from tests.support.mp_workers import Team, Worker, deal, emptied_server_url
 
 pytestmark = pytest.mark.multiprocess
 
@@ -59,19 +58,6 @@ def trip_by_the_rule(outcomes: list[str], config: BreakerConfig) -> tuple[int, i
     raise AssertionError("the rule never holds")
 
 
-def play(
-    url: str, workers: list[Worker], name: str, outcomes: list[str], config: BreakerConfig
-) -> tuple[int, int, int]:
-    """Deal the calls round-robin until one is refused: (index of the last admitted
-    call, window calls, window failures), read right after the refusal."""
-    for index, outcome in enumerate(outcomes):
-        if not workers[index % len(workers)](outcome):
-            snap = snapshot(url, name, config)
-            assert snap["state"] == "open"
-            return index - 1, snap["window_calls"], snap["window_failures"]
-    raise AssertionError("the breaker never tripped")
-
-
 def both_ways(
     team: Any, url: str, label: str, outcomes: list[str], config: BreakerConfig
 ) -> dict[bool, tuple[int, int, int]]:
@@ -79,7 +65,7 @@ def both_ways(
     for batching in (True, False):
         name = f"{label}-{batching}"
         workers = team(name, config, batching)
-        found[batching] = play(url, workers, name, outcomes, config)
+        found[batching] = deal(url, workers, name, outcomes, config)
         for worker in workers:
             worker.stop()
     return found
