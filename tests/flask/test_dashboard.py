@@ -205,6 +205,22 @@ def test_the_stream_sends_every_breaker_with_its_last_transitions(one_frame):
     assert [(t["from"], t["to"], t["cause"]) for t in pay["transitions"]] == [("closed", "open", "count")]
 
 
+def test_a_count_window_is_named_with_its_size(one_frame):
+    """A breaker with window_calls: its tile reads "failed / calls of the last N" from the
+    config in force the frame carries (the JS names the field)."""
+    app, ext, _client = make_app()
+    breaker = ext.breakers.get("last", BreakerConfig(trip="rate", window_calls=100))
+    for outcome in ("failure", "success", "success"):
+        breaker.acquire().record(outcome)
+    ((_kind, frame),) = events(
+        app.test_client().get("/_breakers/stream", headers=AUTH).get_data(as_text=True)
+    )
+    last = next(b for b in frame["breakers"] if b["name"] == "last")
+    assert (last["window_failures"], last["window_calls"], last["config"]["window_calls"]) == (1, 3, 100)
+    script = app.test_client().get("/_breakers/static/dashboard.js").get_data(as_text=True)
+    assert '" of the last " + b.config.window_calls' in script
+
+
 def test_a_published_change_sends_a_snapshot_at_once(redis_server, monkeypatch):
     """The frame after a trip shows it, though the periodic frame is an hour away.
 

@@ -214,6 +214,25 @@ def test_show_an_override_and_the_last_transitions(url, prefix, app_breakers, cl
     assert "closed -> open  cause=count" in transitions[-1]
 
 
+def test_show_and_status_read_a_count_window_even_without_the_workers_config(
+    url, prefix, app_breakers, client
+):
+    """window_calls: `show` names the window's size; with no config written (the cfg key
+    gone) the readers read the ring by the size in the window hash, as a time window by
+    its shape."""
+    last = app_breakers.get("last", BreakerConfig(trip="rate", minimum_calls=50, window_calls=8))
+    outcomes(last, successes=9, failures=2)  # the last 8: 6 successes, 2 failures
+    out = run(url, prefix, "show", "last").stdout
+    assert (
+        "window       2 failures / 8 calls (25.0%), 0 slow; the last 8 calls, as the workers last wrote it"
+        in out
+    )
+    assert "window_calls" in out and " 8" in next(line for line in out.splitlines() if "window_calls" in line)
+    client.delete(f"{prefix}:{{last}}:cfg")
+    status = run(url, prefix, "status").stdout
+    assert "2/8" in next(line for line in status.splitlines() if line.startswith("last"))
+
+
 def test_show_keeps_to_the_last_ten_transitions(url, prefix, app_breakers):
     pay = app_breakers.get("pay", COUNT_3)
     for _ in range(12):
