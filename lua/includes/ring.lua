@@ -1,24 +1,11 @@
 -- ring.lua: the count window (window_calls, config key win_n): the last N outcomes that
--- reached Redis, all workers together, in place of the time window (docs/design.md,
--- "Trip rules"; docs/boundary.md, "The count window").
---
--- The outcomes: '<prefix>:{NAME}:ring', a string of N bytes, one per outcome: '0' a
--- success, '1' a failure, '2' a slow success, '3' a slow failure (written with
--- SETRANGE, read with GETRANGE: a record costs O(its outcomes), never O(N)). Undeclared
--- (breaker_redis/storage/keys.py UNDECLARED_SUFFIXES): only a breaker with window_calls
--- touches it. Its bookkeeping is in the window hash, in place of the time window's:
---   rn (N), rp (the slot the next outcome goes to), tc/tf/ts (outcomes, failures, slow in
---   the ring), sat (when a caller of this N last claimed it, as the time window's)
--- The ring fills from slot 0; while tc < rn, rp == tc and the slots from rp on hold
--- nothing; once full, rp is also the oldest outcome, the next to slide out.
---
--- Rolling deploys: the time window wins. While a caller judging by time (an older
--- version, or a config without window_calls) claims the window hash (its sat within
--- WINDOW_CLAIM_MS), a caller with window_calls adopts that time window, shape and all,
--- and never renews its claim; such a caller finds a ring's hash (no head) and starts its
--- time window, so every worker judges one window. Once no one has claimed the time
--- window for WINDOW_CLAIM_MS, the next caller with window_calls starts the ring.
--- Two values of window_calls adopt each other's ring as two time shapes do.
+-- reached Redis (docs/design.md, "Trip rules"). '<prefix>:{NAME}:ring' (undeclared) holds
+-- a byte per outcome: '0' success, '1' failure, '2' slow success, '3' slow failure; a record
+-- reads (GETRANGE) and writes (SETRANGE) only its own slots. The window hash holds rn (N),
+-- rp (the next slot), tc/tf/ts and sat (the claim, as the time window's). The ring fills
+-- from slot 0: while tc < rn, rp == tc; once full, rp is the oldest outcome.
+-- A time window some caller claims (sat within WINDOW_CLAIM_MS) wins: a caller with
+-- window_calls adopts it and never renews its claim, and a time caller restarts the hash.
 local RING_MAX = 10000  -- BreakerConfig.window_calls' highest (the live bound clamps to it)
 
 local function ring_on(c)
@@ -30,9 +17,8 @@ local function ring_key()
   return string.sub(K_STATE, 1, -6) .. 'ring'  -- '<prefix>:{NAME}:state' -> ...:ring
 end
 
--- The window hash as a caller with window_calls finds it: the time window to adopt
--- ({bucket_ms, buckets, no_claim} for window_read; nil when none is claimed), and the
--- ring's bookkeeping (nil when there is none, or not one a worker wrote).
+-- The time window to adopt (a config for window_read; nil when none is claimed), and the
+-- ring's bookkeeping (nil: none, or one no worker wrote).
 local function ring_find(c)
   local h = redis.call('HMGET', K_WINDOW, 'head', 'bms', 'nb', 'sat', 'rn', 'rp', 'tc', 'tf', 'ts')
   local head, bms, nb, sat = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or 10, tonumber(h[4])
@@ -55,8 +41,7 @@ local function ring_find(c)
   return nil, {n = n, p = p, tc = tc, tf = tf, ts = ts, sat = sat}
 end
 
--- The ring a caller applies: the stored one, or while another N claims it, that N.
--- Returns the window as window_read does (tc, tf, ts, reset) plus n, p and sat.
+-- The ring applied: the stored one (of another N while that N claims it), or a new one.
 local function ring_state(c, r)
   local n = c.win_n
   if r and r.n ~= n and not (r.sat and r.sat > NOW - WINDOW_CLAIM_MS) then r = nil end
@@ -86,17 +71,14 @@ local function counted(bytes, pattern)
   return found
 end
 
--- Adds outcomes to the ring: one (calls 1: failed and slow as given) or a batch of
--- successes (calls > 1, never failed nor slow: record.lua). Only the slots written are
--- read (what slides out) and written.
+-- Adds one outcome (calls 1) or a batch of successes (calls > 1: record.lua).
 local function ring_add(c, r, calls, failures, slows)
   local w = ring_state(c, r)
   local n = w.n
   local k = math.min(calls, n)  -- of a batch longer than the ring, only its last n stay
   local bytes = calls == 1 and string.char(48 + failures + 2 * slows) or string.rep('0', k)
   local gone = ring_get(n, (w.p + (n - w.tc)) % n, k - (n - w.tc))  -- the oldest, overwritten
-  if w.reset then  -- a time window no one claims, a ring of another N, or edited: a ring
-    -- written whole, n bytes at once (grown by SETRANGE, Redis would allocate it up to twice over)
+  if w.reset then  -- written whole: grown by SETRANGE, Redis allocates up to twice over
     redis.call('DEL', K_WINDOW)
     redis.call('SET', ring_key(), string.rep('0', n))
   end
@@ -114,8 +96,7 @@ local function ring_add(c, r, calls, failures, slows)
   return w
 end
 
--- The window a caller applies, with these outcomes added: the time window, the ring,
--- or (window_calls set while a time window is claimed) the time window adopted.
+-- The window applied, with these outcomes added: the time window, adopted or not, or the ring.
 local function window_record(c, calls, failures, slows)
   if not ring_on(c) then return window_add(c, calls, failures, slows) end
   local t, r = ring_find(c)
@@ -131,8 +112,7 @@ local function window_now(c)
   return ring_state(c, r)
 end
 
--- The fewest calls a window rule needs: minimum_calls, and with window_calls at most the
--- ring's size (as Resilience4j's count window: a ring of 10 with minimum_calls 20 trips).
+-- minimum_calls, at most N with a ring (as Resilience4j's count window).
 local function least_calls(c, w)
   if w.ring and w.n < c.min_calls then return w.n end
   return c.min_calls
