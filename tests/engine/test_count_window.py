@@ -189,3 +189,17 @@ def test_an_edited_ring_is_repaired(unbatched, store):
     with pytest.raises(BreakerOpen):
         record(breaker, *["failure"] * 10)
         breaker.acquire()
+
+
+def test_two_sizes_share_the_ring_the_claimed_one_has(make_breakers, clock, store):
+    """A deploy from window_calls=20 to 10: the new size adopts the ring of 20 while a
+    worker of 20 wrote it in the last minute, then starts its own."""
+    wide = make_breakers(batch_successes=False).get("sizes", RING)
+    narrow = make_breakers(batch_successes=False).get("sizes", BreakerConfig(trip="rate", window_calls=10))
+    record(wide, *["success"] * 15)
+    record(narrow, "failure", *["success"] * 4)  # into the ring of 20: 20 calls, 1 failure
+    assert window(narrow) == window(wide) == (20, 1, 0)
+    assert keys(store, "sizes")["window"][b"rn"] == b"20"
+    clock.advance(61_000)  # the worker of 20 stopped a minute ago; the narrow one never claims 20
+    record(narrow, "success")
+    assert window(narrow) == (1, 0, 0) and keys(store, "sizes")["window"][b"rn"] == b"10"
