@@ -7,7 +7,8 @@
 -- call in front of an EVAL script, so it only defines (a library's top level may not
 -- even read the standard globals); each script starts with begin(KEYS, ARGV). The
 -- record script's common path (closed, no override) costs six commands: TIME,
--- HMGET state, HGETALL config, HMGET window, HSET window, HINCRBY stats.
+-- HMGET state, HGETALL config, HMGET window, HSET window, HINCRBY stats; with window_calls
+-- eight: GETRANGE of what slides out of the ring and SETRANGE of what comes in (ring.lua).
 -- The messages the scripts write and read (pub/sub, events lines, replies, ARGV 6)
 -- are documented in one place: docs/wire.md.
 --
