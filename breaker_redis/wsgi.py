@@ -6,9 +6,10 @@
 
 The Flask extension's protection for an app that has only the WSGI
 interface: the same routes, 503, fallbacks and outcomes. What the WSGI and
-ASGI middlewares decide alike is breaker_redis/web/middleware.py, how WSGI
-reads a request and writes a whole answer web/protocols.py; this module is
-WSGI's timing. It imports no web framework.
+ASGI middlewares decide alike is breaker_redis/web/middleware.py, the
+exchange an admitted request becomes (the Flask extension's too)
+web/exchange.py, how WSGI reads a request and writes a whole answer
+web/protocols.py; this module is WSGI's timing. It imports no web framework.
 
 When the outcome is recorded. A WSGI app names its status in
 ``start_response``, but a server sends nothing until the body's first
@@ -41,7 +42,8 @@ from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackResponse
 from breaker_redis.web import http_policy, pipeline, protocols
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
-from breaker_redis.web.http_policy import as_response, fallback_marks, judge, served_headers
+from breaker_redis.web.exchange import FALLBACK, FALLBACK_ANSWERED, FALLBACK_FAILED, REFUSED, Exchange
+from breaker_redis.web.http_policy import as_response, fallback_marks, served_headers
 from breaker_redis.web.protocols import WsgiAnswer, close_iterable, run_wsgi_app, status_code, wsgi_answer
 from breaker_redis.web.protocols import environ_path as request_path
 from breaker_redis.web.refusal import Refusal
@@ -157,9 +159,11 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
                 answer = self.refusal_answer(self.refusal(refused, environ, spec), environ)
             start_response(answer.status, answer.headers)
             return [answer.body]
-        if permit is None:
+        if permit is None or guards is None:
             return None
-        return _Exchange(self, route, permit, guards, environ, start_response).run()
+        return _Exchange(route.spec, route.breaker, permit, guards, environ, self.warn).run(
+            self, start_response
+        )
 
     def _settle_orphans(self) -> None:
         with contextlib.suppress(IndexError):  # IndexError: none left (another thread took it)
@@ -191,26 +195,27 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
             headers = served_headers(response, fallback_marks(spec.name, served.kind, cause))
             return wsgi_answer(response.status, headers, response.body, self.is_head(environ))
         except Exception:
-            self.warn(spec.name, shared.FALLBACK_FAILED)
+            self.warn(spec.name, FALLBACK_FAILED)
             return None
 
 
-class _Exchange(shared.Exchange[dict[str, Any]]):
-    """One admitted request: the app's ``start_response`` held back until the
-    response commits, and the iterable the server gets (the app's body, chunk
-    by chunk, its iterable closed exactly once)."""
+class _Exchange(Exchange):
+    """The WSGI part of an admitted request's exchange (web/exchange.py): the app's
+    ``start_response`` held back until the response commits, and the iterable the
+    server gets (the app's body, chunk by chunk, its iterable closed exactly once)."""
 
-    __slots__ = ("ended", "is_closed", "iterator", "result", "server_write")
+    __slots__ = ("ended", "is_closed", "iterator", "middleware", "result", "server", "server_write")
 
     info = ResponseInfo
-    middleware: BreakerMiddleware
 
-    def run(self) -> Iterable[bytes]:
+    def run(self, middleware: BreakerMiddleware, server: StartResponse) -> Iterable[bytes]:
+        self.middleware = middleware
+        self.server = server  # the server's start_response
         self.ended = self.is_closed = False  # ended: the body's end went out (or ours replaced it)
         self.iterator: Iterator[bytes] | None = None
         self.server_write: Callable[[bytes], object] | None = None
         try:
-            result = self.middleware.app(self.request, self.start_response)
+            result = middleware.app(self.request, self.start_response)
         except BaseException as exc:
             body = self.failed(exc)
             if body is None:
@@ -240,7 +245,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
                 if exc_info is not None and exc_info[1] is not None:
                     raise exc_info[1].with_traceback(exc_info[2])
                 raise AssertionError("start_response() called again after the response started")
-            return self.server(status, headers, exc_info)  # type: ignore[no-any-return]
+            return self.server(status, headers, exc_info)
         if exc_info is None and self.status is not None:
             raise AssertionError("start_response() called a second time without exc_info")
         # With exc_info before the commit: nothing has gone out, the new status replaces the old.
@@ -277,18 +282,15 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
         code = status_code(self.status)
         if code is None:
             return "failure"  # not a status a server can send: it will answer 500
-        return judge(self.spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
-
-    def settle(self, outcome: str) -> None:
-        pipeline.settle(self.permit, outcome, self.middleware.warn, self.spec.name)
+        return self.judged(code, self)
 
     def commit(self) -> bytes | None:
         """The response starts now: decided, recorded, and a status to the server.
         Returns the body of the route's fallback answering in the app's place, or None."""
         self.committed = True
         outcome = self.classify()
-        pipeline.settle(self.permit, outcome, self.middleware.warn, self.spec.name)  # self.settle, inline
-        if self.spec.fallback is not None and self.answers(outcome):
+        pipeline.settle(self.permit, outcome, self.warn, self.spec.name)  # self.settle, inline
+        if self.spec.fallback is not None and self.answers(outcome, self.middleware.is_head(self.request)):
             answer = self.middleware.fallback_answer(self.spec, self.request, None)
             if answer is not None:
                 return self.answer(answer)
@@ -302,12 +304,16 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
             return None
         outcome, then = self.after_exception(exc)
         self.settle(outcome)
-        if isinstance(then, Refusal):
-            return self.answer(self.middleware.refusal_answer(then, self.request))
-        if then is shared.FALLBACK:
-            answer = self.middleware.fallback_answer(self.spec, self.request, exc)
+        middleware = self.middleware
+        if then is REFUSED:
+            assert isinstance(exc, BreakerOpen)
+            return self.answer(
+                middleware.refusal_answer(middleware.refusal(exc, self.request, None), self.request)
+            )
+        if then is FALLBACK:
+            answer = middleware.fallback_answer(self.spec, self.request, exc)
             if answer is not None:
-                self.middleware.warn(self.spec.name, shared.FALLBACK_ANSWERED)
+                self.warn(self.spec.name, FALLBACK_ANSWERED)
                 return self.answer(answer)
         return None
 
@@ -320,13 +326,8 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
     def body_done(self) -> None:
         """The whole body went out: a successful one is handed to the fallback to
         remember (cached). A body cut short never is."""
-        response, fallback = self.kept_response(), self.spec.fallback
-        if response is None or fallback is None:
-            return
-        try:
-            fallback.remember(self.middleware.fallback_context(self.spec.name, self.request, None), response)
-        except Exception:
-            self.middleware.warn(self.spec.name, shared.UNREMEMBERED)
+        middleware, name, request = self.middleware, self.spec.name, self.request
+        self.remember(lambda: middleware.fallback_context(name, request, None), self.kept_response)
 
     def closed(self) -> None:
         """The server is done with the response, or gave up on it: a permit not settled

@@ -20,6 +20,9 @@ found at its first request: a spec, none, or "by path" for BREAKER_ROUTES),
 and the ``wsgi_app`` wrapper's look for a pending permit in the environ.
 Nothing is registered for the rest of such a request.
 
+An admitted request is the exchange every integration makes of one
+(breaker_redis/web/exchange.py: its outcome judged, its permit settled once,
+what its fallback remembers); what is Flask's is only when those happen.
 Per-request data lives in the request's WSGI environ (under a key of the
 app's own), so threaded workers share nothing.
 """
@@ -44,17 +47,14 @@ from flask.globals import _cv_request
 from werkzeug.exceptions import HTTPException
 
 from breaker_redis.base.errors import BreakerOpen
-from breaker_redis.engine.breaker import Breaker
-from breaker_redis.engine.permit import Permit
 from breaker_redis.flask.refusal import BreakerOpenError, refusal_response, retry_after_seconds, wants_json
 from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.flask.serving import fallback_context, freeze, serve
 from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
-from breaker_redis.web.http_policy import judge, judge_exception
+from breaker_redis.web.exchange import Exchange
 from breaker_redis.web.pipeline import admit as admit_step
-from breaker_redis.web.pipeline import settle
 from breaker_redis.web.refusal import refusal_for
-from breaker_redis.web.routes import RequestGuards, held, note_refusal
+from breaker_redis.web.routes import held, note_refusal
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -65,42 +65,18 @@ SPEC_ATTRIBUTE = "_breaker_redis_spec"
 _UNKNOWN: Any = object()  # a view not met yet
 
 
-class Pending:
-    """One admitted request, kept in the environ from before_request to the
-    return of ``wsgi_app``."""
+class _Exchange(Exchange):
+    """The Flask part of an admitted request's exchange (web/exchange.py), kept
+    in the environ from before_request to the return of ``wsgi_app``: the
+    response is judged by an after-request function, and the permit settled
+    when ``wsgi_app`` returns. ``request`` is the Flask request (for the
+    fallback's cache key after the context is gone); ``kept``, a successful
+    response, for the fallback to remember."""
 
-    __slots__ = (
-        "breaker",
-        "exception",
-        "guards",
-        "handled",
-        "outcome",
-        "permit",
-        "request",
-        "response",
-        "spec",
-        "state",
-    )
+    __slots__ = ("handled", "state")
 
-    def __init__(
-        self,
-        state: AppState,
-        spec: RouteSpec,
-        breaker: Breaker,
-        permit: Permit,
-        guards: RequestGuards,
-        req: Any,
-    ) -> None:
-        self.state = state
-        self.spec = spec
-        self.breaker = breaker
-        self.permit = permit
-        self.guards = guards  # where a guard inside, or an outbound refusal (inner_refusal), is noted
-        self.request = req  # the Flask request, for the fallback's cache key after the context is gone
-        self.exception: BaseException | None = None  # the first exception the view or a hook raised
-        self.handled: BaseException | None = None  # the last one Flask's handle_exception was given
-        self.outcome: str | None = None
-        self.response: Response | None = None
+    state: AppState
+    handled: BaseException | None  # the last exception Flask's handle_exception was given
 
     def after(self, response: Response) -> Response:
         """after_this_request: the outcome as every integration judges it
@@ -111,19 +87,19 @@ class Pending:
             return response
         spec, exc = self.spec, self.exception
         if exc is not None and not isinstance(exc, HTTPException):
-            outcome = judge_exception(self.breaker, exc, self.guards)
+            outcome = self.judged_exception(exc)
         else:
-            outcome = judge(spec, response.status_code, response, None, self.state.warn, self.guards)
+            outcome = self.judged(response.status_code, response)
         self.outcome = outcome
         if outcome == "success":
-            self.response = response
+            self.kept = response
         elif outcome == "failure" and spec.fallback_on_failure and spec.fallback:
             served = serve(self.state, spec, self.exception)
             if served is not None:
                 return served
         return response
 
-    def settle(self, escaped: BaseException | None) -> None:
+    def finish(self, escaped: BaseException | None) -> None:
         """Record the outcome, once ``wsgi_app`` is done. An exception Flask's
         handle_exception was given (answered with a 500, or propagated), or
         a BaseException that escaped, is judged as every integration judges
@@ -138,19 +114,13 @@ class Pending:
             error = escaped
         if error is not None and state.app is not None and state.app.should_ignore_error(error):
             error = None
-        if error is not None:
-            outcome = judge_exception(self.breaker, error, self.guards)  # escaped the view or a later hook
-        else:
-            outcome = self.outcome or "ignored"
-        settle(self.permit, outcome, state.warn, spec.name)
-        fallback = spec.fallback
-        if outcome == "success" and self.response is not None and fallback and fallback.remembers:
-            try:
-                frozen = freeze(self.response)
-                if frozen is not None:
-                    fallback.remember(fallback_context(state, spec.name, None, self.request), frozen)
-            except Exception:
-                state.warn(spec.name, "could not remember a response of breaker %r")
+        # an error escaped the view or a later hook; else the after function's verdict
+        outcome = self.judged_exception(error) if error is not None else self.outcome or "ignored"
+        self.settle(outcome)
+        response = self.kept
+        if outcome == "success" and response is not None and spec.fallback and spec.fallback.remembers:
+            req = self.request
+            self.remember(lambda: fallback_context(state, spec.name, None, req), lambda: freeze(response))
 
 
 def install_hooks(app: Flask, state: AppState) -> None:
@@ -186,16 +156,16 @@ def install_hooks(app: Flask, state: AppState) -> None:
             escaped = exc
             raise
         finally:
-            pending = environ.pop(key, None)
-            if pending is not None:
-                pending.settle(escaped)
+            exchange = environ.pop(key, None)
+            if exchange is not None:
+                exchange.finish(escaped)
 
     def on_exception(sender: Any, exception: BaseException, **extra: Any) -> None:
-        pending = request.environ.get(key)
-        if isinstance(pending, Pending):
-            if pending.exception is None:
-                pending.exception = exception
-            pending.handled = exception
+        exchange = request.environ.get(key)
+        if isinstance(exchange, _Exchange):
+            if exchange.exception is None:
+                exchange.exception = exception
+            exchange.handled = exception
 
     app.before_request(before_request)
     app.wsgi_app = wsgi_app  # type: ignore[method-assign]
@@ -229,9 +199,10 @@ def admit(state: AppState, ctx: Any, req: Any, view: Any, found: Any) -> Any:
         raise BreakerOpenError(refused, spec.message, retry_after_seconds(refused, breaker.config)) from None
     if permit is None or guards is None:
         return None  # the breaker could not be asked (a bug, logged): unprotected
-    pending = Pending(state, spec, breaker, permit, guards, req)
-    environ[state.pending_key] = pending
-    ctx._after_request_functions.append(pending.after)  # after_this_request, one call less
+    exchange = _Exchange(spec, breaker, permit, guards, req, state.warn)
+    exchange.state, exchange.handled = state, None
+    environ[state.pending_key] = exchange
+    ctx._after_request_functions.append(exchange.after)  # after_this_request, one call less
     return None
 
 
@@ -259,9 +230,9 @@ def protected_view(view: F, spec: RouteSpec) -> F:
     def note(exc: BaseException) -> None:
         if not has_request_context():
             return  # called directly, outside a request: nothing to note
-        pending = current_pending()
-        if pending is not None and pending.exception is None:
-            pending.exception = exc
+        exchange = current_exchange()
+        if exchange is not None and exchange.exception is None:
+            exchange.exception = exc
 
     wrapper: Callable[..., Any]
     if inspect.iscoroutinefunction(view):
@@ -288,13 +259,13 @@ def protected_view(view: F, spec: RouteSpec) -> F:
     return cast(F, wrapper)
 
 
-def current_pending() -> Pending | None:
+def current_exchange() -> _Exchange | None:
     """The admitted request being handled by the current app, if any."""
     state = current_app.extensions.get(EXTENSION_KEY)
     if not isinstance(state, AppState):
         return None
-    pending = request.environ.get(state.pending_key)
-    return pending if isinstance(pending, Pending) else None
+    exchange = request.environ.get(state.pending_key)
+    return exchange if isinstance(exchange, _Exchange) else None
 
 
 def inner_refusal(refused: BreakerOpen) -> Any:
