@@ -216,7 +216,8 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
             return True
         if permit is None or guards is None:
             return False
-        await _Exchange(route.spec, route.breaker, permit, guards, scope, self.warn).run(self, receive, send)
+        exchange = _Exchange().begin(route.spec, route.breaker, permit, guards, scope, self.warn)
+        await exchange.run(self, receive, send)
         return True
 
     # -- the request, read; what the middleware answers itself ------------------------------

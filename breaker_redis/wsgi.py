@@ -161,9 +161,8 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
             return [answer.body]
         if permit is None or guards is None:
             return None
-        return _Exchange(route.spec, route.breaker, permit, guards, environ, self.warn).run(
-            self, start_response
-        )
+        exchange = _Exchange().begin(route.spec, route.breaker, permit, guards, environ, self.warn)
+        return exchange.run(self, start_response)
 
     def _settle_orphans(self) -> None:
         with contextlib.suppress(IndexError):  # IndexError: none left (another thread took it)
@@ -281,14 +280,18 @@ class _Exchange(Exchange):
     def classify(self) -> str:
         code = status_code(self.status)
         if code is None:
-            return "failure"  # not a status a server can send: it will answer 500
+            return "failure"  # not a status a server can send: it will answer 500 (commit: inline)
         return self.judged(code, self)
 
     def commit(self) -> bytes | None:
         """The response starts now: decided, recorded, and a status to the server.
         Returns the body of the route's fallback answering in the app's place, or None."""
         self.committed = True
-        outcome = self.classify()
+        try:  # classify(), inline
+            code: int | None = int(self.status.split(" ", 1)[0])
+        except (ValueError, AttributeError):
+            code = None
+        outcome = "failure" if code is None else self.judged(code, self)
         pipeline.settle(self.permit, outcome, self.warn, self.spec.name)  # self.settle, inline
         if self.spec.fallback is not None and self.answers(outcome, self.middleware.is_head(self.request)):
             answer = self.middleware.fallback_answer(self.spec, self.request, None)
@@ -343,26 +346,31 @@ class _Exchange(Exchange):
         return self
 
     def __next__(self) -> bytes:
-        if self.ended or self.replaced:  # replaced: a fallback answered through write()
-            raise StopIteration
-        committed = self.committed
-        try:
-            if self.iterator is None:
-                self.iterator = iter(self.result)
-            chunk = next(self.iterator, None)  # None: the end
-            while not committed and chunk is not None and not chunk:
-                chunk = next(self.iterator, None)  # an empty chunk would make some servers start
-            if self.status is None:
-                raise RuntimeError("the WSGI app returned its body without calling start_response()")
-        except BaseException as exc:
-            # After the commit, as it is: the response was counted by its status,
-            # which the client already has.
-            body = None if committed else self.failed(exc)
-            if body is None:
-                raise
-            self.ended = True
-            return body
-        if not committed:
+        if self.committed:
+            # After the commit: the app's chunks as they are, an exception as it is (the
+            # response was counted by its status, which the client already has).
+            if self.ended or self.replaced:  # replaced: a fallback answered through write()
+                raise StopIteration
+            iterator = self.iterator
+            if iterator is None:  # committed by write(): what the app returned follows
+                iterator = self.iterator = iter(self.result)
+            chunk = next(iterator, None)  # None: the end
+        else:
+            try:
+                iterator = self.iterator
+                if iterator is None:
+                    iterator = self.iterator = iter(self.result)
+                chunk = next(iterator, None)
+                while chunk is not None and not chunk:
+                    chunk = next(iterator, None)  # an empty chunk would make some servers start
+                if self.status is None:
+                    raise RuntimeError("the WSGI app returned its body without calling start_response()")
+            except BaseException as exc:
+                body = self.failed(exc)
+                if body is None:
+                    raise
+                self.ended = True
+                return body
             body = self.commit()
             if body is not None:
                 self.ended = True
@@ -381,10 +389,12 @@ class _Exchange(Exchange):
             return
         self.is_closed = True
         try:
-            close_iterable(self.result)
+            close = getattr(self.result, "close", None)  # protocols.close_iterable, inline
+            if close is not None:
+                close()
         finally:
             self.kept = None
-            if not self.permit.recorded:
+            if not self.committed:  # (committed: settled at the commit)
                 self.closed()
 
     def __del__(self) -> None:

@@ -52,9 +52,10 @@ from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.flask.serving import fallback_context, freeze, serve
 from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
 from breaker_redis.web.exchange import Exchange
+from breaker_redis.web.pipeline import UNRECORDED
 from breaker_redis.web.pipeline import admit as admit_step
 from breaker_redis.web.refusal import refusal_for
-from breaker_redis.web.routes import held, note_refusal
+from breaker_redis.web.routes import GUARDS_KEY, held, note_refusal
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 SPEC_ATTRIBUTE = "_breaker_redis_spec"
+# What a view may return that Flask answers with its response class's default status.
+PLAIN_BODIES = frozenset({str, bytes, dict, list})
 _UNKNOWN: Any = object()  # a view not met yet
 
 
@@ -73,10 +76,37 @@ class _Exchange(Exchange):
     fallback's cache key after the context is gone); ``kept``, a successful
     response, for the fallback to remember."""
 
-    __slots__ = ("handled", "state")
+    __slots__ = ("handled", "state", "view")
 
     state: AppState
     handled: BaseException | None  # the last exception Flask's handle_exception was given
+    view: Any  # the view function Flask dispatches this request to
+
+    def returned(self, ctx: Any, value: Any) -> Any:
+        """A view of ours (protected_view) returned ``value``, the view Flask
+        dispatched this request to: its response is judged here, as ``after``
+        would judge it, and ``after`` taken off the request's list, so that
+        Flask does not call it (Flask checks each such function for a
+        coroutine on every call: about a fifth of a breaker call). Nothing runs
+        between a view's return and the after-request functions but Flask
+        making the response, so every hook of the app's sees what it saw
+        before. A body Flask answers with its response class's default status
+        (a str, bytes, a dict or a list), where nothing but the status is
+        judged (no classify(), no fallback, no exception noted), is judged by
+        that status without making its response here."""
+        spec = self.spec
+        if (
+            type(value) in PLAIN_BODIES
+            and spec.classify is None
+            and spec.fallback is None
+            and self.exception is None
+        ):
+            ctx._after_request_functions.remove(self.after)
+            self.outcome = self.judged(ctx.app.response_class.default_status, value)
+            return value
+        response = ctx.app.make_response(value)
+        ctx._after_request_functions.remove(self.after)
+        return self.after(response)
 
     def after(self, response: Response) -> Response:
         """after_this_request: the outcome as every integration judges it
@@ -116,7 +146,10 @@ class _Exchange(Exchange):
             error = None
         # an error escaped the view or a later hook; else the after function's verdict
         outcome = self.judged_exception(error) if error is not None else self.outcome or "ignored"
-        self.settle(outcome)
+        try:  # self.settle(), inline
+            self.permit.record(outcome)
+        except Exception:
+            state.warn(spec.name, UNRECORDED)
         response = self.kept
         if outcome == "success" and response is not None and spec.fallback and spec.fallback.remembers:
             req = self.request
@@ -183,7 +216,7 @@ def admit(state: AppState, ctx: Any, req: Any, view: Any, found: Any) -> Any:
         return None  # CORS preflights and automatic OPTIONS never reach a service
     guarded: Guarded = found
     spec, environ = guarded.spec, req.environ
-    if held(environ, guarded.guard) is not None:
+    if GUARDS_KEY in environ and held(environ, guarded.guard) is not None:
         # A WSGI middleware around the app guards this route with the same breaker:
         # it holds the request's permit, asks and records. Nothing is counted twice.
         return None
@@ -199,10 +232,11 @@ def admit(state: AppState, ctx: Any, req: Any, view: Any, found: Any) -> Any:
         raise BreakerOpenError(refused, spec.message, retry_after_seconds(refused, breaker.config)) from None
     if permit is None or guards is None:
         return None  # the breaker could not be asked (a bug, logged): unprotected
-    exchange = _Exchange(spec, breaker, permit, guards, req, state.warn)
-    exchange.state, exchange.handled = state, None
+    exchange = _Exchange().begin(spec, breaker, permit, guards, req, state.warn)
+    exchange.state, exchange.handled, exchange.view = state, None, view
     environ[state.pending_key] = exchange
     ctx._after_request_functions.append(exchange.after)  # after_this_request, one call less
+    ctx._breaker_redis_exchange = exchange  # where protected_view finds it
     return None
 
 
@@ -250,10 +284,16 @@ def protected_view(view: F, spec: RouteSpec) -> F:
         @functools.wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
-                return view(*args, **kwargs)
+                value = view(*args, **kwargs)
             except BaseException as exc:
                 note(exc)
                 raise
+            # The view Flask dispatched an admitted request to (not a view called by
+            # another, nor one inside a decorator of the app's): judged on return.
+            exchange = getattr(_cv_request.get(None), "_breaker_redis_exchange", None)
+            if exchange is not None and exchange.view is wrapper:
+                return exchange.returned(_cv_request.get(), value)
+            return value
 
     setattr(wrapper, SPEC_ATTRIBUTE, spec)
     return cast(F, wrapper)

@@ -27,7 +27,7 @@ framework is imported here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 from wsgiref.headers import Headers
 
 from breaker_redis.base.errors import BreakerOpen
@@ -85,9 +85,11 @@ class Exchange:
     kept_limit: int
     kept_size: int
 
-    def __init__(
+    # Made as ``Exchange().begin(...)``, not by an __init__: a class whose __init__ is
+    # Python code costs a frame of the interpreter's own to make, on every request.
+    def begin(
         self, spec: RouteSpec, breaker: Any, permit: Any, guards: RequestGuards, request: Any, warn: Warn
-    ) -> None:
+    ) -> Self:
         self.spec = spec
         self.breaker = breaker
         self.permit = permit
@@ -101,14 +103,21 @@ class Exchange:
         self.committed = False
         self.replaced = False
         self.kept = None
+        return self
 
     # -- deciding ---------------------------------------------------------------------------
 
     def judged(self, code: int, subject: Any) -> str:
         """The outcome of a response of status ``code``: ``subject`` is what the
         route's classify() is given (through the protocol's ``info``, if any)."""
+        spec = self.spec
+        if spec.classify is None and self.guards.refused is None:
+            # http_policy.judge's last step, inline: what nearly every response takes
+            if code in spec.ignore_statuses:
+                return "ignored"
+            return "failure" if code in spec.failure_statuses else "success"
         info = None if self.info is None else response_info
-        return judge(self.spec, code, subject, info, self.warn, self.guards)
+        return judge(spec, code, subject, info, self.warn, self.guards)
 
     def judged_exception(self, exc: BaseException) -> str:
         """The outcome of an exception that ended the request before its response

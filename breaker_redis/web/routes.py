@@ -362,7 +362,10 @@ def route_to_ask(route: Route | None, method: Any, carrier: Mapping[str, Any]) -
     covers the path (``route``: what the table matched), the method is never
     guarded (OPTIONS), or an outer guard of the same breaker holds the
     request's permit (it asks and records)."""
-    if route is None or str(method).upper() in UNPROTECTED_METHODS or held(carrier, route.guard) is not None:
+    if route is None or (method != "GET" and str(method).upper() in UNPROTECTED_METHODS):
+        return None
+    guards = carrier.get(GUARDS_KEY)  # held(), inline: this runs on every request a route covers
+    if isinstance(guards, RequestGuards) and guards.permits.get(route.guard) is not None:
         return None
     return route
 
