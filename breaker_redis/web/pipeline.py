@@ -32,7 +32,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from breaker_redis.base.errors import BreakerOpen
-from breaker_redis.web.routes import GUARDS_KEY, RequestGuards, hold, note_refusal
+from breaker_redis.web.routes import GUARDS_KEY, RequestGuards, hold, holding, note_refusal
 
 Warn = Callable[[str, str], None]
 # (the permit, the request's guards it is held in); (None, None): unprotected
@@ -57,9 +57,10 @@ def admit(
         return permit, None
     # admitted() and routes.hold(), inline: one call and one look-up less per request
     guards = carrier.get(GUARDS_KEY)
-    if not isinstance(guards, RequestGuards):
-        guards = carrier[GUARDS_KEY] = RequestGuards()
-    guards.permits[guard] = permit
+    if isinstance(guards, RequestGuards):
+        guards.permits[guard] = permit
+    else:
+        guards = carrier[GUARDS_KEY] = holding(guard, permit)
     return permit, guards
 
 
