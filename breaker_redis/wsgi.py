@@ -342,47 +342,55 @@ class _Exchange(Exchange):
 
     # -- the server's side: the body ----------------------------------------------------------
 
-    def __iter__(self) -> _Exchange:
-        return self
+    def __iter__(self) -> Iterator[bytes]:
+        """The body as the server iterates it: a generator, whose end is no
+        StopIteration raised by Python code (about a tenth of a breaker call).
+        The server closes this exchange, not the generator (PEP 3333)."""
+        return self.body()
 
-    def __next__(self) -> bytes:
-        if self.committed:
-            # After the commit: the app's chunks as they are, an exception as it is (the
-            # response was counted by its status, which the client already has).
-            if self.ended or self.replaced:  # replaced: a fallback answered through write()
-                raise StopIteration
-            iterator = self.iterator
-            if iterator is None:  # committed by write(): what the app returned follows
-                iterator = self.iterator = iter(self.result)
-            chunk = next(iterator, None)  # None: the end
-        else:
+    def body(self) -> Iterator[bytes]:
+        if not self.committed:
             try:
                 iterator = self.iterator
                 if iterator is None:
                     iterator = self.iterator = iter(self.result)
-                chunk = next(iterator, None)
+                chunk = next(iterator, None)  # None: the end
                 while chunk is not None and not chunk:
                     chunk = next(iterator, None)  # an empty chunk would make some servers start
                 if self.status is None:
                     raise RuntimeError("the WSGI app returned its body without calling start_response()")
             except BaseException as exc:
-                body = self.failed(exc)
-                if body is None:
+                answer = self.failed(exc)
+                if answer is None:
                     raise
                 self.ended = True
-                return body
-            body = self.commit()
-            if body is not None:
+                yield answer
+                return
+            answer = self.commit()
+            if answer is not None:
                 self.ended = True
-                return body
-        if chunk is None:
-            self.ended = True
-            if self.kept is not None:
-                self.body_done()
-            raise StopIteration
+                yield answer
+                return
+            if chunk is not None:
+                if self.kept is not None:
+                    self.keep(chunk)
+                yield chunk
+        elif self.ended or self.replaced:  # replaced: a fallback answered through write()
+            return
+        # After the commit: the app's chunks as they are, an exception as it is (the
+        # response was counted by its status, which the client already has).
+        iterator = self.iterator
+        if iterator is None:  # committed by write(): what the app returned follows
+            iterator = self.iterator = iter(self.result)
+        if self.kept is None:
+            yield from iterator
+        else:
+            for chunk in iterator:
+                self.keep(chunk)
+                yield chunk
+        self.ended = True
         if self.kept is not None:
-            self.keep(chunk)
-        return chunk
+            self.body_done()
 
     def close(self) -> None:
         if self.is_closed:
