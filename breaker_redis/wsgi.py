@@ -115,7 +115,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         # A path that starts with no route's stem is unprotected, decided on sight;
         # any other is matched the long way.
         if type(raw) is not str or raw[:1] != "/" or raw.startswith(self._entry):
-            guarded = self._guard(environ, start_response)
+            guarded = self._guard(environ, start_response, raw)
             if guarded is not None:
                 return guarded
         # Unprotected: the app's own answer, untouched, except that an outbound
@@ -135,10 +135,12 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
             start_response(answer.status, answer.headers, sys.exc_info() if called else None)
             return [answer.body]
 
-    def _guard(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes] | None:
+    def _guard(
+        self, environ: WSGIEnvironment, start_response: StartResponse, raw: Any
+    ) -> Iterable[bytes] | None:
         """A request a route covers, admitted or refused; None: it goes through unprotected
-        (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
-        raw: Any = environ.get("PATH_INFO")  # a str, as checked next
+        (no route after all, OPTIONS, an outer guard of the same breaker, a bug). ``raw``:
+        its PATH_INFO."""
         known = type(raw) is str
         route = self._matched.get(raw, _UNSEEN) if known else _UNSEEN
         if route is _UNSEEN:
@@ -292,7 +294,10 @@ class _Exchange(Exchange):
         except (ValueError, AttributeError):
             code = None
         outcome = "failure" if code is None else self.judged(code, self)
-        pipeline.settle(self.permit, outcome, self.warn, self.spec.name)  # self.settle, inline
+        try:  # self.settle(), inline
+            self.permit.record(outcome)
+        except Exception:
+            self.warn(self.spec.name, pipeline.UNRECORDED)
         if self.spec.fallback is not None and self.answers(outcome, self.middleware.is_head(self.request)):
             answer = self.middleware.fallback_answer(self.spec, self.request, None)
             if answer is not None:
