@@ -140,12 +140,15 @@ class _Exchange(Exchange):
             return
         state, spec = self.state, self.spec
         error = self.handled
-        if error is None and escaped is not None and not isinstance(escaped, Exception):
-            error = escaped
-        if error is not None and state.app is not None and state.app.should_ignore_error(error):
-            error = None
-        # an error escaped the view or a later hook; else the after function's verdict
-        outcome = self.judged_exception(error) if error is not None else self.outcome or "ignored"
+        if error is None and escaped is None:
+            outcome = self.outcome or "ignored"  # what nearly every request takes
+        else:
+            if error is None and escaped is not None and not isinstance(escaped, Exception):
+                error = escaped
+            if error is not None and state.app is not None and state.app.should_ignore_error(error):
+                error = None
+            # an error escaped the view or a later hook; else the after function's verdict
+            outcome = self.judged_exception(error) if error is not None else self.outcome or "ignored"
         try:  # self.settle(), inline
             self.permit.record(outcome)
         except Exception:
@@ -182,16 +185,17 @@ def install_hooks(app: Flask, state: AppState) -> None:
     inner = app.wsgi_app
 
     def wsgi_app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        escaped: BaseException | None = None
         try:
-            return inner(environ, start_response)
+            result = inner(environ, start_response)
         except BaseException as exc:
-            escaped = exc
-            raise
-        finally:
             exchange = environ.pop(key, None)
             if exchange is not None:
-                exchange.finish(escaped)
+                exchange.finish(exc)
+            raise
+        exchange = environ.pop(key, None)
+        if exchange is not None:
+            exchange.finish(None)
+        return result
 
     def on_exception(sender: Any, exception: BaseException, **extra: Any) -> None:
         exchange = request.environ.get(key)
@@ -208,11 +212,14 @@ def install_hooks(app: Flask, state: AppState) -> None:
 
 def admit(state: AppState, ctx: Any, req: Any, view: Any, found: Any) -> Any:
     """Ask the breaker of a request's route for a permit; a refusal is answered here."""
-    if found is _UNKNOWN:
-        found = route_of_view(state, req.endpoint, view)
-    if found is BY_PATH:
-        found = state.table.match(req.path)
-    if found is None or req.method == "OPTIONS":
+    if type(found) is not Guarded:  # a view not met yet, or one BREAKER_ROUTES guards by path
+        if found is _UNKNOWN:
+            found = route_of_view(state, req.endpoint, view)
+        if found is BY_PATH:
+            found = state.table.match(req.path)
+        if found is None:
+            return None
+    if req.method == "OPTIONS":
         return None  # CORS preflights and automatic OPTIONS never reach a service
     guarded: Guarded = found
     spec, environ = guarded.spec, req.environ
@@ -290,9 +297,10 @@ def protected_view(view: F, spec: RouteSpec) -> F:
                 raise
             # The view Flask dispatched an admitted request to (not a view called by
             # another, nor one inside a decorator of the app's): judged on return.
-            exchange = getattr(_cv_request.get(None), "_breaker_redis_exchange", None)
+            ctx = _cv_request.get(None)
+            exchange = getattr(ctx, "_breaker_redis_exchange", None)
             if exchange is not None and exchange.view is wrapper:
-                return exchange.returned(_cv_request.get(), value)
+                return exchange.returned(ctx, value)
             return value
 
     setattr(wrapper, SPEC_ATTRIBUTE, spec)
