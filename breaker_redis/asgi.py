@@ -181,8 +181,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
             type(path) is not str or path[:1] != "/" or scope.get("root_path") or path.startswith(self._entry)
         ) and await self._guard(scope, receive, send):
             return
-        # Unprotected: the app's own answer, untouched, except that an outbound
-        # refusal escaping the app becomes the 503.
+        # Unprotected: the app's own answer, except that an outbound refusal escaping it becomes the 503.
         started = False
 
         def watch(message: Message) -> Awaitable[None]:

@@ -38,13 +38,12 @@ from typing import TYPE_CHECKING, Any
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackResponse
+from breaker_redis.fallbacks import FALLBACK_HEADER
 from breaker_redis.web import http_policy, pipeline, protocols
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
 from breaker_redis.web.exchange import FALLBACK, FALLBACK_ANSWERED, FALLBACK_FAILED, REFUSED, Exchange
-from breaker_redis.web.http_policy import as_response, fallback_marks, served_headers
-from breaker_redis.web.protocols import WsgiAnswer, close_iterable, run_wsgi_app, status_code, wsgi_answer
+from breaker_redis.web.protocols import WsgiAnswer, close_iterable, served_answer, status_code, wsgi_answer
 from breaker_redis.web.protocols import environ_path as request_path
 from breaker_redis.web.refusal import Refusal
 from breaker_redis.web.routes import (
@@ -102,8 +101,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         super().__init__(breakers, routes)
         self.app = app
         self._entry = self._table.entry  # see __call__
-        # The route each PATH_INFO met lately matched (or None): decoding and matching
-        # a path once, not on every request of it. Emptied when full.
+        # The route each PATH_INFO met lately matched (or None): a path matched once; emptied when full.
         self._matched: dict[str, Any] = {}
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
@@ -112,14 +110,12 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         if self._orphans:
             self._settle_orphans()
         raw = environ.get("PATH_INFO")
-        # A path that starts with no route's stem is unprotected, decided on sight;
-        # any other is matched the long way.
+        # A path under no route's stem is unprotected on sight; any other is matched the long way.
         if type(raw) is not str or raw[:1] != "/" or raw.startswith(self._entry):
-            guarded = self._guard(environ, start_response, raw)
+            guarded = self._guard(environ, start_response)
             if guarded is not None:
                 return guarded
-        # Unprotected: the app's own answer, untouched, except that an outbound
-        # refusal escaping the app becomes the 503.
+        # Unprotected: the app's own answer, except that an outbound refusal escaping it becomes the 503.
         called = False
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /) -> Any:
@@ -135,12 +131,10 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
             start_response(answer.status, answer.headers, sys.exc_info() if called else None)
             return [answer.body]
 
-    def _guard(
-        self, environ: WSGIEnvironment, start_response: StartResponse, raw: Any
-    ) -> Iterable[bytes] | None:
+    def _guard(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes] | None:
         """A request a route covers, admitted or refused; None: it goes through unprotected
-        (no route after all, OPTIONS, an outer guard of the same breaker, a bug). ``raw``:
-        its PATH_INFO."""
+        (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
+        raw: Any = environ.get("PATH_INFO")  # a str, as checked next
         known = type(raw) is str
         route = self._matched.get(raw, _UNSEEN) if known else _UNSEEN
         if route is _UNSEEN:
@@ -190,11 +184,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
             served = spec.fallback.serve(self.fallback_context(spec.name, environ, cause))
             if served is None:
                 return None
-            response = as_response(served.value)
-            if not isinstance(response, FallbackResponse):
-                response = run_wsgi_app(response, environ)
-            headers = served_headers(response, fallback_marks(spec.name, served.kind, cause))
-            return wsgi_answer(response.status, headers, response.body, self.is_head(environ))
+            return served_answer(served, spec.name, cause, environ, self.is_head(environ))
         except Exception:
             self.warn(spec.name, FALLBACK_FAILED)
             return None
@@ -280,20 +270,17 @@ class _Exchange(Exchange):
         return list(self.headers)
 
     def classify(self) -> str:
-        code = status_code(self.status)
-        if code is None:
-            return "failure"  # not a status a server can send: it will answer 500 (commit: inline)
+        try:
+            code = int(self.status.split(" ", 1)[0])  # protocols.status_code, inline
+        except (ValueError, AttributeError):
+            return "failure"  # not a status a server can send: it will answer 500
         return self.judged(code, self)
 
     def commit(self) -> bytes | None:
         """The response starts now: decided, recorded, and a status to the server.
         Returns the body of the route's fallback answering in the app's place, or None."""
         self.committed = True
-        try:  # classify(), inline
-            code: int | None = int(self.status.split(" ", 1)[0])
-        except (ValueError, AttributeError):
-            code = None
-        outcome = "failure" if code is None else self.judged(code, self)
+        outcome = self.classify()
         try:  # self.settle(), inline
             self.permit.record(outcome)
         except Exception:
@@ -315,9 +302,8 @@ class _Exchange(Exchange):
         middleware = self.middleware
         if then is REFUSED:
             assert isinstance(exc, BreakerOpen)
-            return self.answer(
-                middleware.refusal_answer(middleware.refusal(exc, self.request, None), self.request)
-            )
+            refusal = middleware.refusal(exc, self.request, None)
+            return self.answer(middleware.refusal_answer(refusal, self.request))
         if then is FALLBACK:
             answer = middleware.fallback_answer(self.spec, self.request, exc)
             if answer is not None:
@@ -348,9 +334,7 @@ class _Exchange(Exchange):
     # -- the server's side: the body ----------------------------------------------------------
 
     def __iter__(self) -> Iterator[bytes]:
-        """The body as the server iterates it: a generator, whose end is no
-        StopIteration raised by Python code (about a tenth of a breaker call).
-        The server closes this exchange, not the generator (PEP 3333)."""
+        """The body, by a generator: its end raises no StopIteration in Python code (PEP 3333)."""
         return self.body()
 
     def body(self) -> Iterator[bytes]:
@@ -368,10 +352,8 @@ class _Exchange(Exchange):
                 answer = self.failed(exc)
                 if answer is None:
                     raise
-                self.ended = True
-                yield answer
-                return
-            answer = self.commit()
+            else:
+                answer = self.commit()
             if answer is not None:
                 self.ended = True
                 yield answer

@@ -17,11 +17,12 @@ protocol has it. What the exchange decides is the same everywhere:
 
 What differs per protocol is only its timing and its I/O: when a response
 counts as started and how its status is read, how an answer goes to the
-server, and whether a step is a call or an await. The Flask extension uses
-this class as it is (breaker_redis/flask/hooks.py); each middleware adds its
-protocol's part (breaker_redis/wsgi.py: ``start_response`` held back and the
-body's iterable; breaker_redis/asgi.py: the ``send`` the app awaits). No web
-framework is imported here.
+server, and whether a step is a call or an await. Each integration adds
+only that, as a subclass with no state of its own beyond its protocol's
+(breaker_redis/flask/hooks.py: the after-request function, the view's
+return and the settle when ``wsgi_app`` returns; breaker_redis/wsgi.py:
+``start_response`` held back and the body's iterable; breaker_redis/asgi.py:
+the ``send`` the app awaits). No web framework is imported here.
 """
 
 from __future__ import annotations
