@@ -11,8 +11,8 @@
 
 The ASGI twin of ``breaker_redis.wsgi``: the same routes and options, the
 same 503 and the same fallbacks. What the two decide alike is
-breaker_redis/web/middleware.py (ASGI's reading and writing:
-web/protocols.py); this module is ASGI's timing. It
+breaker_redis/web/middleware.py and web/exchange.py (ASGI's reading and
+writing: web/protocols.py); this module is ASGI's timing. It
 imports no web framework. Only ``http`` requests are guarded; ``lifespan``
 and ``websocket`` scopes go to the app untouched.
 
@@ -49,6 +49,14 @@ from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.web import http_policy, pipeline, protocols
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
+from breaker_redis.web.exchange import (
+    FALLBACK,
+    FALLBACK_ANSWERED,
+    FALLBACK_FAILED,
+    REFUSED,
+    UNREMEMBERED,
+    Exchange,
+)
 from breaker_redis.web.http_policy import as_response, decode_headers, fallback_marks, judge, served_headers
 from breaker_redis.web.protocols import (
     ASGIApp,
@@ -173,8 +181,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
             type(path) is not str or path[:1] != "/" or scope.get("root_path") or path.startswith(self._entry)
         ) and await self._guard(scope, receive, send):
             return
-        # Unprotected: the app's own answer, untouched, except that an outbound
-        # refusal escaping the app becomes the 503.
+        # Unprotected: the app's own answer, except that an outbound refusal escaping it becomes the 503.
         started = False
 
         def watch(message: Message) -> Awaitable[None]:
@@ -206,9 +213,10 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
             if not await self.send_fallback(route.spec, scope, receive, send, refused):
                 await self.send_refusal(self.refusal(refused, scope, route.spec), scope, send)
             return True
-        if permit is None:
+        if permit is None or guards is None:
             return False
-        await _Exchange(self, route, permit, guards, scope, send).run(receive)
+        exchange = _Exchange().begin(route.spec, route.breaker, permit, guards, scope, self.warn)
+        await exchange.run(self, receive, send)
         return True
 
     # -- the request, read; what the middleware answers itself ------------------------------
@@ -260,7 +268,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
                 return False
             response = as_response(served.value)
         except Exception:
-            self.warn(spec.name, shared.FALLBACK_FAILED)
+            self.warn(spec.name, FALLBACK_FAILED)
             return False
         marks = fallback_marks(spec.name, served.kind, cause)
         if not isinstance(response, fallbacks.FallbackResponse):
@@ -279,27 +287,29 @@ class BreakerMiddleware(shared.Middleware[Breaker, Scope]):
         try:
             await asyncio.to_thread(spec.fallback.remember, context, response)
         except Exception:
-            self.warn(spec.name, shared.UNREMEMBERED)
+            self.warn(spec.name, UNREMEMBERED)
 
 
-class _Exchange(shared.Exchange[Scope]):
-    """One admitted request, from the app's call to the end of its body.
+class _Exchange(Exchange):
+    """The ASGI part of an admitted request's exchange (web/exchange.py), from the
+    app's call to the end of its body.
 
     The app's ``http.response.start`` is classified and recorded before it
     goes to the server (see the module docstring); a failed response may be
     replaced by the route's fallback, and a successful one kept for it.
     """
 
-    __slots__ = ("ended", "receive")
+    __slots__ = ("ended", "middleware", "receive", "server")
 
     info = ResponseInfo
-    middleware: BreakerMiddleware
 
-    async def run(self, receive: Receive) -> None:
+    async def run(self, middleware: BreakerMiddleware, receive: Receive, server: Send) -> None:
+        self.middleware = middleware
         self.receive = receive
+        self.server = server  # the server's send
         self.ended = False  # the last body message of a kept body went to the server
         try:
-            await self.middleware.app(self.request, receive, self.send)
+            await middleware.app(self.request, receive, self.send)
         except BaseException as exc:
             if not await self.failed(exc):
                 raise
@@ -308,11 +318,11 @@ class _Exchange(shared.Exchange[Scope]):
             # The app returned without starting a response (it saw the client
             # leave, or it is broken and the server answers 500): nothing is
             # known of the service. Hand the permit back.
-            await self.settle("ignored")
+            await self.settle_async("ignored")
         if self.ended:
             response = self.kept_response()
             if response is not None:
-                await self.middleware.remember(self.spec, self.request, response)
+                await middleware.remember(self.spec, self.request, response)
 
     # -- the app's side of ASGI --------------------------------------------------------------
 
@@ -328,7 +338,7 @@ class _Exchange(shared.Exchange[Scope]):
             self.keep(bytes(message.get("body") or b""))
             if not message.get("more_body", False):
                 self.ended = True
-        return self.server(message)  # type: ignore[no-any-return]
+        return self.server(message)
 
     async def start(self, message: Message) -> None:
         """The response starts: decide by its status, record, then pass it on
@@ -336,9 +346,9 @@ class _Exchange(shared.Exchange[Scope]):
         self.status = code = int(message["status"])
         self.headers = message.get("headers") or ()
         spec = self.spec
-        outcome = judge(spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
-        await pipeline.settle_async(self.permit, outcome, self.middleware.warn, spec.name)  # one frame less
-        if spec.fallback is not None and self.answers(outcome):
+        outcome = self.judged(code, self)
+        await pipeline.settle_async(self.permit, outcome, self.warn, spec.name)  # one frame less
+        if spec.fallback is not None and self.answers(outcome, self.middleware.is_head(self.request)):
             self.replaced = True  # the app may send body messages while the fallback is served
             if await self.middleware.send_fallback(spec, self.request, self.receive, self.server, None):
                 self.committed = True
@@ -358,8 +368,8 @@ class _Exchange(shared.Exchange[Scope]):
     def header_pairs(self) -> list[tuple[str, str]]:
         return decode_headers(self.headers)
 
-    def settle(self, outcome: str) -> Awaitable[None]:
-        return pipeline.settle_async(self.permit, outcome, self.middleware.warn, self.spec.name)
+    def settle_async(self, outcome: str) -> Awaitable[None]:
+        return pipeline.settle_async(self.permit, outcome, self.warn, self.spec.name)
 
     async def failed(self, exc: BaseException) -> bool:
         """The app raised (or was cancelled): recorded (Exchange.after_exception)
@@ -370,17 +380,21 @@ class _Exchange(shared.Exchange[Scope]):
         if self.permit.recorded:
             return False
         outcome, then = self.after_exception(exc)
-        await self.settle(outcome)
+        await self.settle_async(outcome)
         if self.committed:
             return False
-        if isinstance(then, Refusal):
-            await self.middleware.send_refusal(then, self.request, self.server)
+        middleware = self.middleware
+        if then is REFUSED:
+            assert isinstance(exc, BreakerOpen)
+            await middleware.send_refusal(
+                middleware.refusal(exc, self.request, None), self.request, self.server
+            )
             return True
-        if then is shared.FALLBACK:
+        if then is FALLBACK:
             self.replaced = True
-            if await self.middleware.send_fallback(self.spec, self.request, self.receive, self.server, exc):
+            if await middleware.send_fallback(self.spec, self.request, self.receive, self.server, exc):
                 self.committed = True
-                self.middleware.warn(self.spec.name, shared.FALLBACK_ANSWERED)
+                self.warn(self.spec.name, FALLBACK_ANSWERED)
                 return True
             self.replaced = False
         return False

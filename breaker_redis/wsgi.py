@@ -6,9 +6,10 @@
 
 The Flask extension's protection for an app that has only the WSGI
 interface: the same routes, 503, fallbacks and outcomes. What the WSGI and
-ASGI middlewares decide alike is breaker_redis/web/middleware.py, how WSGI
-reads a request and writes a whole answer web/protocols.py; this module is
-WSGI's timing. It imports no web framework.
+ASGI middlewares decide alike is breaker_redis/web/middleware.py, the
+exchange an admitted request becomes (the Flask extension's too)
+web/exchange.py, how WSGI reads a request and writes a whole answer
+web/protocols.py; this module is WSGI's timing. It imports no web framework.
 
 When the outcome is recorded. A WSGI app names its status in
 ``start_response``, but a server sends nothing until the body's first
@@ -37,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.breaker import Breaker
 from breaker_redis.engine.breakers import Breakers
-from breaker_redis.fallbacks import FALLBACK_HEADER, FallbackResponse
+from breaker_redis.fallbacks import FALLBACK_HEADER
 from breaker_redis.web import http_policy, pipeline, protocols
 from breaker_redis.web import middleware as shared
 from breaker_redis.web import routes as web_routes
-from breaker_redis.web.http_policy import as_response, fallback_marks, judge, served_headers
-from breaker_redis.web.protocols import WsgiAnswer, close_iterable, run_wsgi_app, status_code, wsgi_answer
+from breaker_redis.web.exchange import FALLBACK, FALLBACK_ANSWERED, FALLBACK_FAILED, REFUSED, Exchange
+from breaker_redis.web.protocols import WsgiAnswer, close_iterable, served_answer, status_code, wsgi_answer
 from breaker_redis.web.protocols import environ_path as request_path
 from breaker_redis.web.refusal import Refusal
 from breaker_redis.web.routes import (
@@ -100,8 +101,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         super().__init__(breakers, routes)
         self.app = app
         self._entry = self._table.entry  # see __call__
-        # The route each PATH_INFO met lately matched (or None): decoding and matching
-        # a path once, not on every request of it. Emptied when full.
+        # The route each PATH_INFO met lately matched (or None): a path matched once; emptied when full.
         self._matched: dict[str, Any] = {}
         # Exchanges whose iterable was dropped without close(): settled by the next request.
         self._orphans: collections.deque[_Exchange] = collections.deque()
@@ -110,14 +110,12 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         if self._orphans:
             self._settle_orphans()
         raw = environ.get("PATH_INFO")
-        # A path that starts with no route's stem is unprotected, decided on sight;
-        # any other is matched the long way.
+        # A path under no route's stem is unprotected on sight; any other is matched the long way.
         if type(raw) is not str or raw[:1] != "/" or raw.startswith(self._entry):
             guarded = self._guard(environ, start_response)
             if guarded is not None:
                 return guarded
-        # Unprotected: the app's own answer, untouched, except that an outbound
-        # refusal escaping the app becomes the 503.
+        # Unprotected: the app's own answer, except that an outbound refusal escaping it becomes the 503.
         called = False
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /) -> Any:
@@ -157,9 +155,10 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
                 answer = self.refusal_answer(self.refusal(refused, environ, spec), environ)
             start_response(answer.status, answer.headers)
             return [answer.body]
-        if permit is None:
+        if permit is None or guards is None:
             return None
-        return _Exchange(self, route, permit, guards, environ, start_response).run()
+        exchange = _Exchange().begin(route.spec, route.breaker, permit, guards, environ, self.warn)
+        return exchange.run(self, start_response)
 
     def _settle_orphans(self) -> None:
         with contextlib.suppress(IndexError):  # IndexError: none left (another thread took it)
@@ -185,32 +184,29 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
             served = spec.fallback.serve(self.fallback_context(spec.name, environ, cause))
             if served is None:
                 return None
-            response = as_response(served.value)
-            if not isinstance(response, FallbackResponse):
-                response = run_wsgi_app(response, environ)
-            headers = served_headers(response, fallback_marks(spec.name, served.kind, cause))
-            return wsgi_answer(response.status, headers, response.body, self.is_head(environ))
+            return served_answer(served, spec.name, cause, environ, self.is_head(environ))
         except Exception:
-            self.warn(spec.name, shared.FALLBACK_FAILED)
+            self.warn(spec.name, FALLBACK_FAILED)
             return None
 
 
-class _Exchange(shared.Exchange[dict[str, Any]]):
-    """One admitted request: the app's ``start_response`` held back until the
-    response commits, and the iterable the server gets (the app's body, chunk
-    by chunk, its iterable closed exactly once)."""
+class _Exchange(Exchange):
+    """The WSGI part of an admitted request's exchange (web/exchange.py): the app's
+    ``start_response`` held back until the response commits, and the iterable the
+    server gets (the app's body, chunk by chunk, its iterable closed exactly once)."""
 
-    __slots__ = ("ended", "is_closed", "iterator", "result", "server_write")
+    __slots__ = ("ended", "is_closed", "iterator", "middleware", "result", "server", "server_write")
 
     info = ResponseInfo
-    middleware: BreakerMiddleware
 
-    def run(self) -> Iterable[bytes]:
+    def run(self, middleware: BreakerMiddleware, server: StartResponse) -> Iterable[bytes]:
+        self.middleware = middleware
+        self.server = server  # the server's start_response
         self.ended = self.is_closed = False  # ended: the body's end went out (or ours replaced it)
         self.iterator: Iterator[bytes] | None = None
         self.server_write: Callable[[bytes], object] | None = None
         try:
-            result = self.middleware.app(self.request, self.start_response)
+            result = middleware.app(self.request, self.start_response)
         except BaseException as exc:
             body = self.failed(exc)
             if body is None:
@@ -240,7 +236,7 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
                 if exc_info is not None and exc_info[1] is not None:
                     raise exc_info[1].with_traceback(exc_info[2])
                 raise AssertionError("start_response() called again after the response started")
-            return self.server(status, headers, exc_info)  # type: ignore[no-any-return]
+            return self.server(status, headers, exc_info)
         if exc_info is None and self.status is not None:
             raise AssertionError("start_response() called a second time without exc_info")
         # With exc_info before the commit: nothing has gone out, the new status replaces the old.
@@ -274,21 +270,22 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
         return list(self.headers)
 
     def classify(self) -> str:
-        code = status_code(self.status)
-        if code is None:
+        try:
+            code = int(self.status.split(" ", 1)[0])  # protocols.status_code, inline
+        except (ValueError, AttributeError):
             return "failure"  # not a status a server can send: it will answer 500
-        return judge(self.spec, code, self, _Exchange.response_info, self.middleware.warn, self.guards)
-
-    def settle(self, outcome: str) -> None:
-        pipeline.settle(self.permit, outcome, self.middleware.warn, self.spec.name)
+        return self.judged(code, self)
 
     def commit(self) -> bytes | None:
         """The response starts now: decided, recorded, and a status to the server.
         Returns the body of the route's fallback answering in the app's place, or None."""
         self.committed = True
         outcome = self.classify()
-        pipeline.settle(self.permit, outcome, self.middleware.warn, self.spec.name)  # self.settle, inline
-        if self.spec.fallback is not None and self.answers(outcome):
+        try:  # self.settle(), inline
+            self.permit.record(outcome)
+        except Exception:
+            self.warn(self.spec.name, pipeline.UNRECORDED)
+        if self.spec.fallback is not None and self.answers(outcome, self.middleware.is_head(self.request)):
             answer = self.middleware.fallback_answer(self.spec, self.request, None)
             if answer is not None:
                 return self.answer(answer)
@@ -302,12 +299,15 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
             return None
         outcome, then = self.after_exception(exc)
         self.settle(outcome)
-        if isinstance(then, Refusal):
-            return self.answer(self.middleware.refusal_answer(then, self.request))
-        if then is shared.FALLBACK:
-            answer = self.middleware.fallback_answer(self.spec, self.request, exc)
+        middleware = self.middleware
+        if then is REFUSED:
+            assert isinstance(exc, BreakerOpen)
+            refusal = middleware.refusal(exc, self.request, None)
+            return self.answer(middleware.refusal_answer(refusal, self.request))
+        if then is FALLBACK:
+            answer = middleware.fallback_answer(self.spec, self.request, exc)
             if answer is not None:
-                self.middleware.warn(self.spec.name, shared.FALLBACK_ANSWERED)
+                self.warn(self.spec.name, FALLBACK_ANSWERED)
                 return self.answer(answer)
         return None
 
@@ -320,13 +320,8 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
     def body_done(self) -> None:
         """The whole body went out: a successful one is handed to the fallback to
         remember (cached). A body cut short never is."""
-        response, fallback = self.kept_response(), self.spec.fallback
-        if response is None or fallback is None:
-            return
-        try:
-            fallback.remember(self.middleware.fallback_context(self.spec.name, self.request, None), response)
-        except Exception:
-            self.middleware.warn(self.spec.name, shared.UNREMEMBERED)
+        middleware, name, request = self.middleware, self.spec.name, self.request
+        self.remember(lambda: middleware.fallback_context(name, request, None), self.kept_response)
 
     def closed(self) -> None:
         """The server is done with the response, or gave up on it: a permit not settled
@@ -338,52 +333,63 @@ class _Exchange(shared.Exchange[dict[str, Any]]):
 
     # -- the server's side: the body ----------------------------------------------------------
 
-    def __iter__(self) -> _Exchange:
-        return self
+    def __iter__(self) -> Iterator[bytes]:
+        """The body, by a generator: its end raises no StopIteration in Python code (PEP 3333)."""
+        return self.body()
 
-    def __next__(self) -> bytes:
-        if self.ended or self.replaced:  # replaced: a fallback answered through write()
-            raise StopIteration
-        committed = self.committed
-        try:
-            if self.iterator is None:
-                self.iterator = iter(self.result)
-            chunk = next(self.iterator, None)  # None: the end
-            while not committed and chunk is not None and not chunk:
-                chunk = next(self.iterator, None)  # an empty chunk would make some servers start
-            if self.status is None:
-                raise RuntimeError("the WSGI app returned its body without calling start_response()")
-        except BaseException as exc:
-            # After the commit, as it is: the response was counted by its status,
-            # which the client already has.
-            body = None if committed else self.failed(exc)
-            if body is None:
-                raise
-            self.ended = True
-            return body
-        if not committed:
-            body = self.commit()
-            if body is not None:
+    def body(self) -> Iterator[bytes]:
+        if not self.committed:
+            try:
+                iterator = self.iterator
+                if iterator is None:
+                    iterator = self.iterator = iter(self.result)
+                chunk = next(iterator, None)  # None: the end
+                while chunk is not None and not chunk:
+                    chunk = next(iterator, None)  # an empty chunk would make some servers start
+                if self.status is None:
+                    raise RuntimeError("the WSGI app returned its body without calling start_response()")
+            except BaseException as exc:
+                answer = self.failed(exc)
+                if answer is None:
+                    raise
+            else:
+                answer = self.commit()
+            if answer is not None:
                 self.ended = True
-                return body
-        if chunk is None:
-            self.ended = True
-            if self.kept is not None:
-                self.body_done()
-            raise StopIteration
+                yield answer
+                return
+            if chunk is not None:
+                if self.kept is not None:
+                    self.keep(chunk)
+                yield chunk
+        elif self.ended or self.replaced:  # replaced: a fallback answered through write()
+            return
+        # After the commit: the app's chunks as they are, an exception as it is (the
+        # response was counted by its status, which the client already has).
+        iterator = self.iterator
+        if iterator is None:  # committed by write(): what the app returned follows
+            iterator = self.iterator = iter(self.result)
+        if self.kept is None:
+            yield from iterator
+        else:
+            for chunk in iterator:
+                self.keep(chunk)
+                yield chunk
+        self.ended = True
         if self.kept is not None:
-            self.keep(chunk)
-        return chunk
+            self.body_done()
 
     def close(self) -> None:
         if self.is_closed:
             return
         self.is_closed = True
         try:
-            close_iterable(self.result)
+            close = getattr(self.result, "close", None)  # protocols.close_iterable, inline
+            if close is not None:
+                close()
         finally:
             self.kept = None
-            if not self.permit.recorded:
+            if not self.committed:  # (committed: settled at the commit)
                 self.closed()
 
     def __del__(self) -> None:

@@ -506,12 +506,13 @@ def streaming(chunks, *, status="200 OK", fail_at=None, events=None, start_late=
 def test_the_outcome_is_recorded_at_the_first_body_bytes(make, start_late):
     mw = make(streaming([b"", b"a", b"b", b"c"], start_late=start_late), routes={"/pay": "pay"})
     started = Started()
-    body = iter(mw(environ(), started))
+    result = mw(environ(), started)
+    body = iter(result)
     assert snap(mw)["calls"] == 0 and started.calls == []  # nothing committed, nothing sent
     assert next(body) == b"a"  # empty chunks are held back: they would make a server send headers
     assert started.status == "200 OK" and counts(mw) == (1, 0, 0)
     assert list(body) == [b"b", b"c"]
-    body.close()
+    result.close()
     assert snap(mw)["calls"] == 1
 
 
@@ -564,8 +565,9 @@ def test_close_without_reading_settles_by_the_status(make):
 def test_close_before_the_app_said_anything_is_ignored_and_closes_the_app(make):
     events = []
     mw = make(streaming([b"a"], start_late=True, events=events), routes={"/pay": "pay"})
-    body = iter(mw(environ(), Started()))
-    body.close()
+    result = mw(environ(), Started())
+    iter(result)  # the server took the body's iterator, then gave up before reading it
+    result.close()  # a server closes what the app returned (PEP 3333), not its iterator
     assert counts(mw) == (0, 0, 1)
 
 
@@ -740,9 +742,9 @@ def test_cached_never_keeps(make, how):
         other_worker = make(shop, routes={"/cart": {"breaker": "cart", "fallback": fallback, **FAST}})
         Client(other_worker).get("/cart?status=503")
     elif how == "cut-short":
-        body = iter(mw(environ("/cart"), Started()))
-        next(body)
-        body.close()  # the client went away after the first chunk
+        result = mw(environ("/cart"), Started())
+        next(iter(result))
+        result.close()  # the client went away after the first chunk
     else:
         Client(mw).open("/cart", method={"post": "POST", "head": "HEAD"}.get(how, "GET")).close()
     mw.breaker("cart").force_open()

@@ -20,6 +20,9 @@ found at its first request: a spec, none, or "by path" for BREAKER_ROUTES),
 and the ``wsgi_app`` wrapper's look for a pending permit in the environ.
 Nothing is registered for the rest of such a request.
 
+An admitted request is the exchange every integration makes of one
+(breaker_redis/web/exchange.py: its outcome judged, its permit settled once,
+what its fallback remembers); what is Flask's is only when those happen.
 Per-request data lives in the request's WSGI environ (under a key of the
 app's own), so threaded workers share nothing.
 """
@@ -44,17 +47,15 @@ from flask.globals import _cv_request
 from werkzeug.exceptions import HTTPException
 
 from breaker_redis.base.errors import BreakerOpen
-from breaker_redis.engine.breaker import Breaker
-from breaker_redis.engine.permit import Permit
 from breaker_redis.flask.refusal import BreakerOpenError, refusal_response, retry_after_seconds, wants_json
 from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.flask.serving import fallback_context, freeze, serve
 from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
-from breaker_redis.web.http_policy import judge, judge_exception
+from breaker_redis.web.exchange import Exchange
+from breaker_redis.web.pipeline import UNRECORDED
 from breaker_redis.web.pipeline import admit as admit_step
-from breaker_redis.web.pipeline import settle
 from breaker_redis.web.refusal import refusal_for
-from breaker_redis.web.routes import RequestGuards, held, note_refusal
+from breaker_redis.web.routes import GUARDS_KEY, held, note_refusal
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -62,45 +63,45 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 SPEC_ATTRIBUTE = "_breaker_redis_spec"
+# What a view may return that Flask answers with its response class's default status, made by
+# that class itself (a dict or a list goes through the app's JSON provider, which may differ).
+PLAIN_BODIES = frozenset({str, bytes})
 _UNKNOWN: Any = object()  # a view not met yet
 
 
-class Pending:
-    """One admitted request, kept in the environ from before_request to the
-    return of ``wsgi_app``."""
+class _Exchange(Exchange):
+    """The Flask part of an admitted request's exchange (web/exchange.py), kept
+    in the environ from before_request to the return of ``wsgi_app``: the
+    response is judged by an after-request function, and the permit settled
+    when ``wsgi_app`` returns. ``request`` is the Flask request (for the
+    fallback's cache key after the context is gone); ``kept``, a successful
+    response, for the fallback to remember."""
 
-    __slots__ = (
-        "breaker",
-        "exception",
-        "guards",
-        "handled",
-        "outcome",
-        "permit",
-        "request",
-        "response",
-        "spec",
-        "state",
-    )
+    __slots__ = ("handled", "state", "view")
 
-    def __init__(
-        self,
-        state: AppState,
-        spec: RouteSpec,
-        breaker: Breaker,
-        permit: Permit,
-        guards: RequestGuards,
-        req: Any,
-    ) -> None:
-        self.state = state
-        self.spec = spec
-        self.breaker = breaker
-        self.permit = permit
-        self.guards = guards  # where a guard inside, or an outbound refusal (inner_refusal), is noted
-        self.request = req  # the Flask request, for the fallback's cache key after the context is gone
-        self.exception: BaseException | None = None  # the first exception the view or a hook raised
-        self.handled: BaseException | None = None  # the last one Flask's handle_exception was given
-        self.outcome: str | None = None
-        self.response: Response | None = None
+    state: AppState
+    handled: BaseException | None  # the last exception Flask's handle_exception was given
+    view: Any  # the view function Flask dispatches this request to
+
+    def returned(self, ctx: Any, value: Any) -> Any:
+        """A view of ours (protected_view) returned ``value``, the view Flask
+        dispatched this request to. A str or bytes, which Flask answers with
+        its response class's default status, on a route where nothing but the
+        status is judged (no classify(), no fallback, no exception noted), is
+        judged by that status here, as ``after`` would judge its response,
+        and ``after`` is taken off the request's list: Flask checks each such
+        function for a coroutine on every call (about a fifth of a breaker
+        call). Any other value is left to ``after``."""
+        spec = self.spec
+        if (
+            type(value) in PLAIN_BODIES
+            and spec.classify is None
+            and spec.fallback is None
+            and self.exception is None
+        ):
+            ctx._after_request_functions.remove(self.after)
+            self.outcome = self.judged(ctx.app.response_class.default_status, value)
+        return value
 
     def after(self, response: Response) -> Response:
         """after_this_request: the outcome as every integration judges it
@@ -111,19 +112,19 @@ class Pending:
             return response
         spec, exc = self.spec, self.exception
         if exc is not None and not isinstance(exc, HTTPException):
-            outcome = judge_exception(self.breaker, exc, self.guards)
+            outcome = self.judged_exception(exc)
         else:
-            outcome = judge(spec, response.status_code, response, None, self.state.warn, self.guards)
+            outcome = self.judged(response.status_code, response)
         self.outcome = outcome
         if outcome == "success":
-            self.response = response
+            self.kept = response
         elif outcome == "failure" and spec.fallback_on_failure and spec.fallback:
             served = serve(self.state, spec, self.exception)
             if served is not None:
                 return served
         return response
 
-    def settle(self, escaped: BaseException | None) -> None:
+    def finish(self, escaped: BaseException | None) -> None:
         """Record the outcome, once ``wsgi_app`` is done. An exception Flask's
         handle_exception was given (answered with a 500, or propagated), or
         a BaseException that escaped, is judged as every integration judges
@@ -134,23 +135,23 @@ class Pending:
             return
         state, spec = self.state, self.spec
         error = self.handled
-        if error is None and escaped is not None and not isinstance(escaped, Exception):
-            error = escaped
-        if error is not None and state.app is not None and state.app.should_ignore_error(error):
-            error = None
-        if error is not None:
-            outcome = judge_exception(self.breaker, error, self.guards)  # escaped the view or a later hook
+        if error is None and escaped is None:
+            outcome = self.outcome or "ignored"  # what nearly every request takes
         else:
-            outcome = self.outcome or "ignored"
-        settle(self.permit, outcome, state.warn, spec.name)
-        fallback = spec.fallback
-        if outcome == "success" and self.response is not None and fallback and fallback.remembers:
-            try:
-                frozen = freeze(self.response)
-                if frozen is not None:
-                    fallback.remember(fallback_context(state, spec.name, None, self.request), frozen)
-            except Exception:
-                state.warn(spec.name, "could not remember a response of breaker %r")
+            if error is None and escaped is not None and not isinstance(escaped, Exception):
+                error = escaped
+            if error is not None and state.app is not None and state.app.should_ignore_error(error):
+                error = None
+            # an error escaped the view or a later hook; else the after function's verdict
+            outcome = self.judged_exception(error) if error is not None else self.outcome or "ignored"
+        try:  # self.settle(), inline
+            self.permit.record(outcome)
+        except Exception:
+            state.warn(spec.name, UNRECORDED)
+        response = self.kept
+        if outcome == "success" and response is not None and spec.fallback and spec.fallback.remembers:
+            req = self.request
+            self.remember(lambda: fallback_context(state, spec.name, None, req), lambda: freeze(response))
 
 
 def install_hooks(app: Flask, state: AppState) -> None:
@@ -179,23 +180,24 @@ def install_hooks(app: Flask, state: AppState) -> None:
     inner = app.wsgi_app
 
     def wsgi_app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        escaped: BaseException | None = None
         try:
-            return inner(environ, start_response)
+            result = inner(environ, start_response)
         except BaseException as exc:
-            escaped = exc
+            exchange = environ.pop(key, None)
+            if exchange is not None:
+                exchange.finish(exc)
             raise
-        finally:
-            pending = environ.pop(key, None)
-            if pending is not None:
-                pending.settle(escaped)
+        exchange = environ.pop(key, None)
+        if exchange is not None:
+            exchange.finish(None)
+        return result
 
     def on_exception(sender: Any, exception: BaseException, **extra: Any) -> None:
-        pending = request.environ.get(key)
-        if isinstance(pending, Pending):
-            if pending.exception is None:
-                pending.exception = exception
-            pending.handled = exception
+        exchange = request.environ.get(key)
+        if isinstance(exchange, _Exchange):
+            if exchange.exception is None:
+                exchange.exception = exception
+            exchange.handled = exception
 
     app.before_request(before_request)
     app.wsgi_app = wsgi_app  # type: ignore[method-assign]
@@ -205,15 +207,18 @@ def install_hooks(app: Flask, state: AppState) -> None:
 
 def admit(state: AppState, ctx: Any, req: Any, view: Any, found: Any) -> Any:
     """Ask the breaker of a request's route for a permit; a refusal is answered here."""
-    if found is _UNKNOWN:
-        found = route_of_view(state, req.endpoint, view)
-    if found is BY_PATH:
-        found = state.table.match(req.path)
-    if found is None or req.method == "OPTIONS":
+    if type(found) is not Guarded:  # a view not met yet, or one BREAKER_ROUTES guards by path
+        if found is _UNKNOWN:
+            found = route_of_view(state, req.endpoint, view)
+        if found is BY_PATH:
+            found = state.table.match(req.path)
+        if found is None:
+            return None
+    if req.method == "OPTIONS":
         return None  # CORS preflights and automatic OPTIONS never reach a service
     guarded: Guarded = found
     spec, environ = guarded.spec, req.environ
-    if held(environ, guarded.guard) is not None:
+    if GUARDS_KEY in environ and held(environ, guarded.guard) is not None:
         # A WSGI middleware around the app guards this route with the same breaker:
         # it holds the request's permit, asks and records. Nothing is counted twice.
         return None
@@ -229,9 +234,11 @@ def admit(state: AppState, ctx: Any, req: Any, view: Any, found: Any) -> Any:
         raise BreakerOpenError(refused, spec.message, retry_after_seconds(refused, breaker.config)) from None
     if permit is None or guards is None:
         return None  # the breaker could not be asked (a bug, logged): unprotected
-    pending = Pending(state, spec, breaker, permit, guards, req)
-    environ[state.pending_key] = pending
-    ctx._after_request_functions.append(pending.after)  # after_this_request, one call less
+    exchange = _Exchange().begin(spec, breaker, permit, guards, req, state.warn)
+    exchange.state, exchange.handled, exchange.view = state, None, view
+    environ[state.pending_key] = exchange
+    ctx._after_request_functions.append(exchange.after)  # after_this_request, one call less
+    ctx._breaker_redis_exchange = exchange  # where protected_view finds it
     return None
 
 
@@ -259,9 +266,9 @@ def protected_view(view: F, spec: RouteSpec) -> F:
     def note(exc: BaseException) -> None:
         if not has_request_context():
             return  # called directly, outside a request: nothing to note
-        pending = current_pending()
-        if pending is not None and pending.exception is None:
-            pending.exception = exc
+        exchange = current_exchange()
+        if exchange is not None and exchange.exception is None:
+            exchange.exception = exc
 
     wrapper: Callable[..., Any]
     if inspect.iscoroutinefunction(view):
@@ -279,22 +286,29 @@ def protected_view(view: F, spec: RouteSpec) -> F:
         @functools.wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
-                return view(*args, **kwargs)
+                value = view(*args, **kwargs)
             except BaseException as exc:
                 note(exc)
                 raise
+            # The view Flask dispatched an admitted request to (not a view called by
+            # another, nor one inside a decorator of the app's): judged on return.
+            ctx = _cv_request.get(None)
+            exchange = getattr(ctx, "_breaker_redis_exchange", None)
+            if exchange is not None and exchange.view is wrapper:
+                return exchange.returned(ctx, value)
+            return value
 
     setattr(wrapper, SPEC_ATTRIBUTE, spec)
     return cast(F, wrapper)
 
 
-def current_pending() -> Pending | None:
+def current_exchange() -> _Exchange | None:
     """The admitted request being handled by the current app, if any."""
     state = current_app.extensions.get(EXTENSION_KEY)
     if not isinstance(state, AppState):
         return None
-    pending = request.environ.get(state.pending_key)
-    return pending if isinstance(pending, Pending) else None
+    exchange = request.environ.get(state.pending_key)
+    return exchange if isinstance(exchange, _Exchange) else None
 
 
 def inner_refusal(refused: BreakerOpen) -> Any:

@@ -60,7 +60,7 @@ class AppState:
     app: Flask | None = None
     # What guards each view function's requests (hooks.route_of_view), filled at its first request.
     by_view: dict[Any, Any] = field(default_factory=dict)
-    # Where an admitted request keeps its Pending in the WSGI environ: one key per app.
+    # Where an admitted request keeps its exchange (web/exchange.py) in the WSGI environ: one key per app.
     pending_key: str = field(init=False)
     table: RouteTable[Guarded] = field(init=False)  # BREAKER_ROUTES, as requests meet them
     # warnings.warn, bound once, not per request: the hooks hand it to judge() on every response.

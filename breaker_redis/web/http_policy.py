@@ -11,8 +11,9 @@ timing and I/O: when a response counts as started, how its status and
 headers are read, how an answer is sent. A rule changed here changes for all
 of them, so a deployment that mixes frameworks behaves as one. The routes
 themselves (their options, the table, the guards one request shares) are
-breaker_redis/web/routes.py; what the two middlewares and their exchanges
-share, breaker_redis/web/middleware.py. No web framework is imported here.
+breaker_redis/web/routes.py; an admitted request's exchange, which asks
+these rules, breaker_redis/web/exchange.py; what the two middlewares share,
+breaker_redis/web/middleware.py. No web framework is imported here.
 """
 
 from __future__ import annotations

@@ -25,29 +25,27 @@ that refuses inside makes this one count the request as ignored. A
 ``BreakerOpen`` escaping the app (an outbound breaker refused and nothing
 caught it) becomes the same 503, named after that breaker, on any path.
 
-The admit and settle steps are breaker_redis/web/pipeline.py's; how each
-protocol reads a request and writes a whole answer, web/protocols.py's. What
-stays in breaker_redis/wsgi.py and breaker_redis/asgi.py is their protocol's
-timing: when a response counts as started (WSGI: the body's first bytes;
-ASGI: the start message), how its status and headers are read, and whether a
-step is a call or an await. No web framework is imported here.
+The admit and settle steps are breaker_redis/web/pipeline.py's; the exchange
+an admitted request becomes, web/exchange.py's (the Flask extension's too);
+how each protocol reads a request and writes a whole answer,
+web/protocols.py's. What stays in breaker_redis/wsgi.py and
+breaker_redis/asgi.py is their protocol's timing: when a response counts as
+started (WSGI: the body's first bytes; ASGI: the start message), how its
+status and headers are read, and whether a step is a call or an await. No
+web framework is imported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
-from wsgiref.headers import Headers
 
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.core import BreakerCore
-from breaker_redis.fallbacks import FallbackContext, FallbackResponse
+from breaker_redis.fallbacks import FallbackContext
 from breaker_redis.web.http_policy import (
-    ResponseInfo,
     Warnings,
     fallback_context,
-    judge_exception,
-    remember_limit,
 )
 from breaker_redis.web.protocols import Reader
 from breaker_redis.web.refusal import Refusal, refusal_for
@@ -55,14 +53,6 @@ from breaker_redis.web.routes import Route, RouteSpec, RouteTable, parse_routes,
 
 B = TypeVar("B", bound="BreakerCore[Any]")
 R = TypeVar("R", bound=Mapping[str, Any])  # a request: a WSGI environ, an ASGI scope
-
-# What follows an exception that ended an admitted request before its response started.
-RAISE, FALLBACK = "raise", "fallback"
-FALLBACK_FAILED = "the fallback of breaker %r failed"
-# Not re-raised (the client has a whole answer), but not hidden either: logged with its
-# traceback, at most once a minute per breaker.
-FALLBACK_ANSWERED = "a request of breaker %r raised; its fallback answered"
-UNREMEMBERED = "could not remember a response of breaker %r"
 
 
 class Middleware(Generic[B, R]):
@@ -127,107 +117,3 @@ class Middleware(Generic[B, R]):
             request=request,
             store=store,
         )
-
-
-class Exchange(Generic[R]):
-    """One admitted request, from the app's call to the end of its response: what
-    it declares at each step, whatever the protocol. Each protocol's exchange
-    adds when those steps happen and their I/O, and reads its status and headers
-    (``code``, ``status_text``, ``header_pairs``); ``server`` is the way out
-    (WSGI's start_response, ASGI's send)."""
-
-    __slots__ = (
-        "breaker",
-        "committed",
-        "guards",
-        "headers",
-        "kept",
-        "kept_limit",
-        "kept_size",
-        "middleware",
-        "permit",
-        "replaced",
-        "request",
-        "server",
-        "spec",
-        "status",
-    )
-
-    info: ClassVar[Callable[..., ResponseInfo]]  # the protocol's, with its request as its users know it
-    kept: list[bytes] | None
-    kept_limit: int
-    kept_size: int
-
-    def __init__(
-        self, middleware: Any, route: Route, permit: Any, guards: Any, request: R, server: Any
-    ) -> None:
-        self.middleware = middleware
-        self.spec: RouteSpec = route.spec
-        self.breaker = route.breaker
-        self.permit = permit
-        self.guards = guards  # the request's RequestGuards: where a guard inside notes a refusal
-        self.request = request
-        self.server = server
-        self.status: Any = None  # as the app gave it; None until it does
-        self.headers: Any = ()
-        self.committed = False  # the response's status (the app's or ours) went to the server
-        self.replaced = False  # an answer of ours went to the server instead of the app's
-        self.kept = None  # a successful body, for the route's fallback to remember
-
-    def code(self) -> int:
-        raise NotImplementedError
-
-    def status_text(self) -> str:
-        raise NotImplementedError
-
-    def header_pairs(self) -> list[tuple[str, str]]:
-        raise NotImplementedError
-
-    def response_info(self) -> ResponseInfo:
-        """What the route's classify() is given: status, headers and the request."""
-        return self.info(self.code(), self.status_text(), Headers(self.header_pairs()), self.request)
-
-    def answers(self, outcome: str) -> bool:
-        """Whether the route's fallback answers in the app's place after ``outcome``
-        (asked only when the route has a fallback, so a route without costs
-        nothing): a failure, unless ``fallback_on_failure`` is off. A success
-        has its body kept, when the fallback remembers (not for HEAD)."""
-        spec = self.spec
-        if outcome == "failure":
-            return spec.fallback_on_failure
-        if outcome == "success" and spec.fallback is not None:
-            limit = remember_limit(spec.fallback)
-            if limit > 0 and not self.middleware.is_head(self.request):
-                self.kept, self.kept_size, self.kept_limit = [], 0, limit
-        return False
-
-    def after_exception(self, exc: BaseException) -> tuple[str, Refusal | str]:
-        """(the outcome to record, what follows) for an exception that ended the
-        request before its response started: an outbound refusal is ignored and
-        answered with its 503 (the Refusal); anything else is judged
-        (http_policy.judge_exception: a cancellation or an exit is ignored) and
-        answered by the route's fallback when it answers that (FALLBACK), else
-        re-raised (RAISE)."""
-        if isinstance(exc, BreakerOpen):
-            return "ignored", self.middleware.refusal(exc, self.request, None)
-        outcome = judge_exception(self.breaker, exc, self.guards)
-        if self.spec.fallback is not None and self.answers(outcome):
-            return outcome, FALLBACK
-        return outcome, RAISE
-
-    def keep(self, chunk: bytes) -> None:
-        """A chunk of a kept body, until it is more than the fallback would keep."""
-        if self.kept is not None:
-            self.kept_size += len(chunk)
-            if self.kept_size > self.kept_limit:
-                self.kept = None  # too big to cache: stop holding it
-            else:
-                self.kept.append(chunk)
-
-    def kept_response(self) -> FallbackResponse | None:
-        """The whole successful response, taken for the route's fallback to remember
-        (a body cut short never is), or None: nothing was kept."""
-        kept, self.kept = self.kept, None
-        if kept is None:
-            return None
-        return FallbackResponse(b"".join(kept), self.code(), tuple(self.header_pairs()))

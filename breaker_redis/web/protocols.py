@@ -14,8 +14,8 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from breaker_redis.fallbacks import FallbackResponse
-from breaker_redis.web.http_policy import status_line
+from breaker_redis.fallbacks import FallbackResponse, Served
+from breaker_redis.web.http_policy import as_response, fallback_marks, served_headers, status_line
 from breaker_redis.web.refusal import Refusal, environ_wants_json, header_value, wants_json
 
 if TYPE_CHECKING:
@@ -70,6 +70,18 @@ class WsgiAnswer(NamedTuple):
 
 def wsgi_answer(code: int, headers: list[tuple[str, str]], body: bytes, head: bool) -> WsgiAnswer:
     return WsgiAnswer(status_line(code), headers, b"" if head else body)
+
+
+def served_answer(
+    served: Served, name: str, cause: BaseException | None, environ: WSGIEnvironment, head: bool
+) -> WsgiAnswer:
+    """What a fallback of breaker ``name`` served, as a marked answer (a WSGI app it
+    gave run on the request's environ)."""
+    response = as_response(served.value)
+    if not isinstance(response, FallbackResponse):
+        response = run_wsgi_app(response, environ)
+    headers = served_headers(response, fallback_marks(name, served.kind, cause))
+    return wsgi_answer(response.status, headers, response.body, head)
 
 
 def status_code(status: str | None) -> int | None:

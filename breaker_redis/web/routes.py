@@ -68,9 +68,18 @@ class RequestGuards:
 
     __slots__ = ("permits", "refused")
 
-    def __init__(self) -> None:
-        self.permits: dict[str, Any] = {}
-        self.refused: str | None = None
+    permits: dict[str, Any]  # guard_id -> the permit an outer guard holds
+    refused: str | None  # the breaker of a guard that refused the request inside
+
+    # Made by holding(), not by an __init__: a class whose __init__ is Python code
+    # costs a frame of the interpreter's own to make, on every protected request.
+
+
+def holding(guard: str, permit: Any) -> RequestGuards:
+    """A request's guards, as its first guard makes them: holding its permit."""
+    guards = RequestGuards()
+    guards.permits, guards.refused = {guard: permit}, None
+    return guards
 
 
 def guard_id(prefix: str, name: str) -> str:
@@ -96,9 +105,10 @@ def hold(carrier: MutableMapping[str, Any], guard: str, permit: Any) -> RequestG
     the request's RequestGuards, where this guard finds a refusal inside when
     it judges the request (without looking it up in the carrier again)."""
     guards = carrier.get(GUARDS_KEY)
-    if not isinstance(guards, RequestGuards):
-        guards = carrier[GUARDS_KEY] = RequestGuards()
-    guards.permits[guard] = permit
+    if isinstance(guards, RequestGuards):
+        guards.permits[guard] = permit
+    else:
+        guards = carrier[GUARDS_KEY] = holding(guard, permit)
     return guards
 
 
@@ -362,7 +372,10 @@ def route_to_ask(route: Route | None, method: Any, carrier: Mapping[str, Any]) -
     covers the path (``route``: what the table matched), the method is never
     guarded (OPTIONS), or an outer guard of the same breaker holds the
     request's permit (it asks and records)."""
-    if route is None or str(method).upper() in UNPROTECTED_METHODS or held(carrier, route.guard) is not None:
+    if route is None or (method != "GET" and str(method).upper() in UNPROTECTED_METHODS):
+        return None
+    guards = carrier.get(GUARDS_KEY)  # held(), inline: this runs on every request a route covers
+    if isinstance(guards, RequestGuards) and guards.permits.get(route.guard) is not None:
         return None
     return route
 
