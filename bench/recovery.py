@@ -1,14 +1,15 @@
 """Recovery without a stampede: the traffic a service gets back when its breaker closes.
 
 ``python bench/recovery.py`` starts a redis-server (or the embedded server),
-the demo's upstream and gunicorn (4 sync workers, bench/recovery_app.py),
+the demo's upstream and gunicorn (4 sync workers, bench/isolation_app.py's
+/pay: 5 consecutive failures, open 5 s),
 then runs the same timeline twice, once with ``ramp_seconds=0`` (the close
 sends every worker's full traffic at once) and once with ``ramp_seconds=10``
 (``ramp_from=0.1``):
 
 - 0-6 s: healthy;
 - 6-9 s: the upstream fails every call: the breaker trips at once and stays
-  open 5 s (no backoff: ``open_backoff=1``);
+  open 5 s;
 - 9 s: the upstream is healthy again; the first call after the open period
   is the probe, which succeeds: the breaker closes (about 11 s);
 - until 26 s: healthy.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import http.client
 import multiprocessing
-import subprocess
 import sys
 import threading
 import time
@@ -40,7 +40,9 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from demo_app.stack import start_gunicorn, start_redis, start_upstream  # noqa: E402
+from isolation import pyplot, save, serve_app  # noqa: E402
+
+from demo_app.stack import redis_and_upstream  # noqa: E402
 
 HEALTHY_SECONDS, FAILING_SECONDS, TOTAL_SECONDS = 6, 3, 26
 RAMP_SECONDS = 10
@@ -80,15 +82,7 @@ def client_process(port: int, seconds: float, started: float, out: Any) -> None:
 
 def one_run(redis_url: str, upstream_url: str, ramp_seconds: int) -> dict[str, Any]:
     prefix = f"recovery{int(time.time())}{ramp_seconds}"
-    base, gunicorn = start_gunicorn(
-        redis_url,
-        upstream_url,
-        extra_args=["--pythonpath", str(ROOT / "bench"), "--timeout", "60"],
-        app="recovery_app:app",
-        ready_path="/products",
-        env={"RECOVERY_RAMP_SECONDS": str(ramp_seconds), "BREAKER_KEY_PREFIX": prefix},
-    )
-    port = int(base.rsplit(":", 1)[1])
+    port, gunicorn = serve_app(redis_url, upstream_url, {"BENCH_RAMP_SECONDS": str(ramp_seconds)}, prefix)
     try:
         requests.post(upstream_url + "/_reset", timeout=5).raise_for_status()
         started = time.time() + 1.0
@@ -142,14 +136,7 @@ def share(served: int, refused: int) -> str:
 
 
 def chart(runs: dict[str, dict[str, Any]]) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
-        import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True, sharey=True)
     seconds = list(SHOWN)
     for ax, (title, run) in zip(axes, runs.items(), strict=True):
@@ -158,28 +145,18 @@ def chart(runs: dict[str, dict[str, Any]]) -> None:
         )
         ax.step(seconds, per_second(run, 503), where="post", label="refused (503)", color="#c62828")
         ax.axvline(0, color="#555555", linestyle=":", label="the breaker closes")
-        ax.set_title(title)
-        ax.set_ylabel("requests/s")
+        ax.set(title=title, ylabel="requests/s")
         ax.legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("seconds after the close (gunicorn -w 4, the same closed-loop clients)")
-    figure.tight_layout()
-    CHART.parent.mkdir(exist_ok=True)
-    figure.savefig(CHART, dpi=90)
+    save(figure, CHART)
+
+
+TITLES = {0: "ramp_seconds=0 (no ramp)", RAMP_SECONDS: f"ramp_seconds={RAMP_SECONDS}, ramp_from=0.1"}
 
 
 def main() -> int:
-    redis_url, redis_child, redis_kind = start_redis()
-    upstream_url, upstream_child = start_upstream()
-    runs: dict[str, dict[str, Any]] = {}
-    try:
-        for ramp in (0, RAMP_SECONDS):
-            title = f"ramp_seconds={ramp}" + (" (no ramp)" if not ramp else ", ramp_from=0.1")
-            runs[title] = one_run(redis_url, upstream_url, ramp)
-    finally:
-        upstream_child.stop()
-        redis_child.stop()
-        upstream_child.remove_log()
-        redis_child.remove_log()
+    with redis_and_upstream() as (redis_url, redis_kind, upstream_url):
+        runs = {title: one_run(redis_url, upstream_url, ramp) for ramp, title in TITLES.items()}
     print(
         f"# Recovery: requests/s the upstream served (200) and refused (503) in each second after "
         f"the close (gunicorn, 4 sync workers, {CLIENT_PROCESSES * CLIENT_THREADS} closed-loop clients, "
