@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -267,3 +268,20 @@ def _script_calls(server: RedisServer) -> int:
     stats = server.client().info("commandstats")
     scripts = ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval")
     return sum(int(v["calls"]) for k, v in stats.items() if k in scripts)
+
+
+def test_with_a_bulkhead_the_ramp_is_decided_from_memory_before_the_slot(redis_server: RedisServer):
+    """A bulkhead slot is Redis's to hand out; the ramp is decided first, from memory, so a
+    call it leaves out asks Redis for nothing."""
+    client_from_url(redis_server.url).flushall()
+    clock = ManualClock(start_ms=1_700_000_000_000)
+    breakers = Breakers.from_url(redis_server.url, clock=clock)
+    pay = breakers.get("pay", replace(RAMP, max_concurrent_calls=50))
+    subscribed([breakers])
+    recover(pay, clock)
+    before = _script_calls(redis_server)
+    admitted, refused = calls(pay, 100)
+    spent = _script_calls(redis_server) - before
+    breakers.close()
+    assert (admitted, {r.reason for r in refused}) == (10, {"ramp"})
+    assert spent == 2 * 10  # acquire and record of each admitted call, nothing for the others
