@@ -84,8 +84,8 @@ class Knowledge:
     ramp_until: int = 0
     ramp_ms: int = 0
     ramp_from: float = RAMP_FROM
-    # decide() admits whatever the time, with no counting: closed (or forced closed) and no
-    # bulkhead. Worked out once, so the healthy call checks one field
+    # decide() admits whatever the time, with no counting: closed (or forced closed), no
+    # bulkhead, no ramp running. Worked out once, so the healthy call checks one field
     admits: bool = field(init=False, compare=False)
     calm: bool = field(init=False, compare=False)
     stale_at: float = field(init=False, compare=False)  # learned_at + TRUST_SECONDS
