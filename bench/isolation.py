@@ -37,7 +37,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from demo_app.stack import start_gunicorn, start_redis, start_upstream  # noqa: E402
+from demo_app.stack import redis_and_upstream, start_gunicorn  # noqa: E402
 
 HEALTHY_SECONDS, OUTAGE_SECONDS, RECOVERY_SECONDS = 10, 20, 10
 CLIENT_PROCESSES = 4  # each runs one /pay and one /products client thread
@@ -86,17 +86,25 @@ def state_sampler(redis_url: str, prefix: str, seconds: float, started: float, s
     client.close()
 
 
-def one_run(redis_url: str, upstream_url: str, guarded: bool) -> dict[str, Any]:
-    prefix = f"isolation{int(time.time())}{int(guarded)}"
+def serve_app(redis_url: str, upstream_url: str, env: dict[str, str], prefix: str) -> tuple[int, Any]:
+    """gunicorn serving bench/isolation_app.py with ``env``, its breakers under ``prefix``:
+    (its port, its child process). bench/recovery.py serves it too."""
     base, gunicorn = start_gunicorn(
         redis_url,
         upstream_url,
         extra_args=["--pythonpath", str(ROOT / "bench"), "--timeout", "60"],
         app="isolation_app:app",
         ready_path="/products",
-        env={"ISOLATION_BREAKER": "1" if guarded else "0", "BREAKER_KEY_PREFIX": prefix},
+        env={**env, "BREAKER_KEY_PREFIX": prefix},
     )
-    port = int(base.rsplit(":", 1)[1])
+    return int(base.rsplit(":", 1)[1]), gunicorn
+
+
+def one_run(redis_url: str, upstream_url: str, guarded: bool) -> dict[str, Any]:
+    prefix = f"isolation{int(time.time())}{int(guarded)}"
+    port, gunicorn = serve_app(
+        redis_url, upstream_url, {"ISOLATION_BREAKER": "1" if guarded else "0"}, prefix
+    )
     total = HEALTHY_SECONDS + OUTAGE_SECONDS + RECOVERY_SECONDS
     try:
         requests.post(upstream_url + "/_reset", timeout=5).raise_for_status()
@@ -153,7 +161,9 @@ def per_second(run: dict[str, Any], path: str, ok: bool) -> list[int]:
     return series
 
 
-def chart(runs: dict[str, dict[str, Any]]) -> None:
+def pyplot() -> Any:
+    """matplotlib.pyplot drawing to files (the bench extra; installed from the package index
+    when missing): the charts of this bench and bench/recovery.py."""
     try:
         import matplotlib
     except ImportError:
@@ -162,6 +172,11 @@ def chart(runs: dict[str, dict[str, Any]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def chart(runs: dict[str, dict[str, Any]]) -> None:
+    plt = pyplot()
     figure, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     for ax, (title, run) in zip(axes, runs.items(), strict=True):
         seconds = list(range(run["seconds"]))
@@ -183,24 +198,22 @@ def chart(runs: dict[str, dict[str, Any]]) -> None:
         ax.set_yscale("symlog", linthresh=10)
         ax.legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("seconds")
+    save(figure, CHART)
+
+
+def save(figure: Any, chart: Path) -> None:
+    """Write a chart of these benches into docs/."""
     figure.tight_layout()
-    CHART.parent.mkdir(exist_ok=True)
-    figure.savefig(CHART, dpi=90)
+    chart.parent.mkdir(exist_ok=True)
+    figure.savefig(chart, dpi=90)
 
 
 def main() -> int:
-    redis_url, redis_child, redis_kind = start_redis()
-    upstream_url, upstream_child = start_upstream()
     runs: dict[str, dict[str, Any]] = {}
-    try:
+    with redis_and_upstream() as (redis_url, redis_kind, upstream_url):
         for guarded in (True, False):
             title = "with the breaker on /pay" if guarded else "without a breaker"
             runs[title] = one_run(redis_url, upstream_url, guarded)
-    finally:
-        upstream_child.stop()
-        redis_child.stop()
-        upstream_child.remove_log()
-        redis_child.remove_log()
     print(
         f"# Isolation: /pay's upstream hangs for {OUTAGE_SECONDS} s (gunicorn, 4 sync workers, "
         f"{CLIENT_PROCESSES} /pay and {CLIENT_PROCESSES} /products closed-loop clients, {redis_kind}, "

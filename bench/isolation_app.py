@@ -3,7 +3,9 @@ local /products route, on gunicorn's sync workers.
 
 ``ISOLATION_BREAKER=1`` puts /pay behind a breaker (5 consecutive failures,
 open 5 s); ``0`` serves the same route unprotected. /pay waits at most 1 s
-for the upstream (a timeout is a 504).
+for the upstream (a timeout is a 504). ``BENCH_RAMP_SECONDS`` is the
+breaker's ``ramp_seconds`` (0, no ramp, unless set; ``ramp_from`` 0.1):
+bench/recovery.py serves this app too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ app.config["BREAKER_KEY_PREFIX"] = os.environ.get("BREAKER_KEY_PREFIX", "breaker
 breakers = FlaskBreakers(app)
 UPSTREAM = os.environ["UPSTREAM_URL"].rstrip("/")
 GUARDED = os.environ.get("ISOLATION_BREAKER", "1") == "1"
+RAMP_SECONDS = float(os.environ.get("BENCH_RAMP_SECONDS", "0"))
 
 
 def pay() -> Any:
@@ -35,7 +38,8 @@ def pay() -> Any:
 
 
 if GUARDED:
-    pay = breakers.protect("pay", trip="consecutive", failure_threshold=5, open_seconds=5)(pay)
+    ramp = {"ramp_seconds": RAMP_SECONDS, "ramp_from": 0.1}
+    pay = breakers.protect("pay", trip="consecutive", failure_threshold=5, open_seconds=5, **ramp)(pay)
 app.add_url_rule("/pay", "pay", pay, methods=["POST"])
 
 

@@ -118,7 +118,7 @@ def _metric(family: Family) -> Metric:
 
 
 # The snapshot keys sampled as they are, one sample per breaker.
-Sampled = Literal[Count, "window_calls", "window_failures", "failing_reporters"]
+Sampled = Literal[Count, "window_calls", "window_failures", "failing_reporters", "ramp_share"]
 
 # The families of one sample per breaker, a snapshot key as it is: name, documentation, key. A
 # family of one of the snapshot's counts is a counter, of anything else a gauge.
@@ -135,6 +135,12 @@ SAMPLED: tuple[tuple[str, str, Sampled], ...] = (
     ("breaker_redis_window_failures", "Failures in the sliding window", "window_failures"),
     # min_reporters > 1 (docs/one-sick-host.md)
     ("breaker_redis_failing_reporters", "Distinct reporters failing in the window", "failing_reporters"),
+    # ramp_seconds (docs/recovery.md)
+    (
+        "breaker_redis_ramp_share",
+        "Share of calls admitted after a close (1: all, no ramp running)",
+        "ramp_share",
+    ),
 )
 _COUNTS = frozenset(get_args(Count))
 

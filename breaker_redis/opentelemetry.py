@@ -11,7 +11,8 @@ one alike, through three hooks of the engine:
   more (it builds the attributes' key and takes its own locks on every
   call); a count per (breaker, outcome) is all a sum needs;
 - the state: an observable gauge of what the worker knows of each breaker
-  it built (``Breaker.known``), read at collection, never from Redis;
+  it built (``Breaker.known``), read at collection, never from Redis, and
+  so is the share of calls it admits after a close (``ramp_seconds``);
 - the transitions: ``Breakers.on_transition``, called once per transition
   cluster-wide, in the process whose call made it (engine/transitions.py),
   so the counter's sum over every process is the number of transitions.
@@ -48,6 +49,7 @@ SCOPE = "breaker_redis"  # the instrumentation scope (the meter's name)
 
 CALLS = "breaker.calls"
 STATE = "breaker.state"
+RAMP_SHARE = "breaker.ramp_share"
 TRANSITIONS = "breaker.transitions"
 
 NAME = "breaker.name"
@@ -69,9 +71,13 @@ REFUSED = "refused"
 class _Known(Protocol):
     state: str
 
+    def ramp_share(self, now_ms: int) -> float: ...
+
 
 class _Built(Protocol):
     name: str
+
+    def now_ms(self) -> int: ...
 
     @property
     def known(self) -> _Known | None: ...
@@ -154,6 +160,12 @@ class _Instruments:
             unit="1",
             description="1 for the state this process knows a breaker is in, 0 for the other states.",
         )
+        meter.create_observable_gauge(
+            RAMP_SHARE,
+            callbacks=[self._ramp_shares],
+            unit="1",
+            description="The share of calls this process admits after a close (1: all; docs/recovery.md).",
+        )
         self.transitions = meter.create_counter(
             TRANSITIONS,
             unit="{transition}",
@@ -178,6 +190,14 @@ class _Instruments:
                         yield Observation(
                             int(known.state == state), {NAME: breaker.name, STATE_ATTRIBUTE: state}
                         )
+
+    def _ramp_shares(self, options: CallbackOptions) -> Iterable[Observation]:
+        for tally in list(self.tallies):
+            breakers = tally.breakers()
+            for breaker in breakers.built() if breakers is not None else ():
+                known = breaker.known
+                if known is not None and known.state == "closed":
+                    yield Observation(known.ramp_share(breaker.now_ms()), {NAME: breaker.name})
 
     def transitioned(self, transition: Transition) -> None:
         attributes = {

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -173,6 +173,25 @@ def start_upstream(port: int | None = None) -> tuple[str, Child]:
         child.stop()
         raise
     return url, child
+
+
+@contextlib.contextmanager
+def redis_and_upstream() -> Iterator[tuple[str, str, str]]:
+    """(Redis URL, its kind, the upstream's URL): start_redis() and start_upstream(), both
+    stopped and their logs removed after (the benchmarks that serve the demo's stack)."""
+    redis_url, redis_child, redis_kind = start_redis()
+    try:
+        upstream_url, upstream_child = start_upstream()
+    except BaseException:
+        redis_child.stop()
+        raise
+    try:
+        yield redis_url, redis_kind, upstream_url
+    finally:
+        upstream_child.stop()
+        redis_child.stop()
+        upstream_child.remove_log()
+        redis_child.remove_log()
 
 
 def start_gunicorn(

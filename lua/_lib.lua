@@ -20,7 +20,9 @@
 --                   born (the epoch this hash was created with), armed ('1' while a
 --                   late success could change a decision), arms (how often it armed),
 --                   lost (the born of the last incarnation whose loss was counted),
---                   held (the born of the last incarnation an operator acted on: admin.lua);
+--                   held (the born of the last incarnation an operator acted on: admin.lua),
+--                   ramp_until (ms: after a close, the share admitted rises until then; 0: no
+--                   ramp; includes/ramp.lua);
 --                   a breaker group member's also grant (the group's token it holds while it
 --                   may be open) and revoked (the highest token taken back): see give_back_grant
 --   2 window HASH   head, bms (bucket ms), nb (buckets), sat (when a caller of this shape last
@@ -72,6 +74,7 @@
 -- @include window
 -- @include ring
 -- @include grants
+-- @include ramp
 -- @include rules
 -- @include reply
 -- @include reporters

@@ -5,6 +5,7 @@
 --   force_open   deny every call until cleared (state open, retry_after unknown)
 --   force_closed admit every call, keep counting, never trip until cleared
 --   clear_force  back to automatic, closed with a clean window (no-op if not forced)
+--   (reset and clear_force of a breaker that refused calls start the ramp: includes/ramp.lua)
 --   trip         open now for open_seconds (no backoff), then half_open as after any
 --                trip; clears a force (pybreaker's open())
 --   half_open    half_open now: the next acquire takes a probe lease; clears a force
@@ -24,7 +25,25 @@ local s = load_state()
 if s.held ~= s.born then s.held, s.dirty = s.born, true end
 redis.call('DEL', rep_key())  -- and every reporter's isolation ends (min_reporters > 1)
 
+-- The config the ramp after a close reads (includes/ramp.lua): an operator's call carries
+-- none, so the one of the workers' last call (the cfg key) with the live overrides; nil if none.
+local function workers_config()
+  local stored = redis.call('GET', K_CFG)
+  if not stored then return nil end
+  ARGS[5] = stored  -- where load_config reads it
+  local ok, c = pcall(load_config)
+  return ok and c or nil
+end
+
+-- Closed, clean. Closing a breaker that refused calls (open, half-open, forced open) starts
+-- the ramp, as probes that succeeded do: the stampede would be the same; a closed one's
+-- ramp runs on, a forced closed one admitted everything and has none.
 local function clean(forced, cause)
+  if s.state ~= 'closed' or s.forced == 'open' then
+    s.ramp_until = ramp_end(workers_config())
+  elseif s.forced == 'closed' then
+    s.ramp_until = 0
+  end
   s.forced, s.consec, s.open_ms, s.ho_ok, s.open_until = forced, 0, 0, 0, 0
   redis.call('DEL', K_WINDOW, K_LEASES)
   give_back_grant(nil)  -- a group member's grant: closed, it needs none (_lib.lua)
@@ -36,7 +55,7 @@ if op == 'force_open' then
   redis.call('DEL', K_LEASES)
   transition(s, 'open', 'forced_open')
 elseif op == 'force_closed' then
-  s.forced, s.open_until, s.ho_ok = 'closed', 0, 0
+  s.forced, s.open_until, s.ho_ok, s.ramp_until = 'closed', 0, 0, 0  -- admits everything: no ramp
   drop_probes()
   give_back_grant(nil)  -- forced closed, it never trips: a group member needs no grant
   transition(s, 'closed', 'forced_closed')

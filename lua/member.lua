@@ -64,7 +64,7 @@ if op == 'grant' then
   end
   if held and held ~= token then redis.call('HSET', K_STATE, 'revoked', math.max(revoked, held)) end
   redis.call('HSET', K_STATE, 'grant', token)
-  trip_open(s, cfg, cause, false)
+  trip_open(s, cfg, cause, ramping(s, cfg))
   return reply(s, 1, '', '', cfg)
 elseif op == 'revoke' or op == 'release' then
   if s.state ~= 'closed' and s.forced == '' then

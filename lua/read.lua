@@ -41,7 +41,8 @@ local w = window_now(cfg)
 local probes = #probe_ids()
 local overrides = redis.call('HGETALL', K_CONFIG)
 local out = {s.state, s.epoch, s.open_until, s.forced, s.consec, s.open_ms, s.ho_ok, w.tc, w.tf, w.ts,
-  probes, redis.call('ZCARD', K_LEASES) - probes, NOW, cfg.mode, redis.call('HGETALL', K_STATS), overrides}
+  probes, redis.call('ZCARD', K_LEASES) - probes, NOW, cfg.mode, s.ramp_until, redis.call('HGETALL', K_STATS),
+  overrides}
 if cfg.min_rep then out[#out + 1] = reporters_view(cfg) end  -- min_reporters > 1: 'reporters'
 local config_json = '='
 if a.fields ~= '1' or #overrides > 0 then

@@ -43,7 +43,7 @@ local function closed_outcomes(calls, failures, slows, consec, lease, batched)
   if reporter and s.forced == '' then
     cause = quorum(s, cfg, cause, calls, failures, reporter, lease or '', batched)
   end
-  if cause then trip_open(s, cfg, cause, false) else update_armed(s, cfg, w) end
+  if cause then trip_open(s, cfg, cause, ramping(s, cfg)) else update_armed(s, cfg, w) end
 end
 
 if batch > 0 then
@@ -98,7 +98,7 @@ elseif s.state == 'half_open' and s.forced == '' then
     trip_open(s, cfg, 'probe_failed', true)
   elseif probe then
     s.ho_ok, s.dirty = s.ho_ok + 1, true
-    if s.ho_ok >= cfg.ho_successes then close(s, 'probes_succeeded') end
+    if s.ho_ok >= cfg.ho_successes then close(s, 'probes_succeeded', cfg) end
   end
   -- a result without a probe lease (observe mode) does not decide half_open
 end

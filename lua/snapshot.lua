@@ -24,7 +24,7 @@ local out = {'state', s.state, 'epoch', s.epoch, 'open_until', s.open_until, 'fo
   'consec', s.consec, 'open_ms', s.open_ms, 'ho_ok', s.ho_ok,
   'window_calls', w.tc, 'window_failures', w.tf, 'window_slow', w.ts,
   'probes', probes, 'armed', s.armed and 1 or 0, 'arms', s.arms, 'born', s.born, 'slots', redis.call('ZCARD', K_LEASES) - probes, 'now', NOW,
-  'mode', cfg.mode}
+  'mode', cfg.mode, 'ramp_until', s.ramp_until}
 out[#out + 1] = 'stats'
 out[#out + 1] = redis.call('HGETALL', K_STATS)
 out[#out + 1] = 'overrides'

@@ -86,6 +86,23 @@ def test_a_scrape_with_redis_down_says_so_instead_of_failing():
     }
 
 
+def test_a_ramping_breaker_shows_the_share_it_admits(redis_server):
+    """After a close with ramp_seconds the scrape reads the share admitted at Redis time: a
+    ramp of an hour from 0.25 has barely moved in the seconds the test takes."""
+    client = redis_server.client()
+    client.flushall()
+    breakers = Breakers(client, listen=False)
+    ramp = BreakerConfig(failure_threshold=3, ramp_seconds=3600, ramp_from=0.25)
+    pay, cart = breakers.get("pay", ramp), breakers.get("cart", ramp)
+    cart.acquire().success()
+    fail(pay, 3)
+    pay.reset()  # closing a breaker that refused calls starts the ramp
+    found = samples(exposition(client).decode())
+    assert 0.25 <= of(found, "breaker_redis_ramp_share", "pay") < 0.26
+    assert of(found, "breaker_redis_ramp_share", "cart") == 1
+    breakers.close()
+
+
 def written_by_prometheus_client(collector: BreakerCollector, families: list) -> bytes:
     """generate_latest of a registry holding the collector, scraping ``families``."""
     collector.families = lambda: families  # type: ignore[method-assign]

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import fakeredis
@@ -89,11 +90,15 @@ def calls(name: str, outcome: str, reason: str = "") -> tuple[str, frozenset[tup
     return "breaker.calls", frozenset(attributes.items())
 
 
-def states(name: str, current: str) -> Points:
-    return {
+def states(name: str, current: str, ramp: float | None = 1.0) -> Points:
+    """breaker.state's points, and while closed breaker.ramp_share's (``ramp``; None: left out)."""
+    points: Points = {
         ("breaker.state", frozenset({"breaker.name": name, "breaker.state": s}.items())): int(s == current)
         for s in ("closed", "open", "half_open")
     }
+    if current == "closed" and ramp is not None:
+        points["breaker.ramp_share", frozenset({"breaker.name": name}.items())] = ramp
+    return points
 
 
 def transitions(name: str, old: str, new: str, cause: str) -> tuple[str, frozenset[tuple[str, Any]]]:
@@ -167,14 +172,36 @@ def test_a_trip_and_a_recovery_counted_exactly(make_breakers, clock: Clock, tele
     assert points[calls("pay", "success")] == 2
     assert {
         k: v for k, v in points.items() if k[0] == "breaker.state" and ("breaker.name", "pay") in k[1]
-    } == (states("pay", "closed"))
+    } == (states("pay", "closed", ramp=None))
     assert points[transitions("pay", "open", "half_open", "open_elapsed")] == 1
     assert points[transitions("pay", "half_open", "closed", "probes_succeeded")] == 1
     assert telemetry.units() == {
         "breaker.calls": ("Sum", "{call}"),
         "breaker.state": ("Gauge", "1"),
+        "breaker.ramp_share": ("Gauge", "1"),
         "breaker.transitions": ("Sum", "{transition}"),
     }
+
+
+def test_the_share_a_ramping_breaker_admits(make_breakers, clock: Clock, telemetry: Telemetry) -> None:
+    """breaker.ramp_share: from ramp_from after the close to 1 at the ramp's end (docs/recovery.md)."""
+    breakers = make_breakers()
+    otel.instrument(breakers, meter_provider=telemetry.meters)
+    pay = breakers.get("pay", replace(RECOVERS, ramp_seconds=10, ramp_from=0.2))
+    pay.call(lambda: None)  # the workers' config is stored with the state: the ramp reads it
+    pay.force_open()
+    pay.clear_force()  # closing a breaker that refused calls starts the ramp
+    with pytest.raises(BreakerOpen) as refused:
+        pay.call(lambda: None)  # 0.2 of a credit: refused, reason ramp
+    assert refused.value.reason == "ramp"
+    share = ("breaker.ramp_share", frozenset({"breaker.name": "pay"}.items()))
+    assert telemetry.points()[share] == pytest.approx(0.2)
+    clock.advance(5_000)
+    assert telemetry.points()[share] == pytest.approx(0.6)
+    clock.advance(5_000)
+    assert telemetry.points()[share] == 1.0
+    assert telemetry.points()[calls("pay", "refused", "ramp")] == 1
+    assert telemetry.points()[calls("pay", "success")] == 1
 
 
 def test_a_permit_and_an_operator_trip(make_breakers, telemetry: Telemetry) -> None:

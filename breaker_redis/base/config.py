@@ -106,6 +106,11 @@ class BreakerConfig:
     # isolated instead (docs/one-sick-host.md); absent at 1: the scripts then do nothing of it.
     # At most MAX_MIN_REPORTERS: a breaker tracks at most 128 reporters (lua/includes/quorum.lua REP_CAP)
     min_reporters: int = live("min_rep", 1, ge=1, le=MAX_MIN_REPORTERS, omitted_at_default=True)
+    # recovery without a stampede (docs/recovery.md): after a close, the share of calls admitted
+    # rises linearly from ramp_from to 1 over ramp_seconds (0: off), for every worker together;
+    # both absent from the scripts' config at their defaults
+    ramp_seconds: float = live("ramp_ms", 0.0, ge=0, le=3600, omitted_at_default=True)
+    ramp_from: float = live("ramp_from", 0.1, gt=0, le=1, omitted_at_default=True)
     record_exceptions: ExceptionTypes = (Exception,)
     ignore_exceptions: ExceptionTypes = ()
     predicate: Predicate | None = None
@@ -308,7 +313,7 @@ def fields_from_lua(values: Mapping[str, Any]) -> dict[str, Any]:
         if rule.name == "window_seconds":  # sent as the length of one bucket
             found[rule.name] = float(values["bucket_ms"]) * float(values["buckets"]) / 1000
         elif rule.omitted_at_default:
-            found[rule.name] = values.get(rule.lua) or rule.default
+            found[rule.name] = rule.decode(values[rule.lua]) if values.get(rule.lua) else rule.default
         else:
             found[rule.name] = rule.decode(values[rule.lua])
     return found

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 # isolated: this worker's reporter (its host) is isolated, the shared breaker closed
 # (BreakerConfig.min_reporters, docs/one-sick-host.md)
-REASONS = ("open", "half_open_full", "forced_open", "bulkhead", "isolated")
+# ramp: the breaker closed a moment ago and admits a share of calls rising to all of them
+# (BreakerConfig.ramp_seconds, docs/recovery.md); retry_after is short
+REASONS = ("open", "half_open_full", "forced_open", "bulkhead", "isolated", "ramp")
 
 
 class BreakerOpen(Exception):

@@ -26,6 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply, Verdict
+from breaker_redis.engine.ramp import RETRY_SECONDS, Credit
 from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
 from breaker_redis.storage.args import COUNTS, AcquireArgs, RecordArgs
 from breaker_redis.storage.notices import Notice
@@ -70,6 +71,7 @@ class BreakerCore(Generic[P]):
     _batch_epoch: int
     _batch_count: int
     _batch_generation: int
+    _ramp_credit: Credit
     _listed_pid: int
     _listed_at: int  # ms, on the side's clock (Breakers.now_ms)
     _reporter: str  # who this worker reports as (reporters.py): the last argument of acquire and record
@@ -94,6 +96,7 @@ class BreakerCore(Generic[P]):
         self._pending = dict.fromkeys(COUNTS, 0)
         self._last_flush = time.monotonic()
         self._batch_epoch = self._batch_count = self._batch_generation = 0
+        self._ramp_credit = Credit()  # this worker's in the ramp after a close (_ramp)
 
     def now_ms(self) -> int:
         return self._shared.now_ms()
@@ -180,9 +183,21 @@ class BreakerCore(Generic[P]):
             return self._permit(
                 self, known.epoch, "", known.generation, batchable=known.calm, timed=known.slow_ms != 0
             )
-        verdict = known.decide(self._shared.now_ms())
-        if verdict is Verdict.ASK or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+        now_ms = self._shared.now_ms()
+        verdict = known.decide(now_ms)
+        if verdict is Verdict.RAMP and known.max_concurrent:
+            self._ramp(known, now_ms)  # the ramp decided here, the bulkhead slot by Redis
             return None
+        if verdict is Verdict.ASK or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            return None  # (ramping, the reply is ramped: _from_reply)
+        if verdict is not Verdict.DENY and verdict is not Verdict.OBSERVE:
+            if verdict is Verdict.RAMP:
+                self._ramp(known, now_ms)
+            else:  # the ramp is over since this was learned: the healthy call's path again
+                self._memory.ramp_over(known)
+            return self._permit(
+                self, known.epoch, "", known.generation, batchable=known.calm, timed=known.slow_ms != 0
+            )
         if verdict is Verdict.OBSERVE:
             self._pending["would_reject"] += 1
             # (an isolated reporter's call, in observe mode, is counted as any other)
@@ -194,8 +209,22 @@ class BreakerCore(Generic[P]):
             raise BreakerOpen((known.isolated_until - self._shared.now_ms()) / 1000.0, self.name, "isolated")
         raise BreakerOpen((known.open_until - self._shared.now_ms()) / 1000.0, self.name, "open")
 
+    def _ramp(self, known: Knowledge, now_ms: int) -> None:
+        """Admit this call if this worker's credit in the ramp after a close has room for
+        it (ramp.py), else count it and raise BreakerOpen, reason ``ramp`` (observe mode:
+        counted as would_reject, admitted). Holds the sync side's lock."""
+        if self._ramp_credit.admits(known.epoch, known.ramp_share(now_ms)):
+            return
+        if known.mode == "observe":
+            self._pending["would_reject"] += 1
+            return
+        self._pending["rejected"] += 1
+        raise BreakerOpen(min(RETRY_SECONDS, (known.ramp_until - now_ms) / 1000.0), self.name, "ramp")
+
     def _from_reply(self, reply: Reply, generation: int, known: Knowledge) -> P:
-        """The permit an acquire reply grants, or BreakerOpen."""
+        """The permit an acquire reply grants, or BreakerOpen. Holds the sync side's lock."""
+        if reply.allowed == 1 and known.ramp_until and not reply.lease:
+            self._ramp(known, reply.now)  # (with a bulkhead slot, decided from memory, or not at all)
         if reply.allowed:
             batchable = reply.allowed == 1 and not reply.lease and known.calm
             # observe mode while open: the outcome decides nothing (in half_open it may reap a probe)
@@ -281,7 +310,9 @@ class BreakerCore(Generic[P]):
             )
         if reply.lost and shared:  # (on the local store a restore is the point: nothing to say)
             self._state_lost(reply)
-        own = (self.config.mode, self.config.max_concurrent_calls or 0, self._config_slow_ms)
+        config = self.config
+        ramp = (round(config.ramp_seconds * 1000), config.ramp_from)
+        own = (config.mode, config.max_concurrent_calls or 0, self._config_slow_ms, *ramp)
         return self._memory.learn(reply, generation, stamp, own, shared)
 
     def _state_lost(self, reply: Reply) -> None:

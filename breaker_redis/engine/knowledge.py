@@ -21,19 +21,23 @@ Everything a worker decides without asking Redis follows from this module:
   update_armed). Calm workers batch their successes; armed ones send every
   outcome at once. Admission from memory is the same for both: the trip
   boundary comes from the ordered notice, not from arming.
+- **The ramp.** Closed knowledge learned before the reply's ``ramp_until``
+  (a close of a breaker with ``ramp_seconds``) does not admit whatever the
+  time: until then the worker admits its share of the calls (``Verdict.RAMP``,
+  ramp.py), by its estimate of the Redis time, with no round trip.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Protocol
+from typing import Protocol
 
+from breaker_redis.engine.ramp import RAMP_FROM, ramp_share
+from breaker_redis.engine.reply import Reply as Reply  # (what a worker learns from: reply.py)
 from breaker_redis.storage.notices import Notice
-from breaker_redis.storage.scripts import text
 
 # A backstop: knowledge is re-checked with Redis at least this often, even
 # while the subscription reports no change.
@@ -41,50 +45,6 @@ TRUST_SECONDS = 30.0
 # What a worker knows is offered for restoring a lost state this long after it
 # was learned: knowledge in use is renewed at least every TRUST_SECONDS.
 RESTORE_SECONDS = 2 * TRUST_SECONDS
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One script reply, decoded (its fields: docs/wire.md, "The common reply")."""
-
-    allowed: int
-    reason: str
-    state: str
-    epoch: int
-    open_until: int
-    forced: str
-    lease: str
-    now: int
-    mode: str  # '' for admin replies, which carry no config
-    max_concurrent: int
-    events: str  # transitions (and arming) this call made, '' for none
-    slow_ms: int
-    armed: bool
-    arms: int
-    born: int  # the epoch the state hash was created with: one per incarnation of the keys
-    repaired: str = ""  # keys of the breaker this call found corrupted and repaired ("stats,window")
-    # Redis had lost the breaker's state (lua/includes/restore.lua restore_lost): 'restored' from what this
-    # worker knew, 'restored_events' from the last transition, 'lost' (it knew it closed), or ''
-    lost: str = ""
-    # min_reporters > 1: until when (Redis ms) the calling worker's reporter is isolated, 0 if not
-    isolated_until: int = 0
-    # the notices this call published: '<token> <workers>' (storage/acks.py), '' for none
-    ack: str = ""
-
-    @classmethod
-    def decode(cls, raw: Any) -> Reply:
-        """The reply's fields in their order (docs/wire.md, "The common reply"); a shorter
-        reply (an older script's) leaves the trailing ones at their defaults."""
-        return cls(*[convert(value) for convert, value in zip(_DECODERS, raw, strict=False)])
-
-
-def _flag(value: Any) -> bool:
-    return bool(int(value))
-
-
-_CONVERTERS: dict[str, Callable[[Any], Any]] = {"int": int, "str": text, "bool": _flag}
-# Reply's fields' converters, in order, from its annotations: the layout is written once
-_DECODERS = tuple(_CONVERTERS[str(f.type)] for f in fields(Reply))
 
 
 class Gate(Protocol):
@@ -100,6 +60,7 @@ class Verdict(Enum):
     ADMIT = "admit"  # closed (or forced closed): go ahead
     OBSERVE = "observe"  # open in observe mode: go ahead, counted as would_reject
     DENY = "deny"  # open before open_until, or forced open
+    RAMP = "ramp"  # closed, ramping up after a close: this worker admits its share (ramp_share)
     ASK = "ask"  # memory cannot decide: run the acquire script
 
 
@@ -118,8 +79,13 @@ class Knowledge:
     generation: int  # the store-gate generation it was learned under
     learned_at: float  # time.monotonic()
     isolated_until: int = 0  # this worker's reporter is isolated until then (Redis ms; 0: it is not)
-    # decide() admits whatever the time, with no counting: closed (or forced closed) and no
-    # bulkhead. Worked out once, so the healthy call checks one field
+    # the ramp after a close (Redis ms; 0: none, or over when learned, or not closed and unforced),
+    # over ramp_ms from the share ramp_from (BreakerConfig.ramp_seconds, docs/recovery.md)
+    ramp_until: int = 0
+    ramp_ms: int = 0
+    ramp_from: float = RAMP_FROM
+    # decide() admits whatever the time, with no counting: closed (or forced closed), no
+    # bulkhead, no ramp running. Worked out once, so the healthy call checks one field
     admits: bool = field(init=False, compare=False)
     calm: bool = field(init=False, compare=False)
     stale_at: float = field(init=False, compare=False)  # learned_at + TRUST_SECONDS
@@ -127,6 +93,7 @@ class Knowledge:
     def __post_init__(self) -> None:
         forced, closed = self.forced, self.state == "closed"
         admits = not forced and not self.max_concurrent and closed and not self.isolated_until
+        admits = admits and not self.ramp_until
         object.__setattr__(self, "admits", forced == "closed" or admits)
         # closed with nothing a late success could change: successes may be batched
         object.__setattr__(self, "calm", forced == "closed" or (closed and not forced and not self.armed))
@@ -134,8 +101,18 @@ class Knowledge:
 
     @classmethod
     def from_reply(
-        cls, reply: Reply, generation: int, mode: str, max_concurrent: int, slow_ms: int
+        cls,
+        reply: Reply,
+        generation: int,
+        mode: str,
+        max_concurrent: int,
+        slow_ms: int,
+        ramp_ms: int = 0,
+        ramp_from: float = 0.0,
     ) -> Knowledge:
+        # the ramp matters while closed, unforced and not over: else none, and the healthy
+        # call's one test (admits) holds
+        ramping = ramp_ms and reply.state == "closed" and not reply.forced and reply.now < reply.ramp_until
         return cls(
             reply.state,
             reply.epoch,
@@ -150,6 +127,9 @@ class Knowledge:
             generation,
             time.monotonic(),
             reply.isolated_until,
+            reply.ramp_until if ramping else 0,
+            ramp_ms,
+            ramp_from or RAMP_FROM,
         )
 
     @property
@@ -182,11 +162,17 @@ class Knowledge:
         """A call this long counts as slow (as lua/record.lua judges it)."""
         return bool(self.slow_ms) and duration_ms >= self.slow_ms
 
+    def ramp_share(self, now_ms: int) -> float:
+        """The share of calls admitted at now_ms (ramp.py)."""
+        return ramp_share(self.ramp_until, self.ramp_ms, self.ramp_from, now_ms)
+
     def decide(self, now_ms: int) -> Verdict:
         if self.forced == "open":
             return Verdict.DENY
         if self.forced == "closed":
             return Verdict.ADMIT
+        if self.max_concurrent and self.ramp_until > now_ms and not self.isolated_until:
+            return Verdict.RAMP  # the ramp is decided here, the bulkhead slot then by Redis
         if self.max_concurrent:
             return Verdict.ASK  # a bulkhead slot is a lease only Redis hands out
         if self.state == "closed" and self.isolated_until:  # this reporter is isolated (lua/_lib.lua)
@@ -194,7 +180,7 @@ class Knowledge:
                 return Verdict.OBSERVE if self.mode == "observe" else Verdict.DENY
             return Verdict.ASK  # its own probe is Redis's to hand out
         if self.state == "closed":
-            return Verdict.ADMIT
+            return Verdict.RAMP if now_ms < self.ramp_until else Verdict.ADMIT
         if self.state == "open" and now_ms < self.open_until:
             return Verdict.OBSERVE if self.mode == "observe" else Verdict.DENY
         return Verdict.ASK  # the open period is over, or half_open: probes are Redis's to hand out
@@ -307,17 +293,19 @@ class Memory:
         return self._invalidations
 
     def learn(
-        self, reply: Reply, generation: int, stamp: int, own: tuple[str, int, int], shared: bool = False
+        self, reply: Reply, generation: int, stamp: int, own: Config, shared: bool = False
     ) -> Knowledge:
         """Keep the reply if it is the newest news. ``own``: this worker's (mode,
-        max_concurrent, slow_ms), for admin replies, which carry no config;
+        max_concurrent, slow_ms, ramp_ms, ramp_from), for admin replies, which carry no config;
         ``shared``: it came from Redis, not from the local store."""
         with self._lock:
             current = self.known
+            config: Config
             if reply.mode:
-                config = (reply.mode, reply.max_concurrent, reply.slow_ms)
+                config = (reply.mode, reply.max_concurrent, reply.slow_ms, reply.ramp_ms, reply.ramp_from)
             elif current is not None and current.generation == generation:
-                config = (current.mode, current.max_concurrent, current.slow_ms)
+                ramp = (current.ramp_ms, current.ramp_from)
+                config = (current.mode, current.max_concurrent, current.slow_ms, *ramp)
             else:
                 config = own
             known = Knowledge.from_reply(reply, generation, *config)
@@ -349,6 +337,13 @@ class Memory:
             self._heard = _transition_heard(notice) or self._heard
             return True
 
+    def ramp_over(self, known: Knowledge) -> None:
+        """The ramp of what is known ended: the same knowledge without it, so that the
+        healthy call takes its one-test path again before the next reply comes."""
+        with self._lock:
+            if self.known is known:
+                self.known = replace(known, ramp_until=0)
+
     def forget(self) -> None:
         """Drop everything known (a new subscription, a store switch): nothing in flight is kept."""
         with self._lock:
@@ -358,6 +353,7 @@ class Memory:
 
 
 _State = tuple[str, int, int, int, str]  # state, epoch, born, open_until, forced: ARGV 6 (docs/wire.md)
+Config = tuple[str, int, int, int, float]  # what a reply's config says: Memory.learn's ``own``
 
 
 def _state_of(known: Knowledge) -> _State:

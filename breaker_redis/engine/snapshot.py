@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Any, Literal, TypedDict, get_args
 
 from breaker_redis.base.config import fields_from_lua
+from breaker_redis.engine.ramp import RAMP_FROM, ramp_share
 from breaker_redis.engine.reporters import reporters_of
 from breaker_redis.storage.scripts import flat_pairs, text
 
@@ -57,6 +58,10 @@ class Snapshot(_Shown):
     probes_in_flight: int
     bulkhead_in_use: int
     mode: str
+    # the ramp after a close (BreakerConfig.ramp_seconds): the share of calls admitted now,
+    # 1.0 unless it runs, and until when it runs (Redis ms; None: it does not)
+    ramp_share: float
+    ramp_until_ms: int | None
     overrides: dict[str, str]
     store: str
     reporters: dict[str, dict[str, Any]]
@@ -107,6 +112,12 @@ def snapshot_of(name: str, fields: dict[str, Any], store: str) -> Snapshot:
     stats = flat_pairs(get("stats") or [])
     counts = [_counter(stats[key]) if key in stats else 0 for key in _STAT_FIELDS]
     _, successes, failures, ignored, slow, rejected, would_reject, trips, stale, lost, isolations = counts
+    config = _config_in_force(get("config"))
+    ramp_until = int(get("ramp_until") or 0)
+    ramp_ms = round((config or {}).get("ramp_seconds", 0) * 1000)
+    if state != "closed" or forced is not None or now >= ramp_until or not ramp_ms:
+        ramp_until = 0
+    share = ramp_share(ramp_until, ramp_ms, (config or {}).get("ramp_from", RAMP_FROM), now)
     return {
         "name": name,
         "state": state,
@@ -122,12 +133,14 @@ def snapshot_of(name: str, fields: dict[str, Any], store: str) -> Snapshot:
         "probes_in_flight": int(get("probes") or 0),
         "bulkhead_in_use": int(get("slots") or 0),
         "mode": text(get("mode")),
+        "ramp_share": share,
+        "ramp_until_ms": ramp_until or None,
         "overrides": {key: text(value) for key, value in flat_pairs(get("overrides") or []).items()},
         "store": store,
         "reporters": reporters,
         "isolated": [name for name, seen in reporters.items() if seen["isolated_until_ms"]],
         "failing_reporters": len(reporters),
-        "config": _config_in_force(get("config")),
+        "config": config,
         # in _STAT_FIELDS' order, calls the sum of the three outcomes
         "calls": successes + failures + ignored,
         "successes": successes,

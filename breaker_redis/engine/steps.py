@@ -177,7 +177,9 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         except BaseException:
             self._restore_pending(pending)
             raise
-        return self._from_reply(reply, generation, await self._learn(reply, generation, stamp))
+        known = await self._learn(reply, generation, stamp)
+        with self._lock:
+            return self._from_reply(reply, generation, known)
 
     async def _sending(self, epoch: int, outcome: str, duration_ms: int, lease: str, generation: int) -> None:
         """Run the record script with this outcome ('' for none) and the counts and

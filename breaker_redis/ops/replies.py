@@ -47,6 +47,7 @@ READ_FIELDS = (
     "slots",
     "now",
     "mode",
+    "ramp_until",
     "stats",
     "overrides",
     "reporters",  # with min_reporters > 1 only

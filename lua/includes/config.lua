@@ -88,6 +88,8 @@ end
 --   @config max_conc      max_concurrent_calls (0: no bulkhead)
 --   @config min_rep       min_reporters (absent when 1: "One sick host", reporters.lua)
 --   @config group         the breaker group it is a member of (absent: none; breaker_redis/groups.py)
+--   @config ramp_ms       ramp_seconds (absent: 0, no ramp; includes/ramp.lua)
+--   @config ramp_from     ramp_from (absent: 0.1)
 
 -- The caller's config (ARGV 5) with the live overrides applied. The config
 -- hash is read on every call, so a value written with redis-cli holds from

@@ -90,8 +90,10 @@ local function trip_open(s, c, cause, after_half_open)
   stat('trips', 1)
 end
 
-local function close(s, cause)
-  s.consec, s.open_ms, s.ho_ok, s.open_until = 0, 0, 0, 0
+-- c: the config, for the ramp (ramp.lua; nil: none): while it runs the backoff is kept.
+local function close(s, cause, c)
+  s.consec, s.ho_ok, s.open_until, s.ramp_until = 0, 0, 0, ramp_end(c)
+  if s.ramp_until == 0 then s.open_ms = 0 end
   redis.call('DEL', K_WINDOW)
   drop_probes()
   give_back_grant(nil)  -- a member's grant: closed, it no longer needs one

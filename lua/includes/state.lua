@@ -9,7 +9,7 @@ end
 
 -- The state hash's fields, read in this order by load_state, written by save_state.
 local STATE_FIELDS = {'state', 'epoch', 'open_until', 'forced', 'consec', 'open_ms', 'ho_ok', 'seq',
-  'ttl_at', 'born', 'armed', 'arms', 'lost', 'held'}
+  'ttl_at', 'born', 'armed', 'arms', 'lost', 'held', 'ramp_until'}
 
 -- State: a missing or corrupted hash reads as a fresh closed breaker whose
 -- epoch starts above every epoch handed out before (see ARGV 6 in _lib.lua), so a worker
@@ -21,12 +21,12 @@ local function load_state(restore)
   local epoch, open_until, consec = N[v[2]] or num(v[2]), N[v[3]] or num(v[3]), N[v[5]] or num(v[5])
   local open_ms, ho_ok, seq = N[v[6]] or num(v[6]), N[v[7]] or num(v[7]), N[v[8]] or num(v[8])
   local ttl_at, born, arms = N[v[9]] or num(v[9]), N[v[10]] or num(v[10]), N[v[12]] or num(v[12])
-  local lost, held = N[v[13]] or num(v[13]), N[v[14]] or num(v[14])
+  local lost, held, ramp_until = N[v[13]] or num(v[13]), N[v[14]] or num(v[14]), N[v[15]] or num(v[15])
   local s = {state = v[1], epoch = epoch or 0, open_until = open_until or 0,
     forced = v[4] or '', consec = consec or 0, open_ms = open_ms or 0,
     ho_ok = ho_ok or 0, seq = seq or 0, ttl_at = ttl_at or 0,
     born = born or 0, armed = v[11] == '1', arms = arms or 0, lost = lost or 0,
-    held = held or 0, dirty = false, was = v}
+    held = held or 0, ramp_until = ramp_until or 0, dirty = false, was = v}
   -- a numeric field that is there but not a finite number: the hash was edited; start afresh
   -- (the common case, every one of them there and in range, decided without a call)
   local M = 9007199254740991
@@ -49,14 +49,15 @@ local function load_state(restore)
     s.epoch = math.max(NOW, FLOOR + 1, s.epoch + 1)
     s.state, s.born, s.armed, s.dirty = 'closed', s.epoch, false, true
     s.open_until, s.consec, s.open_ms, s.ho_ok, s.seq, s.arms, s.forced = 0, 0, 0, 0, 0, 0, ''
+    s.ramp_until = 0
     s.lost = v[1] and s.born or 0  -- a repair is logged as one (REPAIRED), not counted as a loss
     s.was = nil  -- written whole
   end
   -- was (the HMGET reply itself: one table fewer per call): the fields as stored, for
   -- save_state to compare, the numbers parsed (nil: missing) and the armed flag as a
   -- boolean (anything but '1' or '0' stays a string, never equal: it is rewritten)
-  v[2], v[3], v[5], v[6], v[7], v[8], v[9], v[10], v[12], v[13], v[14] =
-    epoch, open_until, consec, open_ms, ho_ok, seq, ttl_at, born, arms, lost, held
+  v[2], v[3], v[5], v[6], v[7], v[8], v[9], v[10], v[12], v[13], v[14], v[15] =
+    epoch, open_until, consec, open_ms, ho_ok, seq, ttl_at, born, arms, lost, held, ramp_until
   if v[11] == '1' then v[11] = true elseif v[11] == '0' then v[11] = false end
   if s.forced ~= 'open' and s.forced ~= 'closed' then s.forced = '' end
   if restore and not restore_lost(s, created) and created then mark_created(s) end

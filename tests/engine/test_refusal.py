@@ -217,3 +217,27 @@ def test_every_integration_answers_a_refusal_with_the_same_bytes():
         "reason": "forced_open",
         "retry_after": 45,
     }
+
+
+def test_a_call_left_out_of_the_ramp_is_a_503_with_a_short_retry_after():
+    """Just after a close with ramp_seconds (docs/recovery.md) a request the ramp leaves out
+    is refused like any other, reason ramp, and asked to come back in a second."""
+    assert retry_after_seconds(BreakerOpen(0.4, "pay", "ramp")) == 1
+    app = Flask(__name__)
+    ext = FlaskBreakers(app, client=fakeredis.FakeRedis(), listen=False)
+
+    @app.get("/pay")
+    @ext.protect("pay", ramp_seconds=3600, ramp_from=0.25)  # an hour: the share stays 0.25 here
+    def pay() -> str:
+        return "paid"
+
+    client = Client(app)
+    assert client.get("/pay").status_code == 200  # the workers' config is stored with the state
+    with app.app_context():
+        ext.breaker("pay").force_open()
+        ext.breaker("pay").clear_force()  # closing a breaker that refused calls starts the ramp
+    answers = [client.get("/pay", headers={"Accept": "application/json"}) for _ in range(8)]
+    assert [a.status_code for a in answers] == [503, 503, 503, 200] * 2
+    refused = answers[0]
+    assert (refused.headers["Retry-After"], refused.headers["X-Breaker-Reason"]) == ("1", "ramp")
+    assert json.loads(refused.get_data())["reason"] == "ramp"

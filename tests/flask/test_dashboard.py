@@ -221,6 +221,21 @@ def test_a_count_window_is_named_with_its_size(one_frame):
     assert '" of the last " + b.config.window_calls' in script
 
 
+def test_the_stream_sends_the_share_a_ramping_breaker_admits(one_frame):
+    """dashboard.js shows "ramping: 25% of calls admitted" from these two fields."""
+    app, ext, _client = make_app(BREAKER_DEFAULTS={"ramp_seconds": 3600, "ramp_from": 0.25})
+    client = app.test_client()
+    for _ in range(5):
+        client.post("/pay?status=500")
+    ext.breakers.get("pay").reset()  # closing a breaker that refused calls starts the ramp
+    ((_, frame),) = events(client.get("/_breakers/stream", headers=AUTH).get_data(as_text=True))
+    (pay,) = frame["breakers"]
+    assert pay["state"] == "closed" and 0.25 <= pay["ramp_share"] < 0.26
+    assert 3_590_000 <= pay["ramp_until_ms"] - frame["now"] <= 3_600_000
+    script = client.get("/_breakers/static/dashboard.js", headers=AUTH).get_data(as_text=True)
+    assert "b.ramp_share" in script and "b.ramp_until_ms" in script
+
+
 def test_a_published_change_sends_a_snapshot_at_once(redis_server, monkeypatch):
     """The frame after a trip shows it, though the periodic frame is an hour away.
 

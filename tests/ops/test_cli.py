@@ -125,6 +125,23 @@ def test_status_table_and_json_after_a_trip(url, prefix, app_breakers):
     assert snapshots["api/v1/inventory"]["forced"] == "open"
 
 
+def test_status_and_show_say_the_share_a_ramping_breaker_admits(url, prefix, app_breakers):
+    """A ramp of an hour from 0.25 (docs/recovery.md): 25 % in the seconds the test takes."""
+    pay = app_breakers.get("pay", BreakerConfig(failure_threshold=3, ramp_seconds=3600, ramp_from=0.25))
+    outcomes(pay, failures=3)
+    pay.reset()
+    result = run(url, prefix, "status")
+    assert result.exit_code == 0, result.output
+    assert rows(result.stdout)["pay"][0] == "closed, ramp 25%"
+    snap = json.loads(run(url, prefix, "status", "--json").stdout)[0]
+    assert 0.25 <= snap["ramp_share"] < 0.26 and snap["ramp_until_ms"] > 0
+    shown = run(url, prefix, "show", "pay")
+    assert shown.exit_code == 0, shown.output
+    assert "state        closed, ramping: 25% of calls admitted, all at " in shown.stdout
+    app_breakers.get("cart").acquire().success()
+    assert rows(run(url, prefix, "status").stdout)["cart"][0] == "closed"
+
+
 def test_an_open_period_over_with_no_call_says_the_next_call_is_the_probe(url, prefix, app_breakers):
     """Open with no traffic past its open period: the breaker moves to half-open
     at its next call, so "retry after 0.0 s" would be wrong; it says so instead."""

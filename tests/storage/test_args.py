@@ -157,7 +157,8 @@ def test_the_config_keys_are_said_once_and_are_those_a_worker_sends() -> None:
     config_lua = (LUA / "includes" / "config.lua").read_text("utf-8")
     said = re.findall(r"^--   @config (\w+) +\S", config_lua, re.MULTILINE)
     assert len(said) == len(set(said))
-    sent = set(json.loads(member_config(BreakerConfig(min_reporters=2, window_calls=100), "g").to_lua()))
+    config = BreakerConfig(min_reporters=2, window_calls=100, ramp_seconds=5, ramp_from=0.2)  # none left out
+    sent = set(json.loads(member_config(config, "g").to_lua()))
     assert set(said) == sent
 
 

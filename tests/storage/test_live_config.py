@@ -64,6 +64,8 @@ AWAY = BreakerConfig(
     max_concurrent_calls=5,
     mode="observe",
     min_reporters=2,
+    ramp_seconds=5,
+    ramp_from=0.5,
 )
 SKIPPED = object()  # the scripts keep the worker's own value
 

@@ -75,7 +75,9 @@ def serve(
     ``now_ms``, a test clock that the command "clock <ms>" sets. Besides the calls:
     "listening" (its subscription is confirmed), "store" (its breaker's store:
     "redis" or the fallback's), "calm N" (N healthy calls in a row, then its batch
-    sent: what a busy worker does between two of the test's steps), "failure-opens" (a
+    sent: what a busy worker does between two of the test's steps), "share N" (N calls,
+    answered with how many were admitted and why the others were refused), "run S" (calls
+    for S seconds of real time: _run_for), "failure-opens" (a
     failure, answered "opened" when this call's own reply opened the breaker, else
     "recorded"), "hold" then "release-<outcome>" (a call left running, then recorded),
     "trusted" (what it knows would decide its next call)."""
@@ -119,6 +121,21 @@ def serve(
             if command == "store":
                 conn.send(breaker.snapshot()["store"])
                 continue
+            if command.startswith("share "):  # N calls: (admitted, the refusals' reasons), batch sent
+                admitted, reasons = 0, set()
+                for _ in range(int(command.split()[1])):
+                    try:
+                        breaker.acquire().success()
+                        admitted += 1
+                    except BreakerOpen as refusal:
+                        reasons.add(refusal.reason)
+                breakers.flush()
+                conn.send((admitted, sorted(reasons)))
+                continue
+            if command.startswith("run "):
+                conn.send(_run_for(breaker, float(command.split()[1])))
+                breakers.flush()
+                continue
             if command.startswith("calm "):
                 for _ in range(int(command.split()[1])):
                     breaker.acquire().success()
@@ -139,6 +156,29 @@ def serve(
             conn.send(False)
     breakers.close()
     conn.send("stopped")
+
+
+def _run_for(breaker: Any, seconds: float) -> dict[int, list[int]]:
+    """Calls as fast as it can for ``seconds`` of real time: per ms of the worker's Redis
+    time (when each call was decided), [calls, admitted], the calls refused for any other
+    reason than the ramp left out (serve's "run S")."""
+    import time
+
+    seen: dict[int, list[int]] = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        at = breaker.now_ms()
+        try:
+            breaker.acquire().success()
+            admitted = 1
+        except BreakerOpen as refusal:
+            if refusal.reason != "ramp":
+                continue
+            admitted = 0
+        row = seen.setdefault(at, [0, 0])
+        row[0] += 1
+        row[1] += admitted
+    return seen
 
 
 def serve_asyncio(

@@ -9,7 +9,7 @@ import pytest
 
 from demo_app import stack
 from tests.support.jitter_proxy import Proxies
-from tests.support.mp_workers import emptied_server_url
+from tests.support.mp_workers import Team, emptied_server_url
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +35,18 @@ def proxied_url(request: pytest.FixtureRequest, jitter_proxies: Proxies) -> str:
     """The URL of a proxy from ``jitter_proxies`` in front of the session's redis-server
     ('real') or embedded server ('embedded'), emptied (tests/support/mp_workers.py emptied_server_url)."""
     return emptied_server_url(request, through=jitter_proxies)
+
+
+@pytest.fixture(params=["real", "embedded"])
+def url(request: pytest.FixtureRequest) -> str:
+    """The session's redis-server ('real') or embedded server ('embedded'), emptied: the
+    process tests' server, unless a module has a ``url`` of its own."""
+    return emptied_server_url(request)
+
+
+@pytest.fixture
+def team(url: str) -> Iterator[Team]:
+    """Worker processes on ``url`` (tests/support/mp_workers.py), stopped at the test's end."""
+    made = Team(url)
+    yield made
+    made.stop_all()

@@ -18,7 +18,6 @@ time is the test clock, moved in every process at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ from click.testing import CliRunner
 
 from breaker_redis import BreakerConfig, Breakers
 from breaker_redis.ops import cli
-from tests.support.mp_workers import Team, Worker, emptied_server_url
+from tests.support.mp_workers import Team, Worker
 
 pytestmark = pytest.mark.multiprocess
 
@@ -40,18 +39,6 @@ def count_rule(min_reporters: int) -> BreakerConfig:
     return BreakerConfig(
         trip="count", failure_threshold=5, window_seconds=10, open_seconds=30, min_reporters=min_reporters
     )
-
-
-@pytest.fixture(params=["real", "embedded"])
-def url(request: pytest.FixtureRequest) -> str:
-    return emptied_server_url(request)
-
-
-@pytest.fixture
-def team(url: str) -> Iterator[Team]:
-    made = Team(url)
-    yield made
-    made.stop_all()
 
 
 def hosts(team: Team, config: BreakerConfig, per_host: int = 2) -> dict[str, list[Worker]]:

@@ -316,6 +316,9 @@
     if (b.forced) tile.countdownText = "held " + b.forced + " until auto or reset";
     else if (b.state === "half_open")
       tile.countdownText = "probing: " + b.probes_in_flight + " in flight, " + b.half_open_successes + " succeeded";
+    // the ramp after a close (ramp_seconds, docs/recovery.md): the share admitted now
+    else if (b.ramp_until_ms)
+      tile.countdownText = "ramping: " + fixed(100 * b.ramp_share, 0) + "% of calls admitted, all at " + clock(b.ramp_until_ms);
     else tile.countdownText = "";
     tick(tile);
 

@@ -67,6 +67,10 @@ def show(target: Target, name: str) -> None:
     state = state_label(s)
     if s["state"] == "open":
         state += ", until cleared" if s["forced"] else detail_retry(s["retry_after"])
+    if s.get("ramp_until_ms"):  # the ramp after a close (docs/recovery.md)
+        state += (
+            f", ramping: {s['ramp_share']:.0%} of calls admitted, all at {clock_text(s['ramp_until_ms'])}"
+        )
     if shape is None:
         window_shape = "no window written yet"
     elif shape[0] == 0:

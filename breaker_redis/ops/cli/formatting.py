@@ -17,6 +17,11 @@ def state_label(snapshot: Mapping[str, Any]) -> str:
     return f"{snapshot['state']} (forced)" if snapshot.get("forced") else str(snapshot["state"])
 
 
+def ramp_text(snapshot: Mapping[str, Any]) -> str:
+    """', ramp 37%' while the ramp after a close admits that share of calls, else ''."""
+    return f", ramp {snapshot['ramp_share']:.0%}" if snapshot.get("ramp_until_ms") else ""
+
+
 def rate_text(failures: int, calls: int) -> str:
     return f"{100 * failures / calls:.1f}%" if calls else "-"
 
@@ -49,7 +54,7 @@ def table(snapshots: Iterable[Mapping[str, Any]], highlight: Iterable[str] = ())
     rows = [
         (
             str(s["name"]),
-            state_label(s) + (f", {len(s['isolated'])} isolated" if s.get("isolated") else ""),
+            state_label(s) + ramp_text(s) + (f", {len(s['isolated'])} isolated" if s.get("isolated") else ""),
             f"{s['window_failures']}/{s['window_calls']}",
             rate_text(s["window_failures"], s["window_calls"]),
             str(s["calls"]),
