@@ -126,21 +126,13 @@ SAMPLED: tuple[tuple[str, str, Sampled], ...] = (
     ("breaker_redis_slow_calls", "Calls at or over slow_call_seconds", "slow"),
     ("breaker_redis_rejected", "Calls refused by the breaker", "rejected"),
     ("breaker_redis_trips", "Times the breaker opened", "trips"),
-    (
-        "breaker_redis_state_lost",
-        "Times a worker found the state it knew gone (evicted, flushed)",
-        "state_lost",
-    ),
+    ("breaker_redis_state_lost", "Times a worker found its known state gone (evicted)", "state_lost"),
     ("breaker_redis_window_calls", "Calls in the sliding window", "window_calls"),
     ("breaker_redis_window_failures", "Failures in the sliding window", "window_failures"),
     # min_reporters > 1 (docs/one-sick-host.md)
     ("breaker_redis_failing_reporters", "Distinct reporters failing in the window", "failing_reporters"),
     # ramp_seconds (docs/recovery.md)
-    (
-        "breaker_redis_ramp_share",
-        "Share of calls admitted after a close (1: all, no ramp running)",
-        "ramp_share",
-    ),
+    ("breaker_redis_ramp_share", "Share of calls admitted after a close (1: all)", "ramp_share"),
 )
 _COUNTS = frozenset(get_args(Count))
 

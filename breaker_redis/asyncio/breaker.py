@@ -54,14 +54,9 @@ log = logging.getLogger("breaker_redis")
 T = TypeVar("T")
 
 
-class Listener(Protocol):
+class Listener(steps.Listening, Protocol):
     """A breaker's event subscription: the process's one (AsyncInvalidator) or, on Redis
     Cluster, its channel on its master (breaker_redis/asyncio/sharded.py)."""
-
-    healthy: bool
-
-    @property
-    def trust_until(self) -> float: ...
 
     def pending(self) -> bool: ...
 

@@ -61,14 +61,9 @@ class State(str, Enum):
         return self.value
 
 
-class Listener(Protocol):
+class Listener(steps.Listening, Protocol):
     """A breaker's event subscription: the process's one (invalidation.Invalidator) or,
     on Redis Cluster, its channel on its master (sharded.Channel)."""
-
-    healthy: bool
-
-    @property
-    def trust_until(self) -> float: ...
 
     def drain(self) -> None: ...
 

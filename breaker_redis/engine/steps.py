@@ -66,6 +66,16 @@ class Shared(Clock, Protocol):
     def transitioned(self, name: str, events: str, epoch: int, at_ms: int) -> None: ...
 
 
+class Listening(Protocol):
+    """What either side reads of a breaker's event subscription; each side's
+    Listener adds how its notices are delivered."""
+
+    healthy: bool
+
+    @property
+    def trust_until(self) -> float: ...
+
+
 class Remote(Protocol):
     @property
     def prefix(self) -> str: ...
