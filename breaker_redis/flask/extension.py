@@ -20,7 +20,7 @@ from breaker_redis.engine.breakers import Breakers
 from breaker_redis.engine.core import MISSING
 from breaker_redis.flask.admin import install_admin
 from breaker_redis.flask.cli import breakers_group
-from breaker_redis.flask.hooks import install_hooks, protected_view
+from breaker_redis.flask.hooks import install_hooks, misplaced_message, misplaced_protect, protected_view
 from breaker_redis.flask.outbound import guarded_call
 from breaker_redis.flask.routes import CONFIG_FIELDS, Classifier, make_spec
 from breaker_redis.flask.settings import CONFIG_KEYS as CONFIG_KEYS
@@ -104,6 +104,9 @@ class FlaskBreakers:
             declared = list(self._declared.items())
         for name, config in declared:
             route_config(defaults, config, self._declared_where.get(name, repr(name)))
+        misplaced = misplaced_protect(app.view_functions)  # views registered before init_app
+        if misplaced:
+            raise TypeError(misplaced_message(misplaced))
         app.extensions[EXTENSION_KEY] = state
         self._states.append(state)
 
@@ -174,7 +177,11 @@ class FlaskBreakers:
         fallback_on_failure: bool = True,
         **config: Any,
     ) -> Callable[[F], F]:
-        """Protect a view with breaker ``name``. Put it below ``@app.route``.
+        """Protect a view with breaker ``name``. Put it below ``@app.route``: above it,
+        the route would serve the bare view, so that order is an error when the app is
+        set up (at the decorator, or at ``init_app``; a blueprint registered after
+        ``init_app`` is logged as an error at its first request). A view has one
+        breaker: protecting it twice is an error.
 
         ``fallback``: a Fallback (static/cached/function/chain), a callable
         (a function fallback) or a body (static). ``classify(response)``
@@ -196,7 +203,11 @@ class FlaskBreakers:
         spec = make_spec(name, options, where)
 
         def decorate(view: F) -> F:
-            return protected_view(view, spec)
+            wrapped = protected_view(view, spec)
+            for state in self._states:  # an app already set up: the view registered bare?
+                if state.app is not None and (found := misplaced_protect(state.app.view_functions)):
+                    raise TypeError(misplaced_message(found))
+            return wrapped
 
         return decorate
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -50,6 +51,7 @@ from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.flask.refusal import BreakerOpenError, refusal_response, retry_after_seconds, wants_json
 from breaker_redis.flask.routes import RouteSpec
 from breaker_redis.flask.serving import fallback_context, freeze, serve
+from breaker_redis.flask.settings import log
 from breaker_redis.flask.state import BY_PATH, EXTENSION_KEY, AppState, Guarded
 from breaker_redis.web.exchange import Exchange
 from breaker_redis.web.pipeline import UNRECORDED
@@ -67,6 +69,10 @@ SPEC_ATTRIBUTE = "_breaker_redis_spec"
 # that class itself (a dict or a list goes through the app's JSON provider, which may differ).
 PLAIN_BODIES = frozenset({str, bytes})
 _UNKNOWN: Any = object()  # a view not met yet
+# Each function protect() wrapped -> its wrapper. The function registered as a view while
+# its wrapper is registered nowhere means @protect was put above @app.route: the route
+# serves the bare function, unprotected (misplaced_protect).
+_WRAPPED: weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Any]] = weakref.WeakKeyDictionary()
 
 
 class _Exchange(Exchange):
@@ -247,6 +253,10 @@ def route_of_view(state: AppState, endpoint: str | None, view: Any) -> Any:
     own spec (``protect``), BY_PATH (BREAKER_ROUTES decides by the request's
     path) or None. A request no view matched (404, 405) goes by path too."""
     spec = getattr(view, SPEC_ATTRIBUTE, None)
+    if spec is None and endpoint is not None and state.app is not None:
+        misplaced = [found for found in misplaced_protect(state.app.view_functions) if found[0] == endpoint]
+        if misplaced:  # registered after init_app (a blueprint): too late to refuse, so said loudly
+            log.error("%s", misplaced_message(misplaced))
     if endpoint is not None and endpoint.startswith("breaker_redis."):
         found: Any = None  # the admin endpoints are never behind a breaker
     elif isinstance(spec, RouteSpec):
@@ -261,7 +271,18 @@ def route_of_view(state: AppState, endpoint: str | None, view: Any) -> Any:
 def protected_view(view: F, spec: RouteSpec) -> F:
     """The view marked with its spec (which the hooks look up by view function),
     noting any exception it raises. Seen here, an exception is classified by
-    the breaker's config even when an error handler turns it into a page."""
+    the breaker's config even when an error handler turns it into a page.
+
+    A view already protected is refused: Flask dispatches to the outer wrapper
+    only, so a second breaker would be silently unused (a route has one
+    breaker; a second service is called through ``breakers.call``)."""
+    existing = getattr(view, SPEC_ATTRIBUTE, None)
+    if isinstance(existing, RouteSpec):
+        raise TypeError(
+            f"protect({spec.name!r}): {getattr(view, '__name__', view)!r} is protected by breaker "
+            f"{existing.name!r} already; a route has one breaker: call a second service inside the "
+            "view with breakers.call() or @breakers.outbound"
+        )
 
     def note(exc: BaseException) -> None:
         if not has_request_context():
@@ -299,7 +320,33 @@ def protected_view(view: F, spec: RouteSpec) -> F:
             return value
 
     setattr(wrapper, SPEC_ATTRIBUTE, spec)
+    with contextlib.suppress(TypeError):  # a view object that cannot be weakly referenced
+        _WRAPPED[view] = wrapper
     return cast(F, wrapper)
+
+
+def misplaced_protect(view_functions: dict[str, Callable[..., Any]]) -> list[tuple[str, str]]:
+    """(endpoint, breaker) of each route that serves a function protect() wrapped
+    while the wrapper is registered nowhere: ``@breakers.protect`` above
+    ``@app.route``, which leaves the route unprotected without a word."""
+    registered = {id(view) for view in view_functions.values()}
+    found = []
+    for endpoint, view in view_functions.items():
+        try:
+            wrapper = _WRAPPED.get(view)
+        except TypeError:  # not weakly referenceable: never wrapped
+            continue
+        if wrapper is not None and id(wrapper) not in registered:
+            found.append((endpoint, getattr(wrapper, SPEC_ATTRIBUTE).name))
+    return found
+
+
+def misplaced_message(found: list[tuple[str, str]]) -> str:
+    routes = ", ".join(f"endpoint {endpoint!r} (breaker {name!r})" for endpoint, name in found)
+    return (
+        f"@breakers.protect is above @app.route for {routes}: the route serves the view "
+        "unprotected; put @breakers.protect below @app.route (or @bp.route)"
+    )
 
 
 def current_exchange() -> _Exchange | None:

@@ -277,6 +277,70 @@ def test_a_bad_config_is_refused_when_declared_on_an_initialised_app(clock):
         ext.protect("pay", open_seconds=120)
 
 
+def test_protect_above_the_route_is_an_error_at_the_decorator(clock):
+    """Above @app.route, protect would wrap a function the route already holds:
+    the route would serve it unprotected, without a word."""
+    app, ext = make_app(clock)
+    with pytest.raises(TypeError, match=r"above @app.route for endpoint 'pay' \(breaker 'pay'\)"):
+
+        @ext.protect("pay")
+        @app.get("/pay")
+        def pay():
+            return "paid"
+
+
+def test_protect_above_the_route_is_an_error_at_init_app(clock):
+    """An app factory: the views are registered before init_app sees the app."""
+    ext = FlaskBreakers(client=fakeredis.FakeRedis(), clock=clock, listen=False)
+    app = Flask(__name__)
+
+    @ext.protect("pay")
+    @app.get("/pay")
+    def pay():
+        return "paid"
+
+    @app.get("/fine")
+    @ext.protect("fine")
+    def fine():
+        return "fine"
+
+    with pytest.raises(TypeError, match=r"for endpoint 'pay' \(breaker 'pay'\): the route serves"):
+        ext.init_app(app)
+
+
+def test_protect_above_a_blueprint_route_registered_later_is_logged(clock, caplog):
+    """A blueprint registered after init_app: too late to refuse at start-up, so its
+    first request logs an error (and is served, unprotected, as it would be anyway)."""
+    from flask import Blueprint
+
+    app, ext = make_app(clock)
+    bp = Blueprint("shop", __name__)
+
+    @ext.protect("cart")
+    @bp.get("/cart")
+    def cart():
+        return "cart"
+
+    app.register_blueprint(bp)
+    with caplog.at_level("ERROR", logger="breaker_redis"):
+        assert app.test_client().get("/cart").status_code == 200
+    assert [r.getMessage() for r in caplog.records] == [
+        "@breakers.protect is above @app.route for endpoint 'shop.cart' (breaker 'cart'): the route "
+        "serves the view unprotected; put @breakers.protect below @app.route (or @bp.route)"
+    ]
+
+
+def test_one_view_protected_twice_is_refused(clock):
+    """Flask would dispatch to the outer wrapper only: the inner breaker would never be asked."""
+    _app, ext = make_app(clock)
+    with pytest.raises(TypeError, match="'pay' is protected by breaker 'inner' already; a route has one"):
+
+        @ext.protect("outer")
+        @ext.protect("inner")
+        def pay():
+            return "paid"
+
+
 def test_routes_constructor_argument_wins(clock):
     app, ext = routes_app(clock, {"/a": "from-config"}, routes={"/a": "from-arg"})
     app.test_client().get("/a")
