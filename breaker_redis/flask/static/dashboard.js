@@ -284,8 +284,8 @@
     const f = tile.figures;
     f.rate.textContent = b.window_calls ? fixed((100 * b.window_failures) / b.window_calls, 1) + "%" : "–";
     // a count window (BreakerConfig.window_calls) says its size: "3 failed / 100 of the last 100"
-    const last = b.config && b.config.window_calls ? " of the last " + b.config.window_calls : "";
-    f.window.textContent = b.window_failures + " failed / " + b.window_calls + last;
+    const ofLast = b.config && b.config.window_calls ? " of the last " + b.config.window_calls : "";
+    f.window.textContent = b.window_failures + " failed / " + b.window_calls + ofLast;
     f.calls.textContent = b.calls;
     f.rejected.textContent = b.rejected;
     f.trips.textContent = b.trips;
