@@ -282,12 +282,14 @@ class GateHealth:
     def _came_back(self) -> None:
         now = time.monotonic()
         down_for = now - (self._down_since or now)
-        self._down_since = None
-        self.problem = None
-        self._up_since = now
-        self.generation = next(_GENERATIONS)
+        # Said, and the problem cleared, before ``healthy`` turns true: whoever sees the
+        # gate healthy (the dashboard, doctor, a test) finds the line logged and no problem.
         if not self._flaps:
             log.warning("Redis answers again after %.1fs; back to shared state", down_for)
+        self.problem = None
+        self._down_since = None
+        self._up_since = now
+        self.generation = next(_GENERATIONS)
 
 
 class StoreGate(GateHealth):
