@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, BreakerOpen, Breakers
@@ -31,6 +31,7 @@ from breaker_redis.ops.reader import parse_event
 from breaker_redis.storage.scripts import text
 from breaker_redis.web.group_config import cap_of
 from tests.support.clock import Clock
+from tests.support.replay import replayed
 from tests.support.stores import STORES, make_store
 
 CONFIG = BreakerConfig(trip="consecutive", failure_threshold=5, open_seconds=30)
@@ -436,17 +437,7 @@ def check_the_cap(store: Any, prefix: str, cap: int, before: dict[str, int]) -> 
 
 
 @pytest.mark.parametrize("store", ["fake", "real"], indirect=True)
-@settings(
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
+@replayed(100)
 @given(first=DEPLOY, steps=STEPS)
 def test_any_deploys_and_failures_never_exceed_the_cap_and_never_deadlock(store, first, steps):
     """Random member lists deployed one after another (workers of older versions running on

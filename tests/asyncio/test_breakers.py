@@ -20,7 +20,7 @@ from typing import Any
 
 import fakeredis
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, BreakerOpen, State
@@ -29,6 +29,7 @@ from breaker_redis.asyncio import Breakers
 from breaker_redis.urls import async_client_from_url, client_from_url
 from tests.support.hostile import hostile
 from tests.support.redis_server import RedisServer, wait_until
+from tests.support.replay import replayed
 from tests.support.workers import TRIP_AT_3, counting, spent
 from tests.support.workers import fail as fail_sync
 
@@ -398,17 +399,7 @@ async def delivered(workers: list[Breakers], publisher: Any) -> None:
 
 
 @pytest.mark.parametrize("connect", ["embedded", "real"], indirect=True)
-@settings(
-    max_examples=15,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
+@replayed(15)
 @given(messages=st.lists(hostile("pay"), min_size=1, max_size=8))
 def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_an_async_subscription(
     connect, caplog, messages

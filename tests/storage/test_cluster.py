@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from redis.cluster import RedisCluster, key_slot
 
@@ -35,6 +35,7 @@ from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
 from tests.support.hostile import hostile
 from tests.support.mp_workers import Team, Worker, serve, serve_asyncio
 from tests.support.redis_server import wait_until
+from tests.support.replay import replayed
 from tests.support.topologies import HOST, ClusterGroup, started
 from tests.support.workers import TRIP_AT_3, admits, admitted, counting, fail, spent, subscribed, trips_at_3
 
@@ -262,17 +263,7 @@ def on_master(message: str, name: str) -> str:
     return message.replace('"pay"', json.dumps(name))
 
 
-HOSTILE_SETTINGS = settings(
-    max_examples=8,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
+HOSTILE_SETTINGS = replayed(8)
 HOSTILE_ON_MASTERS = st.lists(st.tuples(st.integers(0, 2), hostile("pay")), min_size=1, max_size=6)
 
 

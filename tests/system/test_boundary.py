@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import fakeredis
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, Breakers, State
@@ -23,6 +23,7 @@ from breaker_redis.storage.notices import FOREIGN_DATABASE, parse_notice
 from breaker_redis.urls import describe
 from tests.support.hostile import hostile
 from tests.support.redis_server import emptied, wait_until
+from tests.support.replay import replayed
 from tests.support.workers import RATE, TRIP_AT_3, TRIP_AT_5, admits, counting, fail, spent, subscribed
 
 
@@ -278,17 +279,7 @@ def test_a_notice_on_the_legacy_channel_counts_only_without_a_token(workers, con
     assert spent(counts, before) == [asks, asks]
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
+@replayed(40)
 @given(messages=st.lists(hostile("pay"), min_size=1, max_size=6))
 def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_the_subscription(
     workers, connect, caplog, messages
@@ -324,13 +315,7 @@ def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_the_subscrip
     a.reset()
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@replayed(300, fixtures=False)
 @given(
     data=st.one_of(
         hostile("pay").map(lambda case: case[0]),
