@@ -112,16 +112,6 @@ def hold(carrier: MutableMapping[str, Any], guard: str, permit: Any) -> RequestG
     return guards
 
 
-def held_permit(carrier: Mapping[str, Any], prefix: str, name: str) -> Any:
-    """The permit an outer guard holds for this breaker in this request, or None."""
-    return held(carrier, guard_id(prefix, name))
-
-
-def hold_permit(carrier: MutableMapping[str, Any], prefix: str, name: str, permit: Any) -> None:
-    """Note the permit this guard took, for the guards nested inside it."""
-    hold(carrier, guard_id(prefix, name), permit)
-
-
 def note_refusal(carrier: Mapping[str, Any], name: str) -> None:
     """A guard refused the request: the outer guards (if any) count it as ignored."""
     guards = request_guards(carrier)
