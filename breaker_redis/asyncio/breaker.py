@@ -197,9 +197,11 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]]):
         await _shielded(sending, _keep)
 
     async def flush_batch(self) -> None:
-        """Send the batched successes and the counts kept in memory, if any."""
-        if self.holds_counts:
-            await self._send(0, "", 0, "")
+        """Send the batched successes and the counts kept in memory, if any;
+        waits for a send under way even when nothing is held (as the sync side)."""
+        async with self._send_lock:
+            if self.holds_counts:
+                await self._sending(0, "", 0, "", -1)
 
     async def _send(
         self, epoch: int, outcome: str, duration_ms: int, lease: str, generation: int = -1

@@ -307,9 +307,14 @@ class Breaker(BreakerSteps[Permit, None]):
 
     def flush_batch(self) -> None:
         """Send the batched successes and the counts kept in memory, if any
-        (the recorder thread, an arming notice, snapshot, close and exit)."""
-        if self.holds_counts:
-            self._send(0, "", 0, "")
+        (the recorder thread, an arming notice, snapshot, close and exit).
+
+        Takes the send lock even when nothing is held: the recorder thread may
+        have taken the batch and be waiting for Redis's answer, and a snapshot
+        read before that answer would miss this worker's own successes."""
+        with self._send_lock:
+            if self.holds_counts:
+                run_sync(self._sending(0, "", 0, "", -1))
 
     def _send(self, epoch: int, outcome: str, duration_ms: int, lease: str, generation: int = -1) -> None:
         """steps.py _sending, under this side's send lock (a thread lock)."""

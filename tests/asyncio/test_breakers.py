@@ -822,6 +822,44 @@ def test_successes_batched_while_a_batch_is_sent_are_sent_too(redis_server):
     assert run(main()) == 21
 
 
+def test_snapshot_waits_for_the_batch_being_sent(redis_server):
+    """The task sending the batch has taken it and waits for Redis: a snapshot
+    read now shows this worker's successes."""
+    redis_server.client().flushall()
+    sending = asyncio.Event()
+    record: set[str] = set()
+
+    class SlowRecords(HeldReplies):
+        async def fcall(self, *args: Any) -> Any:
+            await self._held(args)
+            return await self._client.fcall(*args)
+
+        async def evalsha(self, *args: Any) -> Any:
+            await self._held(args)
+            return await self._client.evalsha(*args)
+
+        async def _held(self, args: tuple[Any, ...]) -> None:
+            if args[0] in record:
+                sending.set()
+                await asyncio.sleep(0.3)  # the send under way, as a busy Redis answers
+
+    async def main() -> dict[str, Any]:
+        breakers = Breakers(SlowRecords(async_client_from_url(redis_server.url)))
+        pay = breakers.get("pay", TRIP_AT_3)
+        function, _, _, sha, _ = breakers.gate.remote.heads["record"]
+        record.update((function, sha))
+        await subscribed(breakers)
+        await pay.call(lambda: None)  # learns the state
+        for _ in range(4):
+            await pay.call(lambda: None)
+        await asyncio.wait_for(sending.wait(), timeout=5)
+        snap = await pay.snapshot()
+        await breakers.aclose()
+        return snap
+
+    assert run(main())["successes"] == 5
+
+
 def test_a_new_event_loop_does_not_reuse_the_old_loops_connections(redis_server):
     """Tests, and a master that used the breakers before forking, move to another loop."""
     redis_server.client().flushall()

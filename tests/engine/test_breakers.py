@@ -472,6 +472,27 @@ def test_batched_successes_reach_redis_by_themselves(realtime, store):
     assert int(store.hget("breaker:{pay}:window", "tc")) == 50
 
 
+def test_snapshot_waits_for_the_batch_the_recorder_is_sending(realtime, monkeypatch):
+    """The recorder thread has taken the batch and waits for Redis: a snapshot read
+    now must show this worker's successes (it missed one in 1,600 under load)."""
+    b = realtime.get("pay")
+    runner = realtime.gate.remote
+    real_run = runner.run
+    entered = threading.Event()
+
+    def slow_record(operation, *args):
+        if operation == "record" and threading.current_thread().name == realtime.recorder.thread.name:
+            entered.set()
+            time.sleep(0.3)  # the send under way, as a busy Redis answers
+        return real_run(operation, *args)
+
+    monkeypatch.setattr(runner, "run", slow_record)
+    for _ in range(5):
+        b.call(lambda: None)
+    wait_until(entered.is_set, timeout=5, what="the recorder thread's send")
+    assert b.snapshot()["successes"] == 5
+
+
 def test_close_waits_for_the_batch_the_recorder_is_sending(realtime, store, monkeypatch):
     """When Breakers.close() returns, no send is under way, so the app may close its
     client (one the recorder thread had under way was cut: 'could not record an
