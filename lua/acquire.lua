@@ -8,11 +8,15 @@
 --         leases (probe or bulkhead lease), stats (rejected, would_reject), events.
 -- Returns the common reply; allowed is 1 (go), 2 (observe mode: would have been
 --         denied, go anyway) or 0 (denied, reason open | half_open_full |
---         forced_open | bulkhead | isolated); lease is the id to hand back to record.lua.
+--         forced_open | bulkhead | isolated | ramp); lease is the id to hand back to record.lua.
+-- With a bulkhead, the ramp after a close (includes/ramp.lua) is decided here, before the
+-- slot, unless the worker decided it from memory (a.ramped): a call it leaves out holds none.
+-- (Without one, the worker decides it from the reply: breaker_redis/engine/core.py _from_reply.)
 -- This script's own arguments, named once (breaker_redis/storage/args.py AcquireArgs; docs/wire.md):
 local a = {rejected = ARGV[7], would_reject = ARGV[8], successes = ARGV[9],
   failures = ARGV[10], ignored = ARGV[11], slow = ARGV[12],
-  reporter = ARGV[13]}  -- read only with min_reporters > 1 ("One sick host", includes/reporters.lua)
+  reporter = ARGV[13],  -- read only with min_reporters > 1 ("One sick host", includes/reporters.lua)
+  ramped = ARGV[14]}  -- '1': the worker decided the ramp from memory; else, with a bulkhead, here
 local s = load_state(true)
 local cfg = load_config()
 flush_pending(a)
@@ -41,6 +45,13 @@ else
   if allowed == 1 and s.state == 'closed' and cfg.min_rep then  -- is the caller's reporter isolated?
     reporter, own = reporter_record(a.reporter, cfg)
     allowed, reason, lease = reporter_admits(s, cfg, reporter, own)
+  end
+
+  -- the ramp after a close, before a bulkhead slot, unless the worker decided it from memory
+  -- (not for an isolated reporter's probe)
+  if allowed == 1 and cfg.max_conc > 0 and lease == '' and s.state == 'closed' and a.ramped ~= '1'
+    and ramping(s, cfg) and not ramp_admits(s, cfg) then
+    allowed, reason = 0, 'ramp'
   end
 
   if allowed == 1 and cfg.max_conc > 0 then      -- distributed bulkhead

@@ -157,11 +157,13 @@ class Breaker(BreakerSteps[Permit, Awaitable[None]]):
         shared.ensure_loop()
         known = self._memory.known
         try:
+            ramped = False  # (the ramp after a close decided from memory: core.py _from_memory)
             if known is not None and self._trusted(known):
-                permit = self._from_memory(known)
-                if permit is not None:
-                    return permit
-            return await _shielded(self._acquiring(), _hand_back)
+                decided = self._from_memory(known)
+                if not isinstance(decided, bool):
+                    return decided
+                ramped = decided
+            return await _shielded(self._acquiring(ramped), _hand_back)
         except BreakerOpen as refusal:
             if shared.call_observers:
                 tell_refused(shared.call_observers, refusal)

@@ -147,12 +147,14 @@ class Breaker(BreakerSteps[Permit, None]):
             # the healthy call: admitted from memory, nothing counted (core.py _from_memory)
             return Permit(self, known.epoch, "", known.generation, known.calm, timed=known.slow_ms != 0)
         try:
+            ramped = False  # (the ramp after a close decided from memory: core.py _from_memory)
             if known is not None and self._trusted(known):
                 with self._lock:
-                    permit = self._from_memory(known)
-                if permit is not None:
-                    return permit
-            return run_sync(self._acquiring())
+                    decided = self._from_memory(known)
+                if not isinstance(decided, bool):
+                    return decided
+                ramped = decided
+            return run_sync(self._acquiring(ramped))
         except BreakerOpen as refusal:
             observers = self._shared.call_observers
             if observers:

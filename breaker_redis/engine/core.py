@@ -172,8 +172,11 @@ class BreakerCore(Generic[P]):
 
     # -- admission from memory (the sync side holds its lock) ----------------------
 
-    def _from_memory(self, known: Knowledge) -> P | None:
-        """Admit or deny from what this worker knows; None: ask Redis.
+    def _from_memory(self, known: Knowledge) -> P | bool:
+        """Admit or deny from what this worker knows; a bool: ask Redis, True when the
+        ramp after a close was decided here (a bulkhead slot is Redis's to hand out: the
+        acquire script then takes it without deciding the ramp again), False when it is
+        decided by the reply, or by the script before a slot (docs/recovery.md).
 
         Counts kept in memory go to Redis with the next script call; once per
         FLUSH_SECONDS that call is this one.
@@ -187,9 +190,9 @@ class BreakerCore(Generic[P]):
         verdict = known.decide(now_ms)
         if verdict is Verdict.RAMP and known.max_concurrent:
             self._ramp(known, now_ms)  # the ramp decided here, the bulkhead slot by Redis
-            return None
+            return True
         if verdict is Verdict.ASK or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
-            return None  # (ramping, the reply is ramped: _from_reply)
+            return False  # (ramping, the reply is ramped: _from_reply)
         if verdict is not Verdict.DENY and verdict is not Verdict.OBSERVE:
             if verdict is Verdict.RAMP:
                 self._ramp(known, now_ms)
@@ -222,9 +225,13 @@ class BreakerCore(Generic[P]):
         raise BreakerOpen(min(RETRY_SECONDS, (known.ramp_until - now_ms) / 1000.0), self.name, "ramp")
 
     def _from_reply(self, reply: Reply, generation: int, known: Knowledge) -> P:
-        """The permit an acquire reply grants, or BreakerOpen. Holds the sync side's lock."""
+        """The permit an acquire reply grants, or BreakerOpen. Holds the sync side's lock.
+
+        The ramp after a close: a call without a bulkhead slot is ramped here, by this
+        worker's credit; with a slot, the ramp was decided before it was taken, from
+        memory or by the script (which counted a call it refused)."""
         if reply.allowed == 1 and known.ramp_until and not reply.lease:
-            self._ramp(known, reply.now)  # (with a bulkhead slot, decided from memory, or not at all)
+            self._ramp(known, reply.now)
         if reply.allowed:
             batchable = reply.allowed == 1 and not reply.lease and known.calm
             # observe mode while open: the outcome decides nothing (in half_open it may reap a probe)
@@ -237,6 +244,8 @@ class BreakerCore(Generic[P]):
             retry_after = max(0, reply.open_until - reply.now) / 1000.0
         elif reply.reason == "isolated":
             retry_after = max(0, reply.isolated_until - reply.now) / 1000.0
+        elif reply.reason == "ramp":
+            retry_after = min(RETRY_SECONDS, max(0, reply.ramp_until - reply.now) / 1000.0)
         raise BreakerOpen(retry_after, self.name, reply.reason)
 
     # -- counts kept in memory (the sync side holds its lock) --------------------------
@@ -361,9 +370,10 @@ class BreakerCore(Generic[P]):
     def _script_args(self, args: list[Any]) -> list[Any]:
         return [self._lua_config, self._memory.floor_arg(), *args]
 
-    def _acquire_args(self, pending: list[int]) -> list[Any]:
-        """acquire.lua's ARGV 7-13: the counts kept in memory, the reporter."""
-        return AcquireArgs(pending, self._reporter).argv()
+    def _acquire_args(self, pending: list[int], ramped: bool) -> list[Any]:
+        """acquire.lua's ARGV 7-14: the counts kept in memory, the reporter, whether the
+        ramp after a close was decided from memory (_from_memory)."""
+        return AcquireArgs(pending, self._reporter, "1" if ramped else "").argv()
 
     def _record_args(
         self, epoch: int, outcome: str, duration_ms: int, lease: str, pending: list[int], batch: list[int]

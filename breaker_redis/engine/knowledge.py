@@ -24,7 +24,9 @@ Everything a worker decides without asking Redis follows from this module:
 - **The ramp.** Closed knowledge learned before the reply's ``ramp_until``
   (a close of a breaker with ``ramp_seconds``) does not admit whatever the
   time: until then the worker admits its share of the calls (``Verdict.RAMP``,
-  ramp.py), by its estimate of the Redis time, with no round trip.
+  ramp.py), by its estimate of the Redis time, with no round trip. With a
+  bulkhead it then asks Redis for a slot, saying the ramp was decided; a call
+  that asks for a slot otherwise has its ramp decided by the acquire script.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ of the Redis time, so the ramp costs no round trip per call. The rule is a
 credit, not chance: each call adds the share of the moment, a whole credit
 admits one call and is spent. A worker so admits exactly its share (within one
 call, whatever its rate), and the workers together the same share of their
-calls. docs/recovery.md draws it.
+calls. A call that asks Redis for a bulkhead slot with the ramp undecided (no
+subscription, its first call after a change) has it decided by the acquire
+script instead, by the same rule with one credit for the breaker, before the
+slot is taken (lua/includes/ramp.lua ramp_admits). docs/recovery.md draws it.
 """
 
 from __future__ import annotations

@@ -172,13 +172,14 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
         with self._lock:
             self._put_back(pending, batch)
 
-    async def _acquiring(self) -> P:
+    async def _acquiring(self, ramped: bool = False) -> P:
         """Run the acquire script with the counts kept in memory: the permit its reply
-        grants, or BreakerOpen (also while Redis is down under the deny policy)."""
+        grants, or BreakerOpen (also while Redis is down under the deny policy).
+        ``ramped``: the ramp after a close was decided from memory (core.py _from_memory)."""
         with self._lock:
             pending = self._take_pending()
         try:
-            reply, generation, stamp = await self._run("acquire", self._acquire_args(pending))
+            reply, generation, stamp = await self._run("acquire", self._acquire_args(pending, ramped))
         except StoreUnavailable:
             self._restore_pending(pending)
             if self._gate.policy == "allow":

@@ -79,9 +79,12 @@ class SnapshotArgs(ScriptArgs):
 @dataclass(slots=True)
 class AcquireArgs(SnapshotArgs):
     """acquire.lua: what the worker counted in memory since its last flush, then its
-    reporter (read only with min_reporters > 1)."""
+    reporter (read only with min_reporters > 1), then whether it decided the ramp after
+    a close from memory ('1'; '': with a bulkhead, the script decides it before the
+    slot, docs/recovery.md)."""
 
     reporter: str
+    ramped: str = ""
 
 
 @dataclass(slots=True)

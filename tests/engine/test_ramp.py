@@ -285,3 +285,43 @@ def test_with_a_bulkhead_the_ramp_is_decided_from_memory_before_the_slot(redis_s
     breakers.close()
     assert (admitted, {r.reason for r in refused}) == (10, {"ramp"})
     assert spent == 2 * 10  # acquire and record of each admitted call, nothing for the others
+
+
+def test_workers_asking_redis_for_a_bulkhead_slot_get_the_ramp_before_the_slot(make_breakers, clock):
+    """Workers with no subscription (listen=False) ask acquire.lua for every call: with a
+    bulkhead the script decides the ramp before the slot, with one credit for them all, so
+    the 4 workers together admit exactly the share of their calls, and a call it refuses
+    holds no slot."""
+    workers = [make_breakers().get("pay", replace(RAMP, max_concurrent_calls=50)) for _ in range(4)]
+    recover(workers[0], clock)
+    rejected = workers[0].snapshot()["rejected"]
+    admitted = []
+    for _ in range(5):  # shares 0.1 to 0.46: fewer than the 50 slots, each admitted call holding one
+        held, refused = [], []
+        for call in range(100):
+            try:
+                held.append(workers[call % 4].acquire())
+            except BreakerOpen as refusal:
+                refused.append(refusal)
+        assert {r.reason for r in refused} == {"ramp"}
+        assert all(0 < r.retry_after <= 1.0 for r in refused if r.retry_after is not None)
+        assert workers[0].snapshot()["bulkhead_in_use"] == len(held)  # the refused hold none
+        for permit in held:
+            permit.success()
+        assert workers[0].snapshot()["bulkhead_in_use"] == 0
+        admitted.append(len(held))
+        clock.advance(1)
+    assert admitted == RISING[:5]
+    assert workers[0].snapshot()["rejected"] - rejected == sum(100 - n for n in RISING[:5])
+    clock.advance(5)  # the ramp is over: every call admitted
+    assert [calls(w, 25) for w in workers] == [(25, [])] * 4
+
+
+def test_in_observe_mode_the_script_counts_would_reject_for_a_bulkhead_call_and_admits(make_breakers, clock):
+    observing = BreakerConfig(failure_threshold=2, open_seconds=10, ramp_seconds=10, max_concurrent_calls=50)
+    pay = make_breakers().get("pay", observing)
+    recover(pay, clock)
+    pay.reconfigure(replace(observing, mode="observe"))
+    before = pay.snapshot()["would_reject"]
+    assert calls(pay, 100) == (100, [])
+    assert pay.snapshot()["would_reject"] - before == 90
