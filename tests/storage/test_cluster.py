@@ -33,7 +33,8 @@ from breaker_redis import BreakerConfig, BreakerOpen, Breakers, State
 from breaker_redis.storage.keys import KEY_SUFFIXES
 from breaker_redis.urls import CONNECT_TIMEOUT, SOCKET_TIMEOUT, client_from_url
 from tests.support.hostile import hostile
-from tests.support.mp_workers import Team, Worker, serve, serve_asyncio
+from tests.support.mp_asyncio import serve_asyncio
+from tests.support.mp_workers import Team, Worker, serve
 from tests.support.redis_server import wait_until
 from tests.support.replay import replayed
 from tests.support.topologies import HOST, ClusterGroup, started

@@ -181,69 +181,6 @@ def _run_for(breaker: Any, seconds: float) -> dict[int, list[int]]:
     return seen
 
 
-def serve_asyncio(
-    url: str,
-    name: str,
-    config: BreakerConfig,
-    conn: Any,
-    batch_successes: bool = True,
-    reporter: str | None = None,
-    now_ms: int | None = None,
-) -> None:
-    """serve() for an asyncio worker (breaker_redis.asyncio): the same commands but
-    "hold" and "release-success", answered from its event loop, which reads the
-    subscription while it waits for the next command."""
-    import asyncio
-
-    if reporter is not None or now_ms is not None:
-        raise ValueError("serve_asyncio takes neither a reporter nor a test clock")
-    asyncio.run(_serve_asyncio(url, name, config, conn, batch_successes))
-
-
-async def _serve_asyncio(
-    url: str, name: str, config: BreakerConfig, conn: Any, batch_successes: bool
-) -> None:
-    import asyncio
-
-    from breaker_redis.asyncio import Breakers as AsyncBreakers
-
-    breakers = AsyncBreakers.from_url(url, batch_successes=batch_successes)
-    breaker = breakers.get(name, config)
-    breakers.ensure_loop()
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
-    while not (breakers.invalidator is not None and breakers.invalidator.healthy):
-        await asyncio.sleep(0.01)  # the loop reads the subscription meanwhile; the test has the deadline
-    conn.send("ready")
-    while True:
-        command = await commands.get()
-        if command == "stop":
-            break
-        try:
-            if command == "admits":
-                await (await breaker.acquire()).ignore()
-            elif command == "listening":
-                await (await breaker.acquire()).ignore()
-                conn.send(breakers.invalidator is not None and breakers.invalidator.healthy)
-                continue
-            elif command == "store":
-                conn.send((await breaker.snapshot())["store"])
-                continue
-            elif command.startswith("calm "):
-                for _ in range(int(command.split()[1])):
-                    await (await breaker.acquire()).success()
-                await breakers.flush()
-            else:  # "success" | "failure"
-                await (await breaker.acquire()).record(command)
-            conn.send(True)
-        except BreakerOpen:
-            conn.send(False)
-    loop.remove_reader(conn.fileno())
-    await breakers.aclose()
-    conn.send("stopped")
-
-
 def steady(
     url: str, name: str, config: BreakerConfig, failure_rate: float, seconds: float, barrier: Any
 ) -> tuple[int, int, int]:
@@ -364,7 +301,7 @@ class Team:
         now_ms: int | None = None,
         target: Callable[..., None] = serve,
     ) -> list[Worker]:
-        """``count`` workers running target (serve, or serve_asyncio), of ``reporter``
+        """``count`` workers running target (serve, or mp_asyncio.py's serve_asyncio), of ``reporter``
         (the host name by default), on the test clock when ``now_ms`` is given (the
         command "clock <ms>" moves it)."""
         args = (self._ctx, self._url, name, config, batch_successes, reporter, now_ms, target)

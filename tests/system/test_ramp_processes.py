@@ -5,6 +5,7 @@ redis-server and on the embedded server.
   and its memory alike), so each second of the ramp is one step: every worker
   admits exactly its share of its calls (its credit, breaker_redis/engine/ramp.py),
   the workers together the same share, and every call once the ramp is over.
+- The same for 4 asyncio worker processes (breaker_redis.asyncio).
 - A failure burst during the ramp reopens the breaker for every worker, for the
   open period after a failed probe (the backoff).
 - The real clock: the workers call as fast as they can through a ramp of 2 s after
@@ -20,7 +21,8 @@ import time
 import pytest
 
 from breaker_redis import BreakerConfig, Breakers
-from tests.support.mp_workers import Worker, at_once
+from tests.support.mp_asyncio import serve_asyncio
+from tests.support.mp_workers import Worker, at_once, serve
 from tests.support.workers import snapshot
 
 pytestmark = pytest.mark.multiprocess
@@ -43,9 +45,12 @@ def closed_at(workers: list[Worker], start: int) -> int:
     return at
 
 
-def test_every_worker_admits_its_share_at_each_second_of_the_ramp(url, team):
+@pytest.mark.parametrize(
+    "target", [pytest.param(serve, id="sync"), pytest.param(serve_asyncio, id="asyncio")]
+)
+def test_every_worker_admits_its_share_at_each_second_of_the_ramp(url, team, target):
     start = int(time.time() * 1000)
-    workers = team.start("ramp", RAMP, WORKERS, now_ms=start)
+    workers = team.start("ramp", RAMP, WORKERS, now_ms=start, target=target)
     close = closed_at(workers, start)
     for second, expected in enumerate(RISING):
         assert at_once(workers, f"clock {close + 1000 * second}") == [True] * WORKERS
