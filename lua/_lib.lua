@@ -28,8 +28,8 @@
 --   2 window HASH   head, bms (bucket ms), nb (buckets), sat (when a caller of this shape last
 --                   wrote it), tc/tf/ts (totals), c<id>/f<id>/s<id> per bucket; bms and nb let a
 --                   reader without the config (the CLI) read the window; with window_calls
---                   (the count window) rn, rp, tc/tf/ts and sat instead, its outcomes in the
---                   undeclared key <prefix>:{NAME}:ring (includes/ring.lua)
+--                   (the count window) rn, rp, rs, tc/tf/ts and sat instead, its outcomes in the
+--                   undeclared keys <prefix>:{NAME}:ring and :arrivals (includes/ring.lua)
 --   3 leases ZSET   'p:<epoch>:<seq>' probe leases, 'b:<seq>' bulkhead slots; score = expiry ms
 --   4 config HASH   live overrides of BreakerConfig fields (strings, seconds)
 --   5 stats  HASH   cumulative counters (calls is derived: successes + failures + ignored)

@@ -11,7 +11,8 @@
 -- KEYS  : state, window, leases, config, stats, events, cfg (see _lib.lua)
 -- ARGV  : 1-6 common (5: config, 6: epoch floor); 7 on: `a` below:
 --         the outcome, its duration and lease, the counts kept in memory, the batch, the
---         reporter (read only with min_reporters > 1: "One sick host", includes/reporters.lua)
+--         reporter (read only with min_reporters > 1: "One sick host", includes/reporters.lua),
+--         the batched successes' end times (read only by a count window, includes/ring.lua)
 -- Reads : state, config, window, leases.  Writes: stats (always), window
 --         (closed), state (consecutive count, armed flag, transitions), leases (released), events.
 -- Returns the common reply (allowed is 1, reason is '' or 'stale').
@@ -23,7 +24,8 @@ local a = {epoch = ARGV[7],  -- the epoch the permit was issued under
   rejected = ARGV[11], would_reject = ARGV[12], successes = ARGV[13],
   failures = ARGV[14], ignored = ARGV[15], slow = ARGV[16],  -- counted in memory
   batch_epoch = ARGV[17], batch = ARGV[18],  -- the batched successes: their epoch, how many
-  reporter = ARGV[19]}
+  reporter = ARGV[19],
+  batch_times = ARGV[20]}  -- when the batched successes ended, for a count window ('': not sent)
 local s = load_state(true)
 local cfg = load_config()
 flush_pending(a)
@@ -36,7 +38,7 @@ if cfg.min_rep then reporter, own = reporter_record(a.reporter, cfg) end
 -- arms or calms the breaker. consec: the consecutive count after these outcomes;
 -- batched: a batch of successes, which ends no run (the shared one or the reporter's).
 local function closed_outcomes(calls, failures, slows, consec, lease, batched)
-  local w = window_record(cfg, calls, failures, slows)
+  local w = window_record(cfg, calls, failures, slows, batched and a.batch_times or nil)
   if consec ~= s.consec then s.consec, s.dirty = consec, true end
   local cause = s.forced == '' and trip_cause(cfg, w, s.consec) or nil
   if cause and group_holds_back(s, cfg) then cause = nil end  -- a group member without its grant

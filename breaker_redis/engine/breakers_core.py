@@ -217,6 +217,14 @@ class BreakersCore(Generic[B, G, R]):
             return int(self._clock())
         return int(time.monotonic() * 1000 + self._clock_offset_ms)
 
+    def wall_us(self) -> int:
+        """When a batched success ended, for a count window (lua/includes/ring.lua): the
+        host's clock, the one Redis TIME reads on the same host (so there the order is
+        exact; hosts kept in step by NTP agree within its error), or the test clock."""
+        if self._clock is not None:
+            return int(self._clock()) * 1000
+        return time.time_ns() // 1000
+
     def observe_clock(self, redis_now_ms: int) -> None:
         if self._clock is None:
             self._clock_offset_ms = redis_now_ms - time.monotonic() * 1000

@@ -17,11 +17,12 @@ nothing here waits, everything in steps.py does.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.errors import BreakerOpen
@@ -58,8 +59,29 @@ class Admitted(Protocol):
 P = TypeVar("P", bound=Admitted)
 
 
+class Batch(NamedTuple):
+    """The successes a record call carries: their epoch, how many, and when each ended
+    (us; empty unless the breaker has a count window)."""
+
+    epoch: int
+    size: int
+    times: list[int]
+
+
+def batch_times(sent_us: int, times: list[int]) -> str:
+    """record.lua's batch_times (docs/wire.md, "Hash records"): the clock at the send,
+    the first end time, then each next one as a difference. A count window places
+    each success by its time (lua/includes/ring.lua), as if it had been sent at once."""
+    if not times:
+        return ""
+    ordered = sorted(times)
+    steps = [str(later - earlier) for earlier, later in itertools.pairwise(ordered)]
+    return " ".join([str(sent_us), str(ordered[0]), *steps])
+
+
 class Clock(Protocol):
     def now_ms(self) -> int: ...
+    def wall_us(self) -> int: ...
 
 
 class BreakerCore(Generic[P]):
@@ -71,6 +93,7 @@ class BreakerCore(Generic[P]):
     _batch_epoch: int
     _batch_count: int
     _batch_generation: int
+    _batch_times: list[int]  # when each batched success ended (us), with a count window only
     _ramp_credit: Credit
     _listed_pid: int
     _listed_at: int  # ms, on the side's clock (Breakers.now_ms)
@@ -96,6 +119,7 @@ class BreakerCore(Generic[P]):
         self._pending = dict.fromkeys(COUNTS, 0)
         self._last_flush = time.monotonic()
         self._batch_epoch = self._batch_count = self._batch_generation = 0
+        self._batch_times = []
         self._ramp_credit = Credit()  # this worker's in the ramp after a close (_ramp)
 
     def now_ms(self) -> int:
@@ -257,12 +281,13 @@ class BreakerCore(Generic[P]):
         self._last_flush = time.monotonic()
         return pending
 
-    def _put_back(self, pending: list[int], batch: list[int] | None = None) -> None:
+    def _put_back(self, pending: list[int], batch: Batch | None = None) -> None:
         """Put back what a script call that failed did not deliver."""
         for key, count in zip(COUNTS, pending, strict=True):
             self._pending[key] += count
-        if batch and batch[1] and (self._batch_count == 0 or self._batch_epoch == batch[0]):
-            self._batch_epoch, self._batch_count = batch[0], self._batch_count + batch[1]
+        if batch and batch.size and (self._batch_count == 0 or self._batch_epoch == batch.epoch):
+            self._batch_epoch, self._batch_count = batch.epoch, self._batch_count + batch.size
+            self._batch_times[:0] = batch.times
 
     def _observed(self, permit: P, outcome: str, duration_ms: int) -> bool:
         """An outcome of a call admitted in observe mode while open only feeds the
@@ -292,17 +317,19 @@ class BreakerCore(Generic[P]):
         if joins:
             self._batch_epoch, self._batch_generation = epoch, generation
             self._batch_count += 1
+            if known is not None and known.window_calls:
+                self._batch_times.append(self._shared.wall_us())
         return joins
 
-    def _take_for_send(self, live: Callable[[int], bool]) -> tuple[list[int], list[int]]:
-        """(pending counts, [batch epoch, batch count]) for a record call; a batch
-        counted under a store no longer in use (``live``: the gate's) is dropped."""
+    def _take_for_send(self, live: Callable[[int], bool]) -> tuple[list[int], Batch]:
+        """(pending counts, the batch) for a record call; a batch counted under a
+        store no longer in use (``live``: the gate's) is dropped."""
         pending = self._take_pending()
-        batch = [self._batch_epoch, self._batch_count]
-        if batch[1] and not live(self._batch_generation):
-            batch[1] = 0
-        self._batch_count = 0
-        return pending, batch
+        count, times = self._batch_count, self._batch_times
+        if count and not live(self._batch_generation):
+            count, times = 0, []
+        self._batch_count, self._batch_times = 0, []
+        return pending, Batch(self._batch_epoch, count, times if len(times) == count else [])
 
     # -- learning --------------------------------------------------------------------
 
@@ -376,12 +403,13 @@ class BreakerCore(Generic[P]):
         return AcquireArgs(pending, self._reporter, "1" if ramped else "").argv()
 
     def _record_args(
-        self, epoch: int, outcome: str, duration_ms: int, lease: str, pending: list[int], batch: list[int]
+        self, epoch: int, outcome: str, duration_ms: int, lease: str, pending: list[int], batch: Batch
     ) -> list[Any]:
-        """record.lua's ARGV 7-19: the outcome, the counts kept in memory, the batch, the reporter."""
-        batch_epoch, batched = batch
+        """record.lua's ARGV 7-20: the outcome, the counts kept in memory, the batch, the
+        reporter, when the batched successes ended."""
+        times = batch_times(self._shared.wall_us(), batch.times) if batch.size else ""
         return RecordArgs(
-            epoch, outcome, duration_ms, lease, pending, batch_epoch, batched, self._reporter
+            epoch, outcome, duration_ms, lease, pending, batch.epoch, batch.size, self._reporter, times
         ).argv()
 
     def _about_another_reporter(self, notice: Notice) -> bool:

@@ -86,6 +86,7 @@ class Knowledge:
     ramp_until: int = 0
     ramp_ms: int = 0
     ramp_from: float = RAMP_FROM
+    window_calls: int = 0  # the config's count window (0: none): batched successes carry their times
     # decide() admits whatever the time, with no counting: closed (or forced closed), no
     # bulkhead, no ramp running. Worked out once, so the healthy call checks one field
     admits: bool = field(init=False, compare=False)
@@ -132,6 +133,7 @@ class Knowledge:
             reply.ramp_until if ramping else 0,
             ramp_ms,
             ramp_from or RAMP_FROM,
+            reply.window_calls,
         )
 
     @property

@@ -49,6 +49,9 @@ class Reply:
     ramp_until: int = 0
     ramp_ms: int = 0
     ramp_from: float = 0.0
+    # the config's window_calls (0: none, or no config): while set, a worker's batch says
+    # when each of its successes ended, and the count window places them by it
+    window_calls: int = 0
 
     @classmethod
     def decode(cls, raw: Any) -> Reply:

@@ -40,7 +40,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Generic, Protocol, TypeVar
 
 from breaker_redis.base.errors import BreakerOpen
-from breaker_redis.engine.core import BreakerCore, Clock, P
+from breaker_redis.engine.core import Batch, BreakerCore, Clock, P
 from breaker_redis.engine.knowledge import Knowledge, Reply
 from breaker_redis.engine.observers import CallObserver
 from breaker_redis.engine.snapshot import Snapshot, snapshot_dict
@@ -167,7 +167,7 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
                 await self._give_back(upto)
         return known
 
-    def _restore_pending(self, pending: list[int], batch: list[int] | None = None) -> None:
+    def _restore_pending(self, pending: list[int], batch: Batch | None = None) -> None:
         """Put back what a script call that failed did not deliver."""
         with self._lock:
             self._put_back(pending, batch)
@@ -206,7 +206,7 @@ class BreakerSteps(BreakerCore[P], Generic[P, D]):
             pending, batch = self._take_for_send(self._gate.live)
         if outcome and not self._gate.live(generation):
             outcome = ""
-        if not outcome and not batch[1] and not any(pending):
+        if not outcome and not batch.size and not any(pending):
             return
         args = self._record_args(epoch, outcome, duration_ms, lease, pending, batch)
         try:

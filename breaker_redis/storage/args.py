@@ -90,7 +90,8 @@ class AcquireArgs(SnapshotArgs):
 @dataclass(slots=True)
 class RecordArgs(ScriptArgs):
     """record.lua: one outcome (or '' for a batch alone), the counts kept in memory,
-    the batched successes (their epoch, how many), the reporter."""
+    the batched successes (their epoch, how many), the reporter, and when the batched
+    successes ended (read by a count window only: lua/includes/ring.lua)."""
 
     epoch: int  # the epoch the permit was issued under
     outcome: str  # success | failure | ignored, or '' for a batch alone
@@ -100,6 +101,9 @@ class RecordArgs(ScriptArgs):
     batch_epoch: int
     batch: int
     reporter: str
+    # '' or the worker's clock at the send, the first end time, then each next one as a
+    # difference (us, sorted): engine/core.py batch_times
+    batch_times: str
 
 
 @dataclass(slots=True)

@@ -11,11 +11,12 @@ from __future__ import annotations
 KEY_SUFFIXES = ("state", "window", "leases", "config", "stats", "events", "cfg")
 # A breaker's keys the scripts touch without declaring them: '<prefix>:{NAME}:reporters' only
 # with min_reporters above 1 (lua/includes/reporters.lua rep_key), '<prefix>:{NAME}:acks' only
-# when a script publishes a notice (notify), '<prefix>:{NAME}:ring' only with window_calls
-# (lua/includes/ring.lua). Each carries the breaker's hash tag, so it is in the slot of the
-# declared keys (on Redis Cluster too); declared, each would cost every call one more key, for
-# something most calls never touch.
-UNDECLARED_SUFFIXES = ("reporters", "acks", "ring")
+# when a script publishes a notice (notify), '<prefix>:{NAME}:ring' and ':arrivals' only with
+# window_calls (lua/includes/ring.lua; arrivals only while failures arrived lately). Each
+# carries the breaker's hash tag, so it is in the slot of the declared keys (on Redis Cluster
+# too); declared, each would cost every call one more key, for something most calls never
+# touch.
+UNDECLARED_SUFFIXES = ("reporters", "acks", "ring", "arrivals")
 
 
 def breaker_keys(prefix: str, name: str) -> list[str]:

@@ -13,12 +13,14 @@
 --   CHANNEL, DB      ARGV 2: the prefix's channel and the caller's database (channels)
 --   SHARD, WORKERS   the sharded channel on a cluster ('' elsewhere), the workers' channel
 --   NOW              ARGV 3, or Redis TIME: this call's time, ms
+--   NOW_US           the same in microseconds (ARGV 3 times 1000): what the count window
+--                    places batched successes by (ring.lua)
 --   TTL, TTL_REFRESH_MS  ARGV 4, the key TTL, and how often the keys' use is stamped
 --   FLOOR, KNOWN     ARGV 6, read when needed (caller_knows): the caller's highest epoch
 --                    and what it knows of the state (nil: nothing)
 local KEY_LIST, ARGS
 local K_STATE, K_WINDOW, K_LEASES, K_CONFIG, K_STATS, K_EVENTS, K_CFG
-local NAME, CHANNEL, DB, SHARD, WORKERS, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW
+local NAME, CHANNEL, DB, SHARD, WORKERS, TTL, FLOOR, KNOWN, TTL_REFRESH_MS, NOW, NOW_US
 -- What this call did, for its reply (reply.lua), reset by begin():
 --   REPAIRED  the keys found corrupted (a field that does not parse) and repaired, comma-
 --             separated: the worker logs them, once each (repaired)
@@ -59,10 +61,13 @@ local function begin(keys, argv)
   FLOOR, KNOWN = nil, nil  -- ARGV 6, read by caller_knows() when a call needs it (rarely)
   if argv[3] ~= '' then
     NOW = tonumber(argv[3])
+    NOW_US = NOW * 1000
   else
     local time = redis.call('TIME')
-    local ms = time[2] / 1000  -- (microseconds: digits, so Lua's coercion suffices, one strtod)
-    NOW = (NUMS[time[1]] or num(time[1])) * 1000 + (ms - ms % 1)
+    local us = time[2] + 0  -- (microseconds: digits, so Lua's coercion suffices, one strtod)
+    local seconds = NUMS[time[1]] or num(time[1])
+    NOW = seconds * 1000 + (us - us % 1000) / 1000
+    NOW_US = seconds * 1000000 + us  -- the count window places batched successes by it (ring.lua)
   end
   REPAIRED, EVENTS, LOST, ISO, ACK = '', '', '', nil, nil
 end

@@ -14,5 +14,5 @@ local function reply(s, allowed, reason, lease, c)
   return {allowed, reason, s.state, s.epoch, s.open_until, s.forced, lease, NOW,
     c and c.mode or '', c and c.max_conc or 0, EVENTS, c and c.slow_ms or 0, s.armed and 1 or 0, s.arms,
     s.born, REPAIRED, LOST, ISO or 0, ack_field(), s.ramp_until, c and c.ramp_ms or 0,
-    c and c.ramp_from and tostring(c.ramp_from) or ''}
+    c and c.ramp_from and tostring(c.ramp_from) or '', c and c.win_n or 0}
 end

@@ -10,6 +10,7 @@ import pytest
 
 from breaker_redis import BreakerConfig, BreakerOpen
 from breaker_redis.base.config import LIVE_FIELD
+from tests.support.workers import subscribed
 
 RING = BreakerConfig(trip="rate", failure_rate=0.5, minimum_calls=10, window_calls=20, open_seconds=30)
 HOUR = 3_600_000
@@ -203,3 +204,80 @@ def test_two_sizes_share_the_ring_the_claimed_one_has(make_breakers, clock, stor
     clock.advance(61_000)  # the worker of 20 stopped a minute ago; the narrow one never claims 20
     record(narrow, "success")
     assert window(narrow) == (1, 0, 0) and keys(store, "sizes")["window"][b"rn"] == b"10"
+
+
+# -- batched successes take their place by when they ended (ring.lua, "Order") ----------------
+
+# far from its rule (calm, so successes are batched), a ring of 50 that wraps
+ORDERED = BreakerConfig(trip="rate", failure_rate=1.0, minimum_calls=10, window_calls=50, open_seconds=30)
+
+
+def ring_in_order(client: Any, name: str) -> str:
+    """The ring's outcomes, oldest first, as '0'/'1' (success/failure)."""
+    stored = keys(client, name)
+    ring, fields = stored["ring"].decode(), stored["window"]
+    rp, tc = int(fields[b"rp"]), int(fields[b"tc"])
+    return ring[rp:] + ring[:rp] if tc == len(ring) else ring[:tc]
+
+
+def held_batches(breakers: Any) -> list[Any]:
+    """The breakers' batches go only when the test sends them (flush_batch)."""
+    held: list[Any] = []
+    breakers.recorder.schedule = held.append
+    return held
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_successes_take_their_place_by_when_they_ended(make_breakers, store, clock, seed):
+    """Three workers, a ms apart each call, their successes batched and sent at random
+    moments, their failures at once: the ring holds the outcomes in the order they
+    happened, as each outcome sent at once would have left it."""
+    import random
+
+    rng = random.Random(seed)
+    workers = [make_breakers(batch_successes=True, listen=True) for _ in range(3)]
+    for worker in workers:
+        held_batches(worker)
+    subscribed(workers)
+    breakers = [worker.get("order", ORDERED) for worker in workers]
+    for breaker in breakers:
+        breaker.call(lambda: None)  # each learns the state: calm
+    for breaker in breakers:
+        breaker.flush_batch()
+    happened = "000"
+    for _ in range(120):
+        clock.advance(1)
+        who = rng.randrange(3)
+        if rng.random() < 0.15:
+            with pytest.raises(ZeroDivisionError):
+                breakers[who].call(lambda: 1 / 0)
+            happened += "1"
+        else:
+            breakers[who].call(lambda: None)
+            happened += "0"
+        if rng.random() < 0.05:
+            breakers[rng.randrange(3)].flush_batch()
+    assert sum(b._batch_count for b in breakers) > 0  # (some successes still held)
+    for breaker in breakers:
+        breaker.flush_batch()
+    assert ring_in_order(store, "order") == happened[-50:]
+    assert window(breakers[0])[:2] == (50, happened[-50:].count("1"))
+
+
+def test_a_success_ended_with_a_failure_goes_after_it(make_breakers, store, clock):
+    """The same ms (a test clock, or two calls within a microsecond): the batch's success
+    is placed after the failure, as when it comes later."""
+    a, b = make_breakers(batch_successes=True, listen=True), make_breakers(batch_successes=True, listen=True)
+    held_batches(a)
+    subscribed([a, b])
+    pa, pb = a.get("tie", ORDERED), b.get("tie", ORDERED)
+    pa.call(lambda: None)
+    pa.flush_batch()
+    clock.advance(1)
+    pa.call(lambda: None)
+    with pytest.raises(ZeroDivisionError):
+        pb.call(lambda: 1 / 0)
+    clock.advance(1)
+    pa.call(lambda: None)
+    pa.flush_batch()
+    assert ring_in_order(store, "tie") == "0100"

@@ -393,7 +393,7 @@ def test_a_failure_never_overtakes_the_batch_being_sent(workers):
 
     def run(operation, name, now_ms, args):
         if operation == "record":
-            outcome, batch = args[3], args[-2]  # (the reporter is last)
+            outcome, batch = args[3], args[-3]  # (the reporter and the batch's times follow)
             arrived.append(f"{outcome or 'batch'}:{batch}")
             if not outcome:
                 batch_inside.set()
