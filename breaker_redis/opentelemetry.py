@@ -18,8 +18,10 @@ one alike, through three hooks of the engine:
   so the counter's sum over every process is the number of transitions.
 
 A refusal and a trip are also events on the span current where they happen
-(the caller's request, say), when it is recording; no span is made here, so
-no tracer provider is needed: the events go to whatever made the span.
+(the caller's request, say), when it is recording. Outside any recording span
+(a background job, a script) they are lost unless ``instrument`` is given a
+tracer provider: then each becomes a span of its own, named as the event, so
+a refusal in a job nobody traced still shows in the traces.
 
 The metrics are this worker's counts, as an OpenTelemetry SDK per process
 expects; the cluster-wide totals are Redis's (``snapshot()``,
@@ -40,6 +42,7 @@ from breaker_redis.ops import extras
 try:
     from opentelemetry import metrics, trace
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+    from opentelemetry.trace import Tracer, TracerProvider
 except ImportError as error:  # an optional dependency (ops/extras.py)
     raise extras.missing(__name__, "opentelemetry-api", "opentelemetry", error) from error
 
@@ -91,12 +94,22 @@ class Instrumentable(Protocol):
     def built(self) -> Iterable[_Built]: ...
 
 
+def _event(tracer: Tracer | None, name: str, attributes: dict[str, str | float]) -> None:
+    """An event on the current span when it records; else, with a tracer, a span of its own."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event(name, attributes)
+    elif tracer is not None:
+        tracer.start_span(name, attributes=attributes).end()
+
+
 class _Tally:
     """The call observer of one Breakers on one meter provider: the counts, and the
-    refusals' span events."""
+    refusals' and trips' span events (through ``tracer`` outside any span, if given)."""
 
-    def __init__(self, breakers: Instrumentable) -> None:
+    def __init__(self, breakers: Instrumentable, tracer: Tracer | None) -> None:
         self.breakers = weakref.ref(breakers)  # a Breakers dropped is not kept alive by its metrics
+        self.tracer = tracer
         self.after_fork()
         _tallies.add(self)
 
@@ -118,12 +131,15 @@ class _Tally:
         counts = self._counts
         with self._lock:
             counts[key] = counts.get(key, 0) + 1
-        span = trace.get_current_span()
-        if span.is_recording():
-            attributes: dict[str, str | float] = {NAME: refusal.breaker, REASON: refusal.reason}
-            if refusal.retry_after is not None:
-                attributes[RETRY_AFTER] = refusal.retry_after
-            span.add_event(REFUSAL_EVENT, attributes)
+        attributes: dict[str, str | float] = {NAME: refusal.breaker, REASON: refusal.reason}
+        if refusal.retry_after is not None:
+            attributes[RETRY_AFTER] = refusal.retry_after
+        _event(self.tracer, REFUSAL_EVENT, attributes)
+
+    def tripped(self, transition: Transition) -> None:
+        if transition.new == "open":
+            attributes = {NAME: transition.name, FROM: transition.old, CAUSE: transition.cause}
+            _event(self.tracer, TRIP_EVENT, dict(attributes))
 
     def counts(self) -> list[tuple[tuple[str, str, str], int]]:
         with self._lock:
@@ -207,30 +223,35 @@ class _Instruments:
             CAUSE: transition.cause,
         }
         self.transitions.add(1, attributes)
-        if transition.new == "open":
-            span = trace.get_current_span()
-            if span.is_recording():
-                span.add_event(
-                    TRIP_EVENT, {NAME: transition.name, FROM: transition.old, CAUSE: transition.cause}
-                )
 
 
 _lock = threading.Lock()
 _instruments: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
 
 
-def instrument(breakers: Instrumentable, meter_provider: MeterProvider | None = None) -> None:
+def instrument(
+    breakers: Instrumentable,
+    meter_provider: MeterProvider | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> None:
     """Emit the metrics and span events of ``breakers`` (a Breakers, sync or asyncio)
-    through ``meter_provider`` (None: the global one, as set now or later). Once per
-    Breakers and provider: a second call for the same pair does nothing."""
+    through ``meter_provider`` (None: the global one, as set now or later). The events go
+    to the current span; ``tracer_provider`` makes a span of its own for each event that
+    happens outside any recording span (None: such an event is dropped, and counted in
+    the metrics all the same). Once per Breakers and meter provider: a second call for
+    the same pair does nothing."""
     provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+    tracer = None
+    if tracer_provider is not None:
+        tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
     with _lock:
         instruments = _instruments.get(provider)
         if instruments is None:
             instruments = _instruments[provider] = _Instruments(meter_provider)
         if any(tally.breakers() is breakers for tally in instruments.tallies):
             return
-        tally = _Tally(breakers)
+        tally = _Tally(breakers, tracer)
         instruments.tallies.append(tally)
     breakers.on_transition(instruments.transitioned)
+    breakers.on_transition(tally.tripped)
     breakers.observe_calls(tally)

@@ -230,6 +230,47 @@ def test_a_permit_and_an_operator_trip(make_breakers, telemetry: Telemetry) -> N
     ]
 
 
+def test_outside_any_span_a_tracer_provider_makes_a_span_of_each_event(
+    make_breakers, telemetry: Telemetry
+) -> None:
+    """A trip and a refusal in code nobody traced (a job, a script): with a tracer
+    provider each is a span of its own, named as the event; without one, nothing."""
+    for traced in (True, False):
+        breakers = make_breakers()
+        name = f"job-{traced}"
+        otel.instrument(
+            breakers, meter_provider=telemetry.meters, tracer_provider=telemetry.tracers if traced else None
+        )
+        job = breakers.get(name, RECOVERS)
+        job.trip()
+        with pytest.raises(BreakerOpen):
+            job.call(lambda: None)
+    spans = [(span.name, dict(span.attributes or {})) for span in telemetry.spans.get_finished_spans()]
+    assert [span[0] for span in spans] == ["breaker.trip", "breaker.refusal"]
+    assert spans[0][1] == {
+        "breaker.name": "job-True",
+        "breaker.transition.from": "closed",
+        "breaker.transition.cause": "opened",
+    }
+    assert spans[1][1]["breaker.name"] == "job-True"
+    assert spans[1][1]["breaker.refusal.reason"] == "open"
+    assert all(
+        span.instrumentation_scope.name == "breaker_redis" for span in telemetry.spans.get_finished_spans()
+    )
+
+
+def test_inside_a_span_the_events_go_on_it_and_no_span_is_made(make_breakers, telemetry: Telemetry) -> None:
+    breakers = make_breakers()
+    otel.instrument(breakers, meter_provider=telemetry.meters, tracer_provider=telemetry.tracers)
+    pay = breakers.get("pay", RECOVERS)
+    with telemetry.tracer.start_as_current_span("POST /pay"):
+        pay.trip()
+        with pytest.raises(BreakerOpen):
+            pay.call(lambda: None)
+    assert [span.name for span in telemetry.spans.get_finished_spans()] == ["POST /pay"]
+    assert [event[1] for event in telemetry.events()] == ["breaker.trip", "breaker.refusal"]
+
+
 def test_the_healthy_call_written_inline_is_counted(make_breakers, telemetry: Telemetry) -> None:
     """guard()'s healthy path (successes batched, breaker/engine.py) makes no permit."""
     breakers = make_breakers(listen=True, batch_successes=True)
