@@ -29,9 +29,10 @@ local function ramp_share(s, c)
 end
 
 -- Whether the ramp admits a call acquire.lua decides (ramping): the breaker's credit, shared
--- by every call decided here (the workers asking for a slot together admit its share), gains the share of the moment, and a whole credit (a million:
--- integers, as ramp.py's) admits the call and is spent. It is the state hash's ramp_credit,
--- '<ramp_until> <credit>': one of another ramp (an earlier close) counts as none.
+-- by every call decided here (the workers asking for a slot together admit its share),
+-- gains the share of the moment, and a whole credit (a million: integers, as ramp.py's)
+-- admits the call and is spent. It is the state hash's ramp_credit, '<ramp_until>
+-- <credit>': one of another ramp (an earlier close) counts as none.
 local RAMP_UNIT = 1000000
 local function ramp_admits(s, c)
   local till, kept = string.match(redis.call('HGET', K_STATE, 'ramp_credit') or '', '^(%d+) (%d+)$')
