@@ -80,7 +80,8 @@ def serve(
     for S seconds of real time: _run_for), "failure-opens" (a
     failure, answered "opened" when this call's own reply opened the breaker, else
     "recorded"), "hold" then "release-<outcome>" (a call left running, then recorded),
-    "trusted" (what it knows would decide its next call)."""
+    "trusted" (what it knows would decide its next call), "count-scripts" then "scripts"
+    (the script calls it sent since: _count_scripts)."""
     clock = [now_ms]
     breakers = Breakers.from_url(
         url,
@@ -97,10 +98,14 @@ def serve(
         conn.poll(0.01)  # waits for the subscription, with the pipe as the clock
     conn.send("ready")
     held: list[Any] = []
+    scripts = [0]
     while True:
         command = conn.recv()
         if command == "stop":
             break
+        if command in ("count-scripts", "scripts"):
+            conn.send(_count_scripts(breakers, scripts) if command == "count-scripts" else scripts[0])
+            continue
         if command.startswith("clock "):
             clock[0] = int(command.split()[1])
             conn.send(True)
@@ -156,6 +161,25 @@ def serve(
             conn.send(False)
     breakers.close()
     conn.send("stopped")
+
+
+def _count_scripts(breakers: Breakers, scripts: list[int]) -> bool:
+    """From now on count the script calls this worker's calls send (acquire, record; not
+    the sweep of idle names, which picks among however many names the server holds), and
+    send its batches and counts only at the test's steps ("share" ends with a flush),
+    never on the recorder's or the counts' own timer, so the count depends on the steps."""
+    from breaker_redis.engine import core
+
+    core.FLUSH_SECONDS = 3600.0
+    breakers.recorder.schedule = lambda breaker: None  # type: ignore[method-assign]
+    runner, run = breakers.gate.remote, breakers.gate.remote.run
+
+    def counted(operation: str, *args: Any) -> Any:
+        scripts[0] += operation in ("acquire", "record")
+        return run(operation, *args)
+
+    runner.run = counted  # type: ignore[method-assign]
+    return True
 
 
 def _run_for(breaker: Any, seconds: float) -> dict[int, list[int]]:

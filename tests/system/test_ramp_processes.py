@@ -17,6 +17,7 @@ redis-server and on the embedded server.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -77,6 +78,30 @@ def test_a_failure_burst_during_the_ramp_reopens_for_everyone_with_the_backoff(u
     assert (snap["state"], snap["trips"]) == ("open", 2)
     # the open period after a failed probe: twice the last (10 s), plus up to 10 % jitter
     assert 20_000 <= snap["open_until_ms"] - now <= 22_000
+
+
+def test_during_the_ramp_the_script_calls_are_the_batch_flushes(url, team):
+    """Decided from memory: each second of the ramp a worker sends one record call (its
+    batch, with its refusals), the script calls the same calls make with no ramp at all."""
+    spent = {}
+    for config in (RAMP, replace(RAMP, ramp_seconds=0)):
+        start = int(time.time() * 1000)
+        workers = team.start(f"trips-{config.ramp_seconds}", config, WORKERS, now_ms=start)
+        close = closed_at(workers, start)
+        assert at_once(workers, "count-scripts") == [True] * WORKERS
+        seconds = []
+        for second in range(len(RISING)):
+            at_once(workers, f"clock {close + 1000 * second}")
+            before = sum(at_once(workers, "scripts"))
+            admitted = sum(answer[0] for answer in at_once(workers, "share 100"))
+            assert admitted == WORKERS * (RISING[second] if config.ramp_seconds else 100)
+            seconds.append(sum(at_once(workers, "scripts")) - before)
+        spent[config.ramp_seconds] = seconds
+        for worker in workers:
+            worker.stop()
+    assert spent[RAMP.ramp_seconds] == spent[0]
+    # after the first (the workers that heard of the close ask Redis once), a flush each
+    assert spent[0][1:] == [WORKERS] * (len(RISING) - 1)
 
 
 SHORT = BreakerConfig(ramp_seconds=2, ramp_from=0.1)
