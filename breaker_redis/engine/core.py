@@ -17,19 +17,18 @@ nothing here waits, everything in steps.py does.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from breaker_redis.base.config import BreakerConfig
 from breaker_redis.base.errors import BreakerOpen
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply, Verdict
 from breaker_redis.engine.ramp import RETRY_SECONDS, Credit
 from breaker_redis.engine.snapshot import OUTCOME_COUNTERS
-from breaker_redis.storage.args import COUNTS, AcquireArgs, RecordArgs
+from breaker_redis.storage.args import COUNTS, AcquireArgs, Batch, RecordArgs, batch_times
 from breaker_redis.storage.notices import Notice
 
 log = logging.getLogger("breaker_redis")
@@ -57,26 +56,6 @@ class Admitted(Protocol):
 
 
 P = TypeVar("P", bound=Admitted)
-
-
-class Batch(NamedTuple):
-    """The successes a record call carries: their epoch, how many, and when each ended
-    (us; empty unless the breaker has a count window)."""
-
-    epoch: int
-    size: int
-    times: list[int]
-
-
-def batch_times(sent_us: int, times: list[int]) -> str:
-    """record.lua's batch_times (docs/wire.md, "Hash records"): the clock at the send,
-    the first end time, then each next one as a difference. A count window places
-    each success by its time (lua/includes/ring.lua), as if it had been sent at once."""
-    if not times:
-        return ""
-    ordered = sorted(times)
-    steps = [str(later - earlier) for earlier, later in itertools.pairwise(ordered)]
-    return " ".join([str(sent_us), str(ordered[0]), *steps])
 
 
 class Clock(Protocol):
@@ -118,8 +97,7 @@ class BreakerCore(Generic[P]):
         """No counts, no batch (a new breaker, a forked child)."""
         self._pending = dict.fromkeys(COUNTS, 0)
         self._last_flush = time.monotonic()
-        self._batch_epoch = self._batch_count = self._batch_generation = 0
-        self._batch_times = []
+        self._batch_epoch, self._batch_count, self._batch_generation, self._batch_times = 0, 0, 0, []
         self._ramp_credit = Credit()  # this worker's in the ramp after a close (_ramp)
 
     def now_ms(self) -> int:
@@ -305,7 +283,7 @@ class BreakerCore(Generic[P]):
         generation) joins the batch while the breaker is calm and this worker's
         knowledge is ``trusted`` (nothing unread could be an arming)."""
         known = self._memory.known
-        joins = (
+        if not (
             trusted
             and known is not None
             and known.calm
@@ -313,13 +291,13 @@ class BreakerCore(Generic[P]):
             and known.generation == generation
             and not known.slow(duration_ms)
             and (self._batch_count == 0 or self._batch_epoch == epoch)
-        )
-        if joins:
-            self._batch_epoch, self._batch_generation = epoch, generation
-            self._batch_count += 1
-            if known is not None and known.window_calls:
-                self._batch_times.append(self._shared.wall_us())
-        return joins
+        ):
+            return False
+        self._batch_epoch, self._batch_generation = epoch, generation
+        self._batch_count += 1
+        if known.window_calls:  # a count window places it by when it ended (RecordArgs.batch_times)
+            self._batch_times.append(self._shared.wall_us())
+        return True
 
     def _take_for_send(self, live: Callable[[int], bool]) -> tuple[list[int], Batch]:
         """(pending counts, the batch) for a record call; a batch counted under a

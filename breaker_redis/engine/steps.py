@@ -40,12 +40,12 @@ from contextlib import AbstractContextManager
 from typing import Any, Generic, Protocol, TypeVar
 
 from breaker_redis.base.errors import BreakerOpen
-from breaker_redis.engine.core import Batch, BreakerCore, Clock, P
+from breaker_redis.engine.core import BreakerCore, Clock, P
 from breaker_redis.engine.knowledge import Knowledge, Reply
 from breaker_redis.engine.observers import CallObserver
 from breaker_redis.engine.snapshot import Snapshot, snapshot_dict
 from breaker_redis.engine.transitions import released_upto
-from breaker_redis.storage.args import AdminArgs, HoldArgs, SnapshotArgs
+from breaker_redis.storage.args import AdminArgs, Batch, HoldArgs, SnapshotArgs
 from breaker_redis.storage.store import StoreUnavailable
 
 log = logging.getLogger("breaker_redis")

@@ -16,10 +16,11 @@ them): a new field goes at the end, never between two.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 # What a worker counted in memory since its last flush, in the order acquire, record and
 # snapshot read them: their dataclasses' one field ``counts``, sent as these six ARGV.
@@ -104,6 +105,26 @@ class RecordArgs(ScriptArgs):
     # '' or the worker's clock at the send, the first end time, then each next one as a
     # difference (us, sorted): engine/core.py batch_times
     batch_times: str
+
+
+class Batch(NamedTuple):
+    """The successes a record call carries: their epoch, how many, and when each ended
+    (us; empty unless the breaker has a count window)."""
+
+    epoch: int
+    size: int
+    times: list[int]
+
+
+def batch_times(sent_us: int, times: list[int]) -> str:
+    """RecordArgs.batch_times (docs/wire.md, "Hash records"): the clock at the send,
+    the first end time, then each next one as a difference. A count window places
+    each success by its time (lua/includes/ring.lua), as if it had been sent at once."""
+    if not times:
+        return ""
+    ordered = sorted(times)
+    steps = [str(later - earlier) for earlier, later in itertools.pairwise(ordered)]
+    return " ".join([str(sent_us), str(ordered[0]), *steps])
 
 
 @dataclass(slots=True)
