@@ -19,6 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from breaker_redis import BreakerConfig, Breakers, State
+from breaker_redis.engine import knowledge
+from breaker_redis.storage import acks
 from breaker_redis.storage.notices import FOREIGN_DATABASE, parse_notice
 from breaker_redis.urls import describe
 from tests.support.hostile import hostile
@@ -54,6 +56,17 @@ def workers(connect) -> Iterator[list[Breakers]]:
     yield made
     for w in made:
         w.close()
+
+
+@pytest.fixture
+def steady_trust(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test that counts round trips, the two clocks of a worker's trust in its memory
+    run for an hour: each subscription's lease (storage/acks.py; 2 s from its last PONG)
+    and the age of the reply it learned from (knowledge.py TRUST_SECONDS, 30 s). Else a
+    listener a busy machine leaves unscheduled for 2 s, or a hypothesis test running its
+    examples for over 30 s, makes a worker ask Redis once more, as it must then."""
+    monkeypatch.setattr(acks, "LEASE_SECONDS", 3600.0)
+    monkeypatch.setattr(knowledge, "TRUST_SECONDS", 3600.0)
 
 
 def hold_batches(breakers: Breakers) -> list[object]:
@@ -220,7 +233,7 @@ def test_keys_vanishing_under_running_workers_lose_no_failure(workers, connect, 
     assert snap["stale"] == 0
 
 
-def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, connect):
+def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, connect, steady_trust):
     counts = counting(workers)
     a, b = (w.get("pay", TRIP_AT_3) for w in workers)
     subscribed(workers)
@@ -248,7 +261,9 @@ def test_a_forged_message_costs_one_round_trip_and_refuses_nothing(workers, conn
 
 
 @pytest.mark.parametrize(("token", "asks"), [("", 1), ("1700000000000-1", 0)])
-def test_a_notice_on_the_legacy_channel_counts_only_without_a_token(workers, connect, token, asks):
+def test_a_notice_on_the_legacy_channel_counts_only_without_a_token(
+    workers, connect, token, asks, steady_trust
+):
     """During a rolling deploy the workers of an earlier version publish their changes on
     <prefix>:events only, without a token: heard there (the worker asks Redis again). A
     notice with a token comes on the workers' channel too: there it is acted on, not here."""
@@ -282,7 +297,7 @@ def test_a_notice_on_the_legacy_channel_counts_only_without_a_token(workers, con
 @replayed(40)
 @given(messages=st.lists(hostile("pay"), min_size=1, max_size=6))
 def test_hostile_messages_cost_at_most_one_round_trip_and_never_end_the_subscription(
-    workers, connect, caplog, messages
+    workers, connect, caplog, steady_trust, messages
 ):
     """Forged messages no script writes ('born': Infinity, 'epoch': 1e999, NaN, integers of
     thousands of digits, strings, lists and objects where numbers are due, nesting past the
