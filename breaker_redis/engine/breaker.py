@@ -42,7 +42,7 @@ from breaker_redis.engine import steps
 from breaker_redis.engine.core import MISSING, _fall_back
 from breaker_redis.engine.knowledge import Knowledge, Memory, Reply
 from breaker_redis.engine.observers import tell_called, tell_refused
-from breaker_redis.engine.permit import Permit
+from breaker_redis.engine.permit import Permit, from_memory
 from breaker_redis.engine.recorder import Recorder
 from breaker_redis.engine.snapshot import Snapshot
 from breaker_redis.engine.steps import BreakerSteps
@@ -138,7 +138,7 @@ class Breaker(BreakerSteps[Permit, None]):
         known = self._memory.known
         if known is not None and known.admits and self._trusted(known):
             # the healthy call, as in _admit, without one more call on every request
-            return Permit(self, known.epoch, "", known.generation, known.calm, timed=known.slow_ms != 0)
+            return from_memory(Permit, self, known.epoch, known.generation, known.calm, known.slow_ms != 0)
         return self._admit(known)
 
     def _admit(self, known: Knowledge | None) -> Permit:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Generic, Protocol, TypeVar
 
 D = TypeVar("D")  # what recording returns: None (sync) or an awaitable (asyncio)
+R = TypeVar("R", bound="Recording[Any]")
 D_co = TypeVar("D_co", covariant=True)
 OUTCOMES = ("success", "failure", "ignored")
 
@@ -106,6 +107,23 @@ class Recording(Generic[D]):
         """Leaving the permit's block: an exception is classified by the breaker's config,
         a normal exit is a success."""
         return self.success() if exc is None else self.record(self._breaker.classify(exc))
+
+
+def from_memory(cls: type[R], breaker: Any, epoch: int, generation: int, calm: bool, timed: bool) -> R:
+    """``cls(breaker, epoch, "", generation, calm, timed=timed)``, the permit of a call
+    admitted from memory, made without running ``__init__``: a class whose
+    ``__init__`` is Python code costs a frame of the interpreter's own to make,
+    and this is the permit of every healthy request a web integration guards."""
+    permit = object.__new__(cls)
+    permit._breaker = breaker
+    permit.epoch = epoch
+    permit.lease = ""
+    permit.generation = generation
+    permit.batchable = calm
+    permit.observing = False
+    permit.started = breaker.now_ms() if timed else 0
+    permit._unrecorded = [True]
+    return permit
 
 
 class Permit(Recording[None]):
