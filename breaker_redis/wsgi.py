@@ -46,28 +46,15 @@ from breaker_redis.web.exchange import FALLBACK, FALLBACK_ANSWERED, FALLBACK_FAI
 from breaker_redis.web.protocols import WsgiAnswer, close_iterable, served_answer, status_code, wsgi_answer
 from breaker_redis.web.protocols import environ_path as request_path
 from breaker_redis.web.refusal import Refusal
-from breaker_redis.web.routes import (
-    DEFAULT_FAILURE_STATUSES,
-    ROUTE_OPTIONS,
-    RouteSpec,
-    parse_routes,
-    prefix_matches,
-)
+from breaker_redis.web.routes import DEFAULT_FAILURE_STATUSES, ROUTE_OPTIONS, RouteSpec, parse_routes
+from breaker_redis.web.routes import prefix_matches as prefix_matches
 
 if TYPE_CHECKING:
     from _typeshed import OptExcInfo
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-__all__ = [
-    "DEFAULT_FAILURE_STATUSES",
-    "FALLBACK_HEADER",
-    "ROUTE_OPTIONS",
-    "BreakerMiddleware",
-    "ResponseInfo",
-    "RouteSpec",
-    "parse_routes",
-    "prefix_matches",
-]
+__all__ = ["DEFAULT_FAILURE_STATUSES", "FALLBACK_HEADER", "ROUTE_OPTIONS", "BreakerMiddleware"]
+__all__ += ["ResponseInfo", "RouteSpec", "parse_routes", "prefix_matches"]
 
 
 PATHS_KEPT = 1024  # paths whose route a middleware keeps (the paths a worker meets are unbounded)
@@ -112,7 +99,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
         raw = environ.get("PATH_INFO")
         # A path under no route's stem is unprotected on sight; any other is matched the long way.
         if type(raw) is not str or raw[:1] != "/" or raw.startswith(self._entry):
-            guarded = self._guard(environ, start_response)
+            guarded = self._guard(environ, start_response, raw)
             if guarded is not None:
                 return guarded
         # Unprotected: the app's own answer, except that an outbound refusal escaping it becomes the 503.
@@ -131,10 +118,11 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
             start_response(answer.status, answer.headers, sys.exc_info() if called else None)
             return [answer.body]
 
-    def _guard(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes] | None:
+    def _guard(
+        self, environ: WSGIEnvironment, start_response: StartResponse, raw: Any
+    ) -> Iterable[bytes] | None:
         """A request a route covers, admitted or refused; None: it goes through unprotected
-        (no route after all, OPTIONS, an outer guard of the same breaker, a bug)."""
-        raw: Any = environ.get("PATH_INFO")  # a str, as checked next
+        (no route after all, OPTIONS, an outer guard of the same breaker, a bug). ``raw``: its PATH_INFO."""
         known = type(raw) is str
         route = self._matched.get(raw, _UNSEEN) if known else _UNSEEN
         if route is _UNSEEN:
@@ -157,7 +145,7 @@ class BreakerMiddleware(shared.Middleware[Breaker, dict[str, Any]]):
             return [answer.body]
         if permit is None or guards is None:
             return None
-        exchange = _Exchange().begin(route.spec, route.breaker, permit, guards, environ, self.warn)
+        exchange = _Pending().begin(route.spec, route.breaker, permit, guards, environ, self.warn)
         return exchange.run(self, start_response)
 
     def _settle_orphans(self) -> None:
@@ -215,8 +203,10 @@ class _Exchange(Exchange):
         self.result = result
         if self.committed:  # the app wrote its body through write(): nothing left to decide
             return self
+        if self.status is None or type(result) is list:  # (a list is no file_wrapper: one look-up less)
+            return self
         file_wrapper = self.request.get("wsgi.file_wrapper")
-        if self.status is not None and isinstance(file_wrapper, type) and isinstance(result, file_wrapper):
+        if isinstance(file_wrapper, type) and isinstance(result, file_wrapper):
             # Returned whole, so the server can still send the file its own way (sendfile).
             body = self.commit()
             if body is None:
@@ -280,6 +270,7 @@ class _Exchange(Exchange):
         """The response starts now: decided, recorded, and a status to the server.
         Returns the body of the route's fallback answering in the app's place, or None."""
         self.committed = True
+        self.__class__ = _Exchange  # recorded next: no __del__ needed any more (_Pending)
         outcome = self.classify()
         try:  # self.settle(), inline
             self.permit.record(outcome)
@@ -392,9 +383,16 @@ class _Exchange(Exchange):
             if not self.committed:  # (committed: settled at the commit)
                 self.closed()
 
+
+class _Pending(_Exchange):
+    """An exchange until its response commits: dropped without close() (against PEP 3333),
+    it waits for the next request through the middleware (recording in ``__del__`` could
+    run inside any lock: the garbage collector picks the moment). Only it has a ``__del__``,
+    which costs a call of the interpreter's own at every free: commit() makes it an
+    _Exchange, whose permit is recorded there."""
+
+    __slots__ = ()
+
     def __del__(self) -> None:
-        # Dropped without close(), against PEP 3333. Recording here could run
-        # inside any lock (the garbage collector picks the moment), so the
-        # exchange waits for the next request through the middleware instead.
         if not self.is_closed and not self.permit.recorded:
             self.middleware._orphans.append(self)

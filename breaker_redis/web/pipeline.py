@@ -32,7 +32,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from breaker_redis.base.errors import BreakerOpen
-from breaker_redis.web.routes import GUARDS_KEY, RequestGuards, hold, holding, note_refusal
+from breaker_redis.web.routes import GUARDS_KEY, RequestGuards, hold, note_refusal
 
 Warn = Callable[[str, str], None]
 # (the permit, the request's guards it is held in); (None, None): unprotected
@@ -55,12 +55,13 @@ def admit(
         return not_admitted(exc, breaker, warn, carrier)
     if carrier is None:
         return permit, None
-    # admitted() and routes.hold(), inline: one call and one look-up less per request
+    # admitted() and routes.hold() (and its holding()), inline: three calls and a look-up less
     guards = carrier.get(GUARDS_KEY)
     if isinstance(guards, RequestGuards):
         guards.permits[guard] = permit
     else:
-        guards = carrier[GUARDS_KEY] = holding(guard, permit)
+        guards = carrier[GUARDS_KEY] = RequestGuards()
+        guards.permits, guards.refused = {guard: permit}, None
     return permit, guards
 
 
