@@ -106,7 +106,13 @@ class _Exchange(Exchange):
             and self.exception is None
         ):
             ctx._after_request_functions.remove(self.after)
-            self.outcome = self.judged(ctx.app.response_class.default_status, value)
+            code = ctx.app.response_class.default_status
+            if self.guards.refused is not None:  # a guard inside refused: judged() says what follows
+                self.outcome = self.judged(code, value)
+            elif code in spec.ignore_statuses:  # else judged()'s last step, inline (one call less)
+                self.outcome = "ignored"
+            else:
+                self.outcome = "failure" if code in spec.failure_statuses else "success"
         return value
 
     def after(self, response: Response) -> Response:
