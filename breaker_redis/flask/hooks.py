@@ -177,7 +177,7 @@ def install_hooks(app: Flask, state: AppState) -> None:
     by_view = state.by_view
 
     def before_request() -> Any:
-        ctx = _cv_request.get()  # the request context, without the proxy's steps
+        ctx: Any = _cv_request.get()  # the request context, without the proxy's steps
         req = ctx.request
         rule = req.url_rule
         view = view_functions.get(rule.endpoint) if rule is not None else None
@@ -187,7 +187,40 @@ def install_hooks(app: Flask, state: AppState) -> None:
             found = _UNKNOWN
         if found is None:
             return None  # a view no breaker guards: the whole cost of an unprotected request
-        return admit(state, ctx, req, view, found)
+        guarded = found
+        if type(found) is not Guarded:  # a view not met yet, or one BREAKER_ROUTES guards by path
+            guarded = guarded_by(state, req, view, found)
+            if guarded is None:
+                return None
+        # Ask the route's breaker for a permit (here, not in a function of its own: one
+        # call less per request); a refusal is answered here.
+        if req.method == "OPTIONS":
+            return None  # CORS preflights and automatic OPTIONS never reach a service
+        spec, environ = guarded.spec, req.environ
+        if GUARDS_KEY in environ and held(environ, guarded.guard) is not None:
+            # A WSGI middleware around the app guards this route with the same breaker:
+            # it holds the request's permit, asks and records. Nothing is counted twice.
+            return None
+        breaker = guarded.breaker
+        if breaker is None:
+            breaker = guarded.breaker = state.breaker(spec.name)
+        try:
+            permit, guards = admit_step(breaker, state.warn, environ, guarded.guard)
+        except BreakerOpen as refused:
+            served = serve(state, spec, refused)
+            if served is not None:
+                return served
+            raise BreakerOpenError(
+                refused, spec.message, retry_after_seconds(refused, breaker.config)
+            ) from None
+        if permit is None or guards is None:
+            return None  # the breaker could not be asked (a bug, logged): unprotected
+        exchange = _Exchange().begin(spec, breaker, permit, guards, req, state.warn)
+        exchange.state, exchange.handled, exchange.view = state, None, view
+        environ[key] = exchange
+        ctx._after_request_functions.append(exchange.after)  # after_this_request, one call less
+        ctx._breaker_redis_exchange = exchange  # where protected_view finds it
+        return None
 
     inner = app.wsgi_app
 
@@ -217,41 +250,13 @@ def install_hooks(app: Flask, state: AppState) -> None:
     app.register_error_handler(BreakerOpen, inner_refusal)
 
 
-def admit(state: AppState, ctx: Any, req: Any, view: Any, found: Any) -> Any:
-    """Ask the breaker of a request's route for a permit; a refusal is answered here."""
-    if type(found) is not Guarded:  # a view not met yet, or one BREAKER_ROUTES guards by path
-        if found is _UNKNOWN:
-            found = route_of_view(state, req.endpoint, view)
-        if found is BY_PATH:
-            found = state.table.match(req.path)
-        if found is None:
-            return None
-    if req.method == "OPTIONS":
-        return None  # CORS preflights and automatic OPTIONS never reach a service
-    guarded: Guarded = found
-    spec, environ = guarded.spec, req.environ
-    if GUARDS_KEY in environ and held(environ, guarded.guard) is not None:
-        # A WSGI middleware around the app guards this route with the same breaker:
-        # it holds the request's permit, asks and records. Nothing is counted twice.
-        return None
-    breaker = guarded.breaker
-    if breaker is None:
-        breaker = guarded.breaker = state.breaker(spec.name)
-    try:
-        permit, guards = admit_step(breaker, state.warn, environ, guarded.guard)
-    except BreakerOpen as refused:
-        served = serve(state, spec, refused)
-        if served is not None:
-            return served
-        raise BreakerOpenError(refused, spec.message, retry_after_seconds(refused, breaker.config)) from None
-    if permit is None or guards is None:
-        return None  # the breaker could not be asked (a bug, logged): unprotected
-    exchange = _Exchange().begin(spec, breaker, permit, guards, req, state.warn)
-    exchange.state, exchange.handled, exchange.view = state, None, view
-    environ[state.pending_key] = exchange
-    ctx._after_request_functions.append(exchange.after)  # after_this_request, one call less
-    ctx._breaker_redis_exchange = exchange  # where protected_view finds it
-    return None
+def guarded_by(state: AppState, req: Any, view: Any, found: Any) -> Guarded | None:
+    """What guards a request whose view's answer (``found``) is not a Guarded yet."""
+    if found is _UNKNOWN:
+        found = route_of_view(state, req.endpoint, view)
+    if found is BY_PATH:
+        found = state.table.match(req.path)
+    return cast("Guarded | None", found)
 
 
 def route_of_view(state: AppState, endpoint: str | None, view: Any) -> Any:
