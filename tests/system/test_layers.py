@@ -304,3 +304,14 @@ def test_a_diagram_that_drifted_is_found() -> None:
     text = "```text\nlayer    modules\nengine   engine/ __init__.py\nbase     base/ urls.py\n```\n"
     assert drawn_layers(text) == [("base", ("base", "urls")), ("engine", ("engine", "__init__"))]
     assert drawn_layers(text) != list(LAYERS)
+
+
+MAX_LINES = 400  # docs/design.md, section 12
+
+
+def test_no_module_is_over_max_lines() -> None:
+    """A module past MAX_LINES holds two jobs a reader would rather find apart: split it
+    along that seam (docs/design.md, section 12), never cut it to fit."""
+    sizes = {path: len(path.read_text("utf-8").splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert {str(path.relative_to(ROOT)): n for path, n in sizes.items() if n > MAX_LINES} == {}
+    assert max(sizes.values()) > MAX_LINES / 2  # (the package's modules were all read)
