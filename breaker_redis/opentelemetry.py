@@ -138,8 +138,12 @@ class _Tally:
 
     def tripped(self, transition: Transition) -> None:
         if transition.new == "open":
-            attributes = {NAME: transition.name, FROM: transition.old, CAUSE: transition.cause}
-            _event(self.tracer, TRIP_EVENT, dict(attributes))
+            attributes: dict[str, str | float] = {
+                NAME: transition.name,
+                FROM: transition.old,
+                CAUSE: transition.cause,
+            }
+            _event(self.tracer, TRIP_EVENT, attributes)
 
     def counts(self) -> list[tuple[tuple[str, str, str], int]]:
         with self._lock:

@@ -145,7 +145,7 @@ class Breaker(BreakerSteps[Permit, None]):
         """acquire() once the notices received were delivered; known: what memory held then."""
         if known is not None and known.admits and self._trusted(known):
             # the healthy call: admitted from memory, nothing counted (core.py _from_memory)
-            return Permit(self, known.epoch, "", known.generation, known.calm, timed=known.slow_ms != 0)
+            return from_memory(Permit, self, known.epoch, known.generation, known.calm, known.slow_ms != 0)
         try:
             ramped = False  # (the ramp after a close decided from memory: core.py _from_memory)
             if known is not None and self._trusted(known):

@@ -385,7 +385,7 @@ class BreakerCore(Generic[P]):
     ) -> list[Any]:
         """record.lua's ARGV 7-20: the outcome, the counts kept in memory, the batch, the
         reporter, when the batched successes ended."""
-        times = batch_times(self._shared.wall_us(), batch.times) if batch.size else ""
+        times = batch_times(self._shared.wall_us(), batch.times) if batch.times else ""  # (a count window)
         return RecordArgs(
             epoch, outcome, duration_ms, lease, pending, batch.epoch, batch.size, self._reporter, times
         ).argv()

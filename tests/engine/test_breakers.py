@@ -92,6 +92,19 @@ def test_a_call_admitted_from_memory_is_timed_under_a_slow_call_rule(make_breake
     assert untimed.snapshot()["window_slow"] == 0
 
 
+@pytest.mark.parametrize("timed", [False, True])
+def test_the_healthy_permit_made_without_init_is_the_one_init_makes(make_breakers, clock, timed):
+    """permit.from_memory sets every slot as Permit.__init__ does (it skips __init__ for
+    speed): a slot added to one and not the other fails here, not on a healthy call."""
+    from breaker_redis.engine.permit import Permit, Recording, from_memory
+
+    breaker = make_breakers().get("pay")
+    made = Permit(breaker, 7, "", 3, True, timed=timed)
+    fast = from_memory(Permit, breaker, 7, 3, True, timed)
+    slots = Recording.__slots__
+    assert {slot: getattr(fast, slot) for slot in slots} == {slot: getattr(made, slot) for slot in slots}
+
+
 def test_call_raises_breaker_open_without_calling(make_breakers):
     b = tripped(make_breakers())
     called = []
