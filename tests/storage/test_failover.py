@@ -13,6 +13,7 @@ sentinels. A new Breakers reads the new master at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -124,7 +125,8 @@ class Traffic:
         self.thread.join(10)
 
 
-def test_a_tripped_breaker_survives_a_sentinel_failover(group, made):
+def test_a_tripped_breaker_survives_a_sentinel_failover(group, made, caplog):
+    caplog.set_level(logging.WARNING, logger="breaker_redis")
     made.append(a := Breakers.from_url(group.url(), batch_successes=False))
     subscribed([a])
     pay = a.get("pay", TRIP_AT_3)
@@ -161,7 +163,13 @@ def test_a_tripped_breaker_survives_a_sentinel_failover(group, made):
     assert a.store_healthy
     errors = [call for call in traffic.calls if call[2] not in ("ok", "tripped breaker admitted")]
     assert errors == []  # nothing but BreakerOpen ever reached the caller
-    assert max(took for _, took, *_ in traffic.calls) < 0.5  # and no call waited on Redis
+    # No call waited on Redis: none reached a client timeout (the gate logs each outage
+    # with its error), and none was held until the demotion (about 10 s). A call's wall
+    # time is not held to the 0.25 s timeouts themselves: a busy machine can keep a thread
+    # waiting for the CPU for most of a second (0.82 s in a CI run, with no timeout logged).
+    timeouts = [r.getMessage() for r in caplog.records if "TimeoutError" in r.getMessage()]
+    assert timeouts == []
+    assert max(took for _, took, *_ in traffic.calls) < min(5.0, demoted_after / 2)
     # Before the demotion every call went on in Redis, on the old master (no local fallback).
     assert {store for at, _, _, store in traffic.calls if at < switched_at + demoted_after - 0.5} == {"redis"}
     assert took < 10 and demoted_after > 1  # the sentinels switch fast; the old master lingers
