@@ -388,7 +388,7 @@ def test_config_with_a_bad_value_exits_2_names_the_field_and_writes_nothing(
     before = client.hgetall(f"{prefix}:{{pay}}:config")
     with client.pubsub() as pubsub:
         pubsub.subscribe(f"{prefix}:events")
-        pubsub.get_message(timeout=1)  # the confirmation
+        wait_until(lambda: pubsub.get_message(timeout=0.1), 10, "the subscription's confirmation")
 
         result = run(url, prefix, "config", "pay", *args)
         assert result.exit_code == 2, result.output
