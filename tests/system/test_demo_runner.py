@@ -19,9 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_demo_tells_its_story_and_passes_its_checks():
+    # The demo's own open period (10 s), as the README's command runs it: the open phase
+    # needs one round of requests wholly inside the open period, and on a busy machine a
+    # round has taken over a second and seeing the trip 1.6 s (a 2 s period ran out).
     env = {key: value for key, value in os.environ.items() if key != "BREAKER_REDIS_URL"}
     done = subprocess.run(
-        [sys.executable, "-m", "demo_app", "--redis", "server", "--open-seconds", "2"],
+        [sys.executable, "-m", "demo_app", "--redis", "server"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -31,7 +34,7 @@ def test_the_demo_tells_its_story_and_passes_its_checks():
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
-    assert output.count("[ok]") == 7 and "[FAIL]" not in output, output[-3000:]
+    assert output.count("[ok]") == 7 and "[FAILED]" not in output, output[-3000:]
     history = output.split("transitions, from its history in Redis:", 1)[-1]
     transitions = re.findall(r"^\s*[\d.]+s\s+(\w+) -> (\w+)\s+\((\w+)\)$", history, re.MULTILINE)
     assert transitions == [
