@@ -169,15 +169,24 @@ def test_retry_after_is_never_shown_as_zero_while_there_is_a_wait():
     ]
 
 
-def test_status_reads_the_window_with_the_workers_bucket_count(url, prefix, app_breakers):
+def test_status_reads_the_window_with_the_workers_bucket_count(url, prefix, clock):
     """Read with the default config (1 s buckets) this window would be empty;
     read with the right width but 10 buckets instead of 5, it would slide out
-    a second late."""
-    short = app_breakers.get("short", BreakerConfig(trip="count", window_seconds=1, window_buckets=5))
-    outcomes(short, successes=1, failures=2)
-    assert rows(run(url, prefix, "status").stdout)["short"][1] == "2/3"
-    time.sleep(1.25)  # every 200 ms bucket has slid out of the 1 s window (not of a 2 s one)
-    assert rows(run(url, prefix, "status").stdout)["short"][1:3] == ["0/0", "-"]
+    a second late. The app and the command read one test clock: on Redis time
+    a stall of the test could slide the window before the first read, or past a
+    wrong window's end before the second."""
+    app = Breakers.from_url(url, prefix, listen=False, batch_successes=False, clock=clock)
+    commands = cli.command_group(
+        "breaker-redis", lambda: cli.Target(client_from_url(url), prefix, clock=clock)
+    )
+    try:
+        short = app.get("short", BreakerConfig(trip="count", window_seconds=1, window_buckets=5))
+        outcomes(short, successes=1, failures=2)
+        assert rows(CliRunner().invoke(commands, ["status"]).stdout)["short"][1] == "2/3"
+        clock.advance(1250)  # every 200 ms bucket has slid out of the 1 s window (not of a 2 s one)
+        assert rows(CliRunner().invoke(commands, ["status"]).stdout)["short"][1:3] == ["0/0", "-"]
+    finally:
+        app.close()
 
 
 def test_status_follows_a_live_override_of_the_window(url, prefix, app_breakers):
