@@ -295,32 +295,42 @@ def server_url(request: pytest.FixtureRequest) -> str:
 
 
 def test_switches_reach_a_worker_deciding_from_memory(server_url, prefix):
-    worker = Breakers.from_url(server_url, prefix)  # listening: admits from what it knows
+    # Timeouts that only catch a hang, for the worker and the commands: the embedded server
+    # answers from threads of this test's process, and a busy machine can hold a reply past
+    # the 0.25 s a worker waits by default (the worker then decides alone and the command
+    # finds no breaker 'pay') or the 0.5 s a command waits.
+    client = redis.Redis.from_url(server_url, socket_timeout=10, socket_connect_timeout=10)
+    worker = Breakers(client, prefix)  # listening: admits from what it knows
+
+    def switch(*args: str) -> Result:
+        return run(server_url, prefix, "--timeout", "10", *args)
+
     try:
         pay = worker.get("pay", COUNT_3)
         subscribed([worker])
         assert admits(pay) and admits(pay)
 
-        result = CliRunner().invoke(cli.main, ["--url", server_url, "--prefix", prefix, "open", "pay"])
-        assert (result.exit_code, result.stdout) == (0, "pay: open (forced)\n")
+        result = switch("open", "pay")
+        assert (result.exit_code, result.stdout) == (0, "pay: open (forced)\n"), result.output
         assert not admits(pay)  # at its very next call
 
-        assert run(server_url, prefix, "close", "pay").stdout == "pay: closed (forced)\n"
+        assert switch("close", "pay").stdout == "pay: closed (forced)\n"
         assert admits(pay)
         assert pay.snapshot()["forced"] == "closed"
         outcomes(pay, failures=5)  # forced closed never trips
         assert admits(pay)
 
-        assert run(server_url, prefix, "auto", "pay").stdout == "pay: closed\n"
+        assert switch("auto", "pay").stdout == "pay: closed\n"
         assert pay.snapshot()["forced"] is None
         outcomes(pay, failures=3)
         assert not admits(pay)  # back to the rules: tripped
 
-        assert run(server_url, prefix, "reset", "pay").stdout == "pay: closed\n"
+        assert switch("reset", "pay").stdout == "pay: closed\n"
         assert admits(pay)
-        assert run(server_url, prefix, "auto", "pay").stdout == "pay: closed (it was not forced: unchanged)\n"
+        assert switch("auto", "pay").stdout == "pay: closed (it was not forced: unchanged)\n"
     finally:
         worker.close()
+        client.close()
 
 
 def test_switching_an_unknown_breaker_exits_1_unless_created(url, prefix):
