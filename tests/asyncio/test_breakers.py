@@ -66,7 +66,10 @@ def run(coro: Awaitable[Any]) -> Any:
 def connect(request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
     """A factory of asyncio clients on one shared store, emptied: fakeredis in
     process (no subscription: every call asks), the embedded server over TCP, or
-    the session's real redis-server. Call it inside the test's event loop."""
+    the session's real redis-server. Call it inside the test's event loop. Their
+    timeouts only catch a hang: none of these tests is about an outage, and a busy
+    machine can hold a reply past the product's 0.25 s (the embedded server answers
+    from threads of this process), which would send a worker to its local store."""
     if request.param == "fake":
         server = fakeredis.FakeServer()
         yield lambda: fakeredis.FakeAsyncRedis(server=server)
@@ -74,7 +77,7 @@ def connect(request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
     fixture = "embedded" if request.param == "embedded" else "redis_server"
     url = request.getfixturevalue(fixture).url
     client_from_url(url).flushall()
-    yield lambda: async_client_from_url(url)
+    yield lambda: async_client_from_url(url, socket_timeout=10, socket_connect_timeout=10)
 
 
 async def subscribed(*workers: Breakers) -> None:
