@@ -80,6 +80,16 @@ def connect(request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
     yield lambda: async_client_from_url(url, socket_timeout=10, socket_connect_timeout=10)
 
 
+def patient(url: str, prefix: str = "breaker", **kwargs: Any) -> Breakers:
+    """Breakers.from_url, with client timeouts that only catch a hang: for the tests on a
+    server that stays up. A busy machine can stall the event loop past the product's 0.25 s
+    while a reply waits (the timeout fires before the read resumes), which would send the
+    worker to its local store and make its counts its own."""
+    return Breakers(
+        async_client_from_url(url, socket_timeout=10, socket_connect_timeout=10), prefix, **kwargs
+    )
+
+
 async def subscribed(*workers: Breakers) -> None:
     for w in workers:
         w.ensure_loop()
@@ -321,7 +331,7 @@ def test_sync_and_async_decide_alike(trip, seed, redis_server, clock):
         return decisions, snap
 
     async def async_side() -> tuple[list[Any], dict[str, Any]]:
-        breakers = Breakers.from_url(redis_server.url, "async", clock=clock)
+        breakers = patient(redis_server.url, "async", clock=clock)
         breaker, held, decisions = breakers.get("pay", config), [], []
         await subscribed(breakers)
         for op, arg in steps:
@@ -466,7 +476,7 @@ def test_sync_and_async_workers_share_one_boundary(tripper, redis_server):
             return False
 
     async def main() -> None:
-        async_workers = Breakers.from_url(redis_server.url)
+        async_workers = patient(redis_server.url)
         async_pay = async_workers.get("pay", TRIP_AT_3)
         await subscribed(async_workers)
         sync_workers.ensure_process()
@@ -498,7 +508,7 @@ def test_a_healthy_async_call_costs_no_redis_command(redis_server):
     redis_server.client().flushall()
 
     async def main() -> tuple[int, int]:
-        breakers = Breakers.from_url(redis_server.url)
+        breakers = patient(redis_server.url)
         pay = breakers.get("pay", TRIP_AT_3)
         await subscribed(breakers)
         await pay.call(lambda: None)  # learn the state
@@ -529,7 +539,7 @@ def test_an_async_call_admitted_from_memory_is_timed_under_a_slow_call_rule(redi
         return clock()
 
     async def main() -> tuple[int, int, int]:
-        breakers = Breakers.from_url(redis_server.url, clock=counting_clock, batch_successes=True)
+        breakers = patient(redis_server.url, clock=counting_clock, batch_successes=True)
         slow_rule = BreakerConfig(
             trip="consecutive",
             failure_threshold=99,
@@ -563,7 +573,7 @@ def _commands(server: RedisServer) -> int:
 
 
 async def _snapshot(url: str, name: str) -> dict[str, Any]:
-    reader = Breakers.from_url(url, listen=False)
+    reader = patient(url, listen=False)
     try:
         return await reader.get(name, TRIP_AT_3).snapshot()
     finally:
@@ -574,7 +584,7 @@ def test_batched_successes_are_exact_across_tasks(redis_server):
     redis_server.client().flushall()
 
     async def main() -> dict[str, Any]:
-        breakers = Breakers.from_url(redis_server.url)
+        breakers = patient(redis_server.url)
         pay = breakers.get("pay", BreakerConfig(trip="rate", failure_rate=0.9, minimum_calls=10_000))
         await subscribed(breakers)
 
@@ -798,7 +808,7 @@ def test_a_predicate_that_raises_counts_a_failure_and_frees_the_probe(redis_serv
     config = BreakerConfig(failure_threshold=2, half_open_max_calls=1, predicate=_broken_predicate)
 
     async def main() -> dict[str, Any]:
-        breakers = Breakers.from_url(redis_server.url)
+        breakers = patient(redis_server.url)
         pay = breakers.get("pay", config)
         await pay.half_open()  # the next call is the only probe
         with pytest.raises(Boom):  # the call's own exception, not the predicate's
@@ -888,7 +898,7 @@ def test_snapshot_waits_for_the_batch_being_sent(redis_server):
 def test_a_new_event_loop_does_not_reuse_the_old_loops_connections(redis_server):
     """Tests, and a master that used the breakers before forking, move to another loop."""
     redis_server.client().flushall()
-    breakers = Breakers.from_url(redis_server.url)
+    breakers = patient(redis_server.url)
     pay = breakers.get("pay", TRIP_AT_3)
 
     async def calls() -> None:
@@ -938,12 +948,12 @@ def test_aclose_right_after_admin_actions_loses_nothing_and_logs_nothing(redis_s
     flight fails on a connection closed under it (seen as "Redis unavailable ...
     Connection lost" at shutdown, and a lost refusal count)."""
     redis_server.client().flushall()
-    # the longest client timeout the product allows: a reply stalled past the default 0.25 s
-    # on a busy machine sends the worker to its local store, whose refusal count Redis never sees
-    url = redis_server.url + "?socket_timeout=0.9&socket_connect_timeout=0.9"
+    # patient(): a reply stalled past the default 0.25 s on a busy machine sends the worker
+    # to its local store, whose refusal count Redis never sees
+    url = redis_server.url
 
     async def round_(index: int) -> int:
-        breakers = Breakers.from_url(url, prefix=f"close{index}")
+        breakers = patient(url, prefix=f"close{index}")
         pay = breakers.get("pay", TRIP_AT_3)
         await pay.call(asyncio.sleep, 0)
         await pay.force_open()
@@ -953,7 +963,7 @@ def test_aclose_right_after_admin_actions_loses_nothing_and_logs_nothing(redis_s
         await pay.clear_force()
         await breakers.configure("pay", open_seconds=30)
         await breakers.aclose()
-        reader = Breakers.from_url(url, prefix=f"close{index}", listen=False)
+        reader = patient(url, prefix=f"close{index}", listen=False)
         try:
             return int((await reader.get("pay", TRIP_AT_3).snapshot())["rejected"])
         finally:
