@@ -636,7 +636,6 @@ def own_server() -> Iterator[RedisServer]:
     server.stop()
 
 
-@pytest.mark.processes
 class BlockingWaits:
     """Records every wait that would hold the event loop's thread: a socket operation on a
     blocking socket (a timeout other than 0, as a sync redis-py connection has; the loop's
@@ -668,6 +667,7 @@ class BlockingWaits:
         return wrapped
 
 
+@pytest.mark.processes
 def test_the_event_loop_never_blocks_while_redis_hangs(own_server, monkeypatch):
     """SIGSTOP: Redis accepts nothing and answers nothing. A blocking call would hold the
     loop for a whole socket timeout (250 ms); none is made on the loop's thread while calls
