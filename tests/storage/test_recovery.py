@@ -358,3 +358,35 @@ def test_a_counter_that_is_no_integer_reads_as_zero_until_repaired(make_breakers
     assert (snap["trips"], snap["stale"], snap["successes"]) == (0, 0, 1)
     fail(b, 3)  # the trip counts it again from the outcome being counted
     assert b.snapshot()["trips"] == 1
+
+
+@pytest.mark.processes
+def test_the_probe_backs_off_to_two_seconds_and_finds_redis_at_its_next_probe(own_server, monkeypatch):
+    """While Redis is down the gate probes it after 0.25 s, doubling to at most 2 s, and the
+    first probe after it returns brings the worker back: so a worker is back on Redis
+    within one such wait of its return. Counted: the waits are recorded, not waited."""
+    breakers = Breakers.from_url(own_server.url, listen=False)
+    gate = breakers.gate
+    waits: list[float] = []
+    returned = threading.Event()
+
+    def recorded(seconds: float) -> bool:
+        waits.append(seconds)
+        if len(waits) == 6:  # Redis returns during this wait
+            assert returned.wait(30)
+        return False  # not stopped: probe now
+
+    monkeypatch.setattr(gate.thread, "wait", recorded)
+    try:
+        b = breakers.get("pay", TRIP_AT_3)
+        assert admits(b)
+        own_server.stop()
+        assert admits(b)  # discovers the outage: the local breaker admits it
+        assert not gate.healthy
+        wait_until(lambda: len(waits) == 6, timeout=30, what="six probes that found Redis down")
+        own_server.start()
+        returned.set()
+        wait_until(lambda: gate.healthy, timeout=30, what="the next probe to find Redis")
+        assert waits == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]  # and no wait after the probe that found it
+    finally:
+        breakers.close()

@@ -11,8 +11,9 @@ half-open probe. What each test holds exactly:
   worker refuses afterwards;
 - the breaker's own time per call (acquire + record, measured inside the
   worker by ``/timed``) has a median under 1 ms while Redis is away;
-- every worker is back on Redis within 5 s of its return, and the next trip
-  is shared again (exactly 3 upstream calls for all 4 workers);
+- every worker is back on Redis after its return (within one probe backoff,
+  2 s at most, which tests/storage/test_recovery.py holds exactly; the
+  figure is reported), and the next trip is shared again (exactly 3 upstream calls for all 4 workers);
 - a dead probe holds half-open exactly until its lease expires: the first
   call after that reopens the breaker (cause ``probe_timeout``).
 
@@ -275,8 +276,10 @@ def test_redis_down_under_traffic(upstream_url, fault):
             else:
                 os.kill(shop.redis.process.pid, signal.SIGCONT)
             returned_at = time.monotonic()
+            # within one probe backoff (2 s at most) of the return on an idle machine: held
+            # exactly by test_recovery.py's probe test; here a guard against a worker stuck
             back = shop.until_every_worker(
-                "/timed", lambda a: a.store == "redis", "every worker back on Redis", timeout=5
+                "/timed", lambda a: a.store == "redis", "every worker back on Redis", timeout=30
             )
             back_at = time.monotonic()
         # -- shared again: one trip on Redis for all workers ------------------------------
