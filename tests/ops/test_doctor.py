@@ -461,7 +461,9 @@ def test_a_subscriber_served_late_is_measured_and_not_relied_on(server: RedisSer
         result = doctor(f"redis://127.0.0.1:{proxy.port}/0", prefix, *HANG_ONLY)
     line = only(result, "ordering")
     late, rounds = map(int, re.match(r"(\d+) of (\d+) messages", line).groups())
-    assert late == ORDERING_ENOUGH_LATE and late <= rounds
+    # measured: the doctor stops at ORDERING_ENOUGH_LATE late ones, or earlier at its own
+    # ORDERING_SECONDS deadline when a busy machine makes each 20 ms-late round slow
+    assert 1 <= late <= ORDERING_ENOUGH_LATE and late <= rounds
     assert line.endswith(
         " messages reached the subscriber after the publisher's next reply was answered; not relied on: "
         "every change waits for the workers' acknowledgements"
