@@ -15,7 +15,8 @@
   upstream does, which is the point of a breaker.
 
 Every response carries ``X-Worker-Pid`` so that one can see which gunicorn
-worker answered. Reads ``BREAKER_REDIS_URL`` and ``UPSTREAM_URL``.
+worker answered. Reads ``BREAKER_REDIS_URL`` and ``UPSTREAM_URL`` (and the DEMO_*
+variables of demo_app/settings.py).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ app.config.update(
         },
     },
 )
-breakers = FlaskBreakers(app)
+breakers = FlaskBreakers(app, **settings.clock_options())  # a test's clock when it names one
 breakers.breaker("recommend", **settings.recommend_config())  # declares the outbound breaker's config
 PAY = breakers.breaker("pay", **settings.pay_config())  # the payment service's breaker, for the adapter
 

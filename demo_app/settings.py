@@ -6,6 +6,8 @@ probe through at a time, close after 2 successes. The open period can be
 shortened with ``DEMO_PAY_OPEN_SECONDS`` so that the tests run in seconds,
 and ``DEMO_PAY_MIN_REPORTERS`` asks for failures from that many hosts before a
 shared trip (docs/one-sick-host.md); the other numbers stay.
+``DEMO_CLOCK_FILE`` names a clock file a test moves (demo_app/clock.py): the
+breakers of every worker then decide by its time instead of their own.
 """
 
 from __future__ import annotations
@@ -13,10 +15,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .clock import FileClock
+
 
 def _seconds(variable: str, default: float) -> float:
     raw = os.environ.get(variable, "")
     return float(raw) if raw.strip() else default
+
+
+def clock_options() -> dict[str, Any]:
+    """``FlaskBreakers`` keyword arguments: ``clock`` when ``DEMO_CLOCK_FILE`` is set, else none."""
+    path = os.environ.get("DEMO_CLOCK_FILE", "").strip()
+    if not path:
+        return {}
+    return {"clock": FileClock(path)}
 
 
 def pay_config() -> dict[str, Any]:
