@@ -6,11 +6,13 @@ import itertools
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import requests
 
 from breaker_redis.ops.reader import parse_event
 from demo_app import stack
+from demo_app.clock import ClockWriter
 from tests.support.redis_server import wait_until
 
 WORKERS = 4
@@ -30,6 +32,7 @@ class Stack:
         self.statuses: Counter[int] = Counter()
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=16)
+        self.clock: ClockWriter | None = None  # the workers' clock, when start_stack was given one
 
     def send(self, path: str, method: str = "GET", **kwargs) -> requests.Response:
         response = requests.request(method, self.app_url + path, timeout=10, **kwargs)
@@ -91,12 +94,21 @@ class Stack:
         return int(dict(self.redis.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
-def start_stack(redis_server, upstream_url: str, extra_args: list[str], **env):
+def start_stack(
+    redis_server, upstream_url: str, extra_args: list[str], clock_file: Path | None = None, **env
+):
+    """The demo on gunicorn; with ``clock_file``, every worker's breakers decide by the
+    clock the test moves there (``Stack.clock``, demo_app/clock.py), started at the wall-clock time."""
     prefix = f"e2e{next(_prefixes)}"
+    clock = None if clock_file is None else ClockWriter(clock_file)
+    if clock_file is not None:
+        env["DEMO_CLOCK_FILE"] = str(clock_file)
     app_url, child = stack.start_gunicorn(
         redis_server.url,
         upstream_url,
         extra_args=extra_args,
         env={"DEMO_PAY_OPEN_SECONDS": str(OPEN_SECONDS), "BREAKER_KEY_PREFIX": prefix, **env},
     )
-    return Stack(app_url, upstream_url, redis_server.client(), prefix), child
+    s = Stack(app_url, upstream_url, redis_server.client(), prefix)
+    s.clock = clock
+    return s, child
