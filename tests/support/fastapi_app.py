@@ -4,7 +4,7 @@ Served by ``gunicorn -k uvicorn.workers.UvicornWorker -w 4 tests.support.fastapi
 next to the Flask demo (``demo_app.app:app`` on sync workers) in
 tests/system/test_mixed_workers.py: both read the demo's environment
 (``BREAKER_REDIS_URL``, ``BREAKER_KEY_PREFIX``, ``UPSTREAM_URL``,
-``DEMO_PAY_OPEN_SECONDS``) and protect ``/pay`` with the same breaker, ``pay``,
+``DEMO_PAY_OPEN_SECONDS``, ``DEMO_CLOCK_FILE``) and protect ``/pay`` with the same breaker, ``pay``,
 with the same BreakerConfig (``demo_app.settings.pay_config()``: 5 failures
 in 10 s open it for 10 s), so they share one breaker in Redis.
 
@@ -42,6 +42,7 @@ PAY_CONFIG = BreakerConfig(**settings.pay_config())
 breakers = Breakers.from_url(
     os.environ.get("BREAKER_REDIS_URL", "redis://127.0.0.1:6379/0"),
     os.environ.get("BREAKER_KEY_PREFIX", "breaker"),
+    **settings.clock_options(),  # the test's clock when it names one, as the demo's
 )
 _http: dict[str, httpx.AsyncClient] = {}
 
