@@ -22,6 +22,7 @@ from django.core.wsgi import get_wsgi_application
 
 from breaker_redis import Breakers
 from breaker_redis.wsgi import BreakerMiddleware
+from demo_app import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.django_app.settings")
 
@@ -37,6 +38,7 @@ PAY = {
 breakers = Breakers.from_url(
     os.environ.get("BREAKER_REDIS_URL", "redis://127.0.0.1:6379/0"),
     os.environ.get("BREAKER_KEY_PREFIX", "breaker"),
+    **settings.clock_options(),  # the test's clock when DEMO_CLOCK_FILE names one (demo_app/clock.py)
 )
 protected = BreakerMiddleware(
     get_wsgi_application(),
