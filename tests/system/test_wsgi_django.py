@@ -171,9 +171,12 @@ def exactly_n_probes(s: Stack, open_until: int) -> None:
         return int(s.upstream_stats()["in_flight"].get("/pay", 0))
 
     # both, since an admitted probe may reach the upstream after the others were refused:
-    # a probe hangs there for good, so a third one admitted would still be counted below
+    # a probe hangs there for good, so a third one admitted would still be counted below;
+    # all 16 answered, none hangs there and no more can come (then the asserts below say why)
     wait_until(
-        lambda: sum(f.done() for f in futures) >= 16 - PROBES and in_flight() >= PROBES,
+        lambda: (
+            (done := sum(f.done() for f in futures)) == 16 or (done >= 16 - PROBES and in_flight() >= PROBES)
+        ),
         timeout=PROBE_WAIT_SECONDS,
         what=f"{16 - PROBES} requests to be refused while {PROBES} probes hang",
     )
