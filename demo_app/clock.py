@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -40,10 +41,12 @@ class FileClock:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._last = _read(self.path)  # a missing or bad file fails at start-up, not at a request
+        self._lock = threading.Lock()  # a gthread worker's threads read it together
 
     def __call__(self) -> int:
-        self._last = max(self._last, _read(self.path))
-        return self._last
+        with self._lock:
+            self._last = max(self._last, _read(self.path))
+            return self._last
 
     def __repr__(self) -> str:
         return f"FileClock({str(self.path)!r}, now_ms={self._last})"
