@@ -63,8 +63,12 @@ class Family(NamedTuple):
 
 
 class BreakerCollector(Collector):
-    def __init__(self, client: Any, prefix: str = "breaker") -> None:
-        self._reader = Reader(client, prefix, owns_client=False)
+    """``clock``: the time the breakers decide by, if not Redis's (``Breakers(clock=...)``,
+    a test's ManualClock): the seconds left of an open period are counted on it, as
+    the workers count them, not on Redis's own."""
+
+    def __init__(self, client: Any, prefix: str = "breaker", clock: Callable[[], int] | None = None) -> None:
+        self._reader = Reader(client, prefix, owns_client=False, clock=clock)
         self._failing = False
         self._permission = acl.PermissionLog(client, prefix, "metrics", _PERMISSIONS_SAID)
 
@@ -286,6 +290,6 @@ def render(families: Iterable[Family]) -> bytes:
     return "".join(out).encode("utf-8")
 
 
-def exposition(client: Any, prefix: str = "breaker") -> bytes:
+def exposition(client: Any, prefix: str = "breaker", clock: Callable[[], int] | None = None) -> bytes:
     """The text exposition of every breaker under prefix, for one scrape."""
-    return render(BreakerCollector(client, prefix).families())
+    return render(BreakerCollector(client, prefix, clock).families())

@@ -298,3 +298,9 @@ def test_flask_serves_metrics_behind_the_admin_token(clock):
     assert of(found, "breaker_redis_state", "pay", state="open") == 1
     assert of(found, "breaker_redis_calls_total", "pay", outcome="failure") == 2
     assert of(found, "breaker_redis_rejected_total", "pay") == 1
+    # the seconds left are counted on the breakers' clock, as the app decides, not on Redis's
+    # (fakeredis' is the real time, years after this test clock's)
+    assert of(found, "breaker_redis_retry_after_seconds", "pay") == 30
+    clock.advance(12_500)
+    answer = web.get("/_breakers/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert of(samples(answer.get_data(as_text=True)), "breaker_redis_retry_after_seconds", "pay") == 17.5

@@ -207,6 +207,12 @@ class BreakersCore(Generic[B, G, R]):
 
     # -- time ---------------------------------------------------------------
 
+    @property
+    def clock(self) -> Callable[[], int] | None:
+        """The clock the breakers were given (``clock=``), or None: Redis time. What reads
+        them for the app (its metrics endpoint) counts time on it too."""
+        return self._clock
+
     def clock_ms(self) -> int | None:
         """The now_ms given to scripts: None (Redis TIME) unless a test clock is set."""
         return None if self._clock is None else int(self._clock())

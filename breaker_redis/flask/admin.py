@@ -48,7 +48,7 @@ def install_admin(app: Flask, state: AppState, path: str, *, dashboard: bool = F
     def metrics() -> Any:
         from breaker_redis.metrics import exposition  # prometheus-client is imported only when scraped
 
-        body = exposition(state.breakers.client, state.breakers.prefix)
+        body = exposition(state.breakers.client, state.breakers.prefix, state.breakers.clock)
         return Response(body, content_type=CONTENT_TYPE)
 
     def act_on_body() -> Any:

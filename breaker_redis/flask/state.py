@@ -76,11 +76,17 @@ class AppState:
 
     def reader(self) -> Reader:
         """Every breaker under the app's prefix, read the way the CLI reads them
-        (the window as the workers last wrote it), on the app's client."""
+        (the window as the workers last wrote it), on the app's client and by the
+        breakers' clock (a test's, if they were given one)."""
         if self._reader is None:
             with self.lock:
                 if self._reader is None:
-                    self._reader = Reader(self.breakers.client, self.breakers.prefix, owns_client=False)
+                    self._reader = Reader(
+                        self.breakers.client,
+                        self.breakers.prefix,
+                        owns_client=False,
+                        clock=self.breakers.clock,
+                    )
         return self._reader
 
     def app_names(self) -> set[str]:

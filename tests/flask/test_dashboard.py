@@ -205,6 +205,34 @@ def test_the_stream_sends_every_breaker_with_its_last_transitions(one_frame):
     assert [(t["from"], t["to"], t["cause"]) for t in pay["transitions"]] == [("closed", "open", "count")]
 
 
+def test_the_stream_reads_by_the_breakers_clock_when_they_have_one(one_frame, clock):
+    """A test's clock (docs/testing.md): the page counts down on the time the breakers
+    decide by, not on Redis's (fakeredis' is the real time, years after this clock's)."""
+    app = Flask(__name__)
+    app.config.update({"BREAKER_ADMIN_TOKEN": TOKEN, "BREAKER_DASHBOARD": True})
+    ext = FlaskBreakers(
+        app, client=fakeredis.FakeRedis(server=fakeredis.FakeServer()), clock=clock, listen=False
+    )
+
+    @app.post("/pay")
+    @ext.protect("pay", **PAY_5_IN_10S)
+    def pay():
+        return "upstream down", 500
+
+    client = app.test_client()
+    for _ in range(5):
+        client.post("/pay")
+    clock.advance(4_000)
+    ((_, frame),) = events(client.get("/_breakers/stream", headers=AUTH).get_data(as_text=True))
+    (pay_tile,) = frame["breakers"]
+    assert frame["now"] == clock()
+    assert (pay_tile["state"], pay_tile["open_until_ms"] - frame["now"], pay_tile["retry_after"]) == (
+        "open",
+        6_000,
+        6.0,
+    )
+
+
 def test_a_count_window_is_named_with_its_size(one_frame):
     """A breaker with window_calls: its tile reads "failed / calls of the last N" from the
     config in force the frame carries (the JS names the field)."""

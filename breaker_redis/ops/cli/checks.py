@@ -58,10 +58,10 @@ def metrics(target: Target, port: int | None, host: str) -> None:
 
     target.names()  # Redis unreachable: exit 1 now, not an exposition saying breaker_redis_up 0
     if port is None:
-        click.echo(exposition(target.client, target.prefix).decode(), nl=False)
+        click.echo(exposition(target.client, target.prefix, target.clock).decode(), nl=False)
         return
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BreakerCollector(target.client, target.prefix))
+    registry.register(BreakerCollector(target.client, target.prefix, target.clock))
     server, _ = start_http_server(port, addr=host, registry=registry)
     click.echo(f"serving http://{host}:{port}/metrics (Ctrl-C stops)")
     try:
