@@ -25,11 +25,6 @@ from tests.support.redis_server import wait_until
 pytestmark = [pytest.mark.real, pytest.mark.multiprocess]
 
 ADMIN_TOKEN = "e2e-admin-token"
-# The workers' clock runs this far ahead of Redis's while the breaker is open. /metrics reads
-# Redis's own time (the exposition is given no clock), so the gauge of the seconds left counts
-# down on Redis's time from open_until: ahead by more than any hang guard below, it is still
-# counting when scraped, however slow the machine.
-AHEAD_MS = 120_000
 
 
 def scrape(s: Stack) -> dict[tuple[str, str, str], float]:
@@ -65,7 +60,6 @@ def warm_up(s: Stack) -> None:
 def walk_through(s: Stack) -> None:
     clock = s.clock
     assert clock is not None, "start_stack(..., clock_file=...)"
-    clock.advance_to(s.redis_now_ms() + AHEAD_MS)
     # -- the upstream fails: exactly 5 failures open the breaker --------------------
     s.control(path="/pay", fail_rate=1.0)
     for n in range(1, 6):
@@ -93,14 +87,12 @@ def walk_through(s: Stack) -> None:
 
     # Open until the clock moves: no time limit but a hang guard.
     wait_until(every_worker_refuses, timeout=30, interval=0.01, what="every worker to refuse while open")
-    before = s.redis_now_ms()
     metrics = scrape(s)  # read from Redis by whichever worker answers: the same for all
-    after = s.redis_now_ms()
     assert pay_states(metrics) == [0, 1, 0]
     assert metrics[("breaker_redis_trips_total", "pay", "")] == 1
     assert metrics[("breaker_redis_calls_total", "pay", "failure")] == 5
-    left_ms = round(metrics[("breaker_redis_retry_after_seconds", "pay", "")] * 1000)
-    assert 0 < open_until - after <= left_ms <= open_until - before, (left_ms, open_until, before, after)
+    # counted on the workers' clock, as they decide: it stands still
+    assert metrics[("breaker_redis_retry_after_seconds", "pay", "")] == OPEN_SECONDS
     json_refusal = s.pay(headers={"Accept": "application/json"})
     assert json_refusal.status_code == 503
     assert json_refusal.json()["breaker"] == "pay" and json_refusal.json()["reason"] == "open"
