@@ -499,16 +499,35 @@ class SentinelGroup(Topology):
         replica and it says it is a master: (old port, new port, seconds taken
         from the accepted SENTINEL FAILOVER)."""
         old, new = self.master_port(), self.replica_port()
-        what = f"replica {new} in sync and known to the sentinels"
-        self.wait(lambda: self.link_up(new) and self._known_replica(new), timeout, what)
-        self.wait(self._ask_failover, timeout, f"SENTINEL FAILOVER {self.service} to be accepted")
-        began = time.monotonic()
-        self.wait(
-            lambda: self.master_addresses() == {(HOST, new)} and self.role(new) == "master",
-            timeout,
-            f"every sentinel to name {HOST}:{new} the master of {self.service}",
-        )
+        began = 0.0
+        aborts = 0
+
+        def ask() -> None:
+            nonlocal began, aborts
+            what = f"replica {new} in sync and known to the sentinels"
+            self.wait(lambda: self.link_up(new) and self._known_replica(new), timeout, what)
+            aborts = self._aborted_failovers()
+            self.wait(self._ask_failover, timeout, f"SENTINEL FAILOVER {self.service} to be accepted")
+            began = time.monotonic()
+
+        def switched() -> bool:
+            if self.master_addresses() == {(HOST, new)} and self.role(new) == "master":
+                return True
+            if self._aborted_failovers() > aborts:
+                # The sentinel gave the failover up: on a busy machine another sentinel can
+                # turn the promoted replica back into a replica before the leader's word
+                # reaches it, and the promotion times out. Asked again once it is in sync.
+                ask()
+            return False
+
+        ask()
+        self.wait(switched, 3 * timeout, f"every sentinel to name {HOST}:{new} the master of {self.service}")
         return old, new, time.monotonic() - began
+
+    def _aborted_failovers(self) -> int:
+        """How many failovers the first sentinel (the one asked, so their leader) gave up."""
+        first = next(child for child in self.children if child.name.startswith("sentinel0 "))
+        return first.log(10**9).count("-failover-abort")
 
     def url(self, db: int = 0, scheme: str = "redis+sentinel") -> str:
         hosts = ",".join(f"{HOST}:{port}" for port in self.sentinel_ports)
