@@ -354,6 +354,12 @@ class TLSServer(Topology):
 # -- Sentinel ----------------------------------------------------------------------
 
 
+# The test's own reads of a sentinel wait this long: a sentinel writes its configuration to
+# disk at each change of the failover, and on a busy machine a reply has taken over the 0.5 s
+# the other plain clients wait (no test stops a sentinel, so only a hang would reach it).
+SENTINEL_READ = 10.0
+
+
 class SentinelGroup(Topology):
     """A master, a replica and three sentinels watching them as ``service``.
 
@@ -432,7 +438,7 @@ class SentinelGroup(Topology):
     def _sentinels_agree(self) -> bool:
         for port in self.sentinel_ports:
             try:
-                state = self.plain(port).sentinel_master(self.service)
+                state = self.plain(port, SENTINEL_READ).sentinel_master(self.service)
             except redis.exceptions.RedisError:
                 return False
             if (
@@ -443,13 +449,13 @@ class SentinelGroup(Topology):
         return True
 
     def sentinel(self, index: int = 0) -> redis.Redis:
-        return self.plain(self.sentinel_ports[index])
+        return self.plain(self.sentinel_ports[index], SENTINEL_READ)
 
     def master_addresses(self) -> set[tuple[str, int]]:
         """The master's address as each sentinel reports it (one entry when they agree)."""
         found: set[tuple[str, int]] = set()
         for port in self.sentinel_ports:
-            host, master_port = self.plain(port).sentinel_get_master_addr_by_name(self.service)
+            host, master_port = self.plain(port, SENTINEL_READ).sentinel_get_master_addr_by_name(self.service)
             found.add((host.decode() if isinstance(host, bytes) else str(host), int(master_port)))
         return found
 
