@@ -63,11 +63,7 @@ def frame(state: AppState) -> dict[str, Any]:
     """Every breaker under the app's prefix (and those the app declared, before their
     first call) with its last transitions, and Redis's clock (the breakers' own, if given one)."""
     reader = state.reader()
-    if reader.clock is not None:  # the breakers decide by a test's clock: so does the page
-        now = int(reader.clock())
-    else:
-        seconds, micros = reader.client.time()
-        now = int(seconds) * 1000 + int(micros) // 1000
+    now = reader.now_ms()  # a test's clock, if the breakers decide by one: so does the page
     names = sorted(set(reader.names()) | state.app_names())
     breakers = reader.snapshots(names)  # reads only: a declared name gets no keys from it
     histories = reader.histories(names, TRANSITIONS_SHOWN)

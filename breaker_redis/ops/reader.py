@@ -206,6 +206,14 @@ class Reader:
     def _now_ms(self) -> int | None:
         return None if self.clock is None else int(self.clock())
 
+    def now_ms(self) -> int:
+        """The time the snapshots are read at: the clock's, else Redis's TIME."""
+        now_ms = self._now_ms()
+        if now_ms is None:
+            seconds, micros = self.client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+        return now_ms
+
     def _read_with(self, names: Sequence[str], configs: Sequence[bytes]) -> list[Parts]:
         """Each name read with its config text, in one pipeline; an error raises,
         except a key of the wrong type, repaired as a worker's call would."""
