@@ -27,6 +27,7 @@ from breaker_redis.ops.doctor.timing import LATENCY_WARN_MS, ORDERING_ENOUGH_LAT
 from breaker_redis.storage import acl
 from tests.support.acl import rules_of
 from tests.support.redis_server import RedisServer
+from tests.support.redis_waits import Waits, install
 from tests.support.topologies import ClusterGroup, SentinelGroup, started
 
 NAMES = [name for name, _ in CHECKS]
@@ -219,16 +220,9 @@ def test_a_stopped_server_is_one_line_at_once(monkeypatch: pytest.MonkeyPatch) -
     timed: a busy machine stalls a thread for longer than a refused connect takes)."""
     stopped = RedisServer().start()
     stopped.stop()
-    attempts: list[str] = []
-    connect = redis.connection.Connection._connect
-
-    def counted(connection: redis.connection.Connection) -> object:
-        attempts.append("connect")
-        return connect(connection)
-
-    monkeypatch.setattr(redis.connection.Connection, "_connect", counted)
+    install(waits := Waits(), monkeypatch.setattr)
     result = doctor(stopped.url, "breaker")
-    assert attempts == ["connect"]
+    assert len(waits.connects) == 1 and waits.replies == 0
     assert result.exit_code == 1
     assert result.stdout.startswith(
         f"PROBLEM  reach        cannot reach Redis at 127.0.0.1:{stopped.port}/0 (Error 111 connecting to "

@@ -100,8 +100,9 @@ def start_stack(
     """The demo on gunicorn; with ``clock_file``, every worker's breakers decide by the
     clock the test moves there (``Stack.clock``, demo_app/clock.py), started at the wall-clock time."""
     prefix = f"e2e{next(_prefixes)}"
-    clock = None if clock_file is None else ClockWriter(clock_file)
+    clock = None
     if clock_file is not None:
+        clock = ClockWriter(clock_file)
         env["DEMO_CLOCK_FILE"] = str(clock_file)
     app_url, child = stack.start_gunicorn(
         redis_server.url,
